@@ -1,0 +1,392 @@
+// Package api is herd's admin interface: HTTP/JSON on every node (port
+// 7080 by default). Any node answers for the cluster: reads come from the
+// node's applied copy of the log, changes are committed through the raft
+// leader (the cluster package forwards them to the leader's
+// /v1/internal/apply). Every route but /v1/health needs the cluster token
+// as a bearer token.
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/gateway"
+)
+
+// Request and response bodies.
+type (
+	FormatRequest struct {
+		Copies     int    `json:"copies"`
+		ObjectSize uint64 `json:"object_size"`
+	}
+	CreateVDIRequest struct {
+		Name string `json:"name"`
+		Size uint64 `json:"size"`
+	}
+	ResizeVDIRequest struct {
+		Size uint64 `json:"size"`
+	}
+	SnapshotRequest struct {
+		Tag string `json:"tag"`
+	}
+	CloneRequest struct {
+		Name string `json:"name"`
+	}
+	RollbackRequest struct {
+		Tag string `json:"tag"`
+	}
+	// TreeEntry is one VDI of the tree with its space accounting.
+	TreeEntry struct {
+		cluster.VDI
+		gateway.Space
+	}
+	// NodeEntry is a node with its disk usage (from the node itself).
+	NodeEntry struct {
+		cluster.NodeInfo
+		UsedBytes  uint64 `json:"used_bytes"`
+		FreeBytes  uint64 `json:"free_bytes"`
+		Objects    uint64 `json:"objects"`
+		UsageError string `json:"usage_error,omitempty"`
+	}
+	// Usage is a node's own disk usage.
+	Usage struct {
+		UsedBytes uint64 `json:"used_bytes"`
+		FreeBytes uint64 `json:"free_bytes"`
+		Objects   uint64 `json:"objects"`
+	}
+	LockRequest struct {
+		Key     string `json:"key"`
+		Session string `json:"session"`
+	}
+	ErrorResponse struct {
+		Error string `json:"error"`
+		Code  string `json:"code"`
+	}
+	HealthResponse struct {
+		NodeID string `json:"node_id"`
+	}
+)
+
+const maxBodyBytes = 1 << 20
+
+// DataPath is what the admin API needs from this node's data path.
+type DataPath interface {
+	Snapshot(ctx context.Context, name, tag string) (cluster.SnapshotResult, error)
+	Space(ctx context.Context) (map[uint32]gateway.Space, error)
+	Usage() (Usage, error)
+	Recovery() gateway.RecoveryStatus
+	Check(ctx context.Context, name string, repair bool) (gateway.CheckReport, error)
+}
+
+// CheckRequest asks for a replica comparison of a VDI.
+type CheckRequest struct {
+	Repair bool `json:"repair"`
+}
+
+// RecoveryEntry is one node's recovery state.
+type RecoveryEntry struct {
+	Node    string                 `json:"node"`
+	Address string                 `json:"address"`
+	Status  gateway.RecoveryStatus `json:"status"`
+	Error   string                 `json:"error,omitempty"`
+}
+
+// forwardedHeader marks a request another node forwarded to this one.
+const forwardedHeader = "X-Herd-Forwarded"
+
+// Server serves the admin API of one node.
+type Server struct {
+	cluster *cluster.Cluster
+	data    DataPath
+	token   string
+	logger  *slog.Logger
+	http    *http.Server
+}
+
+// NewServer builds the handler set; Serve starts it.
+func NewServer(c *cluster.Cluster, data DataPath, token string, logger *slog.Logger) *Server {
+	s := &Server{cluster: c, data: data, token: token, logger: logger}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, HealthResponse{NodeID: c.ID()})
+	})
+	s.handle(mux, "GET /v1/cluster", func(r *http.Request) (any, error) { return c.Info(), nil })
+	s.handle(mux, "GET /v1/cluster/epochs", func(r *http.Request) (any, error) { return c.Epochs(), nil })
+	s.handle(mux, "POST /v1/cluster/format", func(r *http.Request) (any, error) {
+		var req FormatRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return c.Format(r.Context(), req.Copies, req.ObjectSize)
+	})
+	s.handle(mux, "GET /v1/nodes", func(r *http.Request) (any, error) { return s.nodes(r.Context()), nil })
+	s.handle(mux, "GET /v1/local/usage", func(r *http.Request) (any, error) { return data.Usage() })
+	s.handle(mux, "GET /v1/local/recovery", func(r *http.Request) (any, error) { return data.Recovery(), nil })
+	s.handle(mux, "GET /v1/recovery", func(r *http.Request) (any, error) { return s.recovery(r.Context()), nil })
+	s.handle(mux, "POST /v1/vdis/{name}/snapshot", func(r *http.Request) (any, error) {
+		var req SnapshotRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		name := r.PathValue("name")
+		// The node holding the VDI open for writing pauses its writes for
+		// the snapshot: send the request there.
+		if l, held := c.Lock(cluster.VDILockKey(name)); held && l.Node != c.ID() && r.Header.Get(forwardedHeader) == "" {
+			holder, ok := c.Node(l.Node)
+			if !ok {
+				return nil, fmt.Errorf("%w: vdi %q is held by unknown node %s", cluster.ErrBusy, name, l.Node)
+			}
+			var result cluster.SnapshotResult
+			err := NewClient(holder.AdminAddr, token).do(r.Context(), http.MethodPost, "/v1/vdis/"+url.PathEscape(name)+"/snapshot", req, &result, true)
+			return result, err
+		}
+		return data.Snapshot(r.Context(), name, req.Tag)
+	})
+	s.handle(mux, "POST /v1/vdis/{name}/clone", func(r *http.Request) (any, error) {
+		var req CloneRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return c.CloneVDI(r.Context(), r.PathValue("name"), req.Name)
+	})
+	s.handle(mux, "POST /v1/vdis/{name}/rollback", func(r *http.Request) (any, error) {
+		var req RollbackRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return c.RollbackVDI(r.Context(), r.PathValue("name"), req.Tag)
+	})
+	s.handle(mux, "POST /v1/vdis/{name}/check", func(r *http.Request) (any, error) {
+		var req CheckRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return data.Check(r.Context(), r.PathValue("name"), req.Repair)
+	})
+	s.handle(mux, "GET /v1/tree", func(r *http.Request) (any, error) {
+		space, err := data.Space(r.Context())
+		if err != nil {
+			return nil, err
+		}
+		var out []TreeEntry
+		for _, v := range c.Tree() {
+			out = append(out, TreeEntry{VDI: v, Space: space[v.ID]})
+		}
+		return out, nil
+	})
+	s.handle(mux, "GET /v1/vdis", func(r *http.Request) (any, error) { return c.VDIs(), nil })
+	s.handle(mux, "POST /v1/vdis", func(r *http.Request) (any, error) {
+		var req CreateVDIRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return c.CreateVDI(r.Context(), req.Name, req.Size)
+	})
+	s.handle(mux, "GET /v1/vdis/{name}", func(r *http.Request) (any, error) { return c.LookupVDI(r.Context(), r.PathValue("name")) })
+	s.handle(mux, "DELETE /v1/vdis/{name}", func(r *http.Request) (any, error) {
+		return map[string]string{"deleted": r.PathValue("name")}, c.DeleteVDI(r.Context(), r.PathValue("name"))
+	})
+	s.handle(mux, "POST /v1/vdis/{name}/resize", func(r *http.Request) (any, error) {
+		var req ResizeVDIRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return c.ResizeVDI(r.Context(), r.PathValue("name"), req.Size)
+	})
+	s.handle(mux, "GET /v1/locks", func(r *http.Request) (any, error) { return c.Locks(), nil })
+	s.handle(mux, "POST /v1/locks/acquire", func(r *http.Request) (any, error) {
+		var req LockRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return c.AcquireLock(r.Context(), req.Key, req.Session)
+	})
+	s.handle(mux, "POST /v1/locks/release", func(r *http.Request) (any, error) {
+		var req LockRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return map[string]string{"released": req.Key}, c.ReleaseLock(r.Context(), req.Key, req.Session)
+	})
+	// Profiling for operators and benchmarks, behind the token like the rest.
+	mux.HandleFunc("/debug/pprof/", s.authorizedOnly(pprof.Index))
+	mux.HandleFunc("/debug/pprof/profile", s.authorizedOnly(pprof.Profile))
+	mux.HandleFunc("/debug/pprof/symbol", s.authorizedOnly(pprof.Symbol))
+	s.handle(mux, "POST /v1/bench/locks", func(r *http.Request) (any, error) {
+		var req LockBenchRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return lockBench(r.Context(), c, req)
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, fmt.Errorf("%w: no such API route %s %s", cluster.ErrNotFound, r.Method, r.URL.Path))
+	})
+	s.http = &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+	}
+	return s
+}
+
+// Serve serves on l until Shutdown.
+func (s *Server) Serve(l net.Listener) error {
+	err := s.http.Serve(l)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops the server, letting requests in progress finish.
+func (s *Server) Shutdown(ctx context.Context) error { return s.http.Shutdown(ctx) }
+
+func (s *Server) handle(mux *http.ServeMux, pattern string, fn func(*http.Request) (any, error)) {
+	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			writeError(w, fmt.Errorf("%w: give the token from the first node's DATA/cluster.token with --token or HERD_TOKEN", cluster.ErrUnauthorized))
+			return
+		}
+		value, err := fn(r)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, value)
+	})
+}
+
+func (s *Server) authorizedOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			writeError(w, cluster.ErrUnauthorized)
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	const prefix = "Bearer "
+	h := r.Header.Get("Authorization")
+	if len(h) <= len(prefix) || h[:len(prefix)] != prefix {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(h[len(prefix):]), []byte(s.token)) == 1
+}
+
+// nodes lists the nodes with each alive node's own disk usage, asked in
+// parallel.
+func (s *Server) nodes(ctx context.Context) []NodeEntry {
+	nodes := s.cluster.Nodes()
+	out := make([]NodeEntry, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		out[i].NodeInfo = n
+		if n.State != cluster.NodeAlive {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			var u Usage
+			var err error
+			if n.ID == s.cluster.ID() {
+				u, err = s.data.Usage()
+			} else {
+				err = NewClient(n.AdminAddr, s.token).Do(ctx, http.MethodGet, "/v1/local/usage", nil, &u)
+			}
+			if err != nil {
+				out[i].UsageError = err.Error()
+				return
+			}
+			out[i].UsedBytes, out[i].FreeBytes, out[i].Objects = u.UsedBytes, u.FreeBytes, u.Objects
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// recovery asks every alive node for its recovery state.
+func (s *Server) recovery(ctx context.Context) []RecoveryEntry {
+	var out []RecoveryEntry
+	for _, n := range s.cluster.Nodes() {
+		if n.State == cluster.NodeAlive {
+			out = append(out, RecoveryEntry{Node: n.ID, Address: n.Address})
+		}
+	}
+	var wg sync.WaitGroup
+	for i := range out {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if out[i].Node == s.cluster.ID() {
+				out[i].Status = s.data.Recovery()
+				return
+			}
+			n, _ := s.cluster.Node(out[i].Node)
+			ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			if err := NewClient(n.AdminAddr, s.token).Do(ctx, http.MethodGet, "/v1/local/recovery", nil, &out[i].Status); err != nil {
+				out[i].Error = err.Error()
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func decodeBody(r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: request body: %v", cluster.ErrInvalid, err)
+	}
+	return nil
+}
+
+var statusByCode = map[string]int{
+	"no_quorum":         http.StatusServiceUnavailable,
+	"not_formatted":     http.StatusConflict,
+	"already_formatted": http.StatusConflict,
+	"already_exists":    http.StatusConflict,
+	"not_found":         http.StatusNotFound,
+	"invalid":           http.StatusBadRequest,
+	"lock_held":         http.StatusConflict,
+	"not_lock_owner":    http.StatusConflict,
+	"too_few_nodes":     http.StatusConflict,
+	"shrink":            http.StatusBadRequest,
+	"busy":              http.StatusConflict,
+	"unauthorized":      http.StatusUnauthorized,
+	"exhausted":         http.StatusInsufficientStorage,
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	code := cluster.ErrorCode(err)
+	status, ok := statusByCode[code]
+	if !ok {
+		status = http.StatusInternalServerError
+	}
+	writeJSON(w, status, ErrorResponse{Error: err.Error(), Code: code})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}

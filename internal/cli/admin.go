@@ -1,0 +1,436 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/herd-storage/herd/internal/api"
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/size"
+)
+
+func clusterCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "cluster", Short: "format the cluster, show its state"}
+	var copies int
+	var objectSize string
+	format := &cobra.Command{
+		Use:   "format --copies N [--object-size 4MiB]",
+		Short: "format the cluster (once): number of copies of every object, object size",
+		Args:  args(0, "--copies N [--object-size 4MiB]"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !cmd.Flags().Changed("copies") {
+				return fmt.Errorf("--copies is required: how many replicas of every object (e.g. --copies 3)")
+			}
+			bytes, err := size.Parse(objectSize)
+			if err != nil {
+				return fmt.Errorf("--object-size: %w", err)
+			}
+			ctx, cancel := g.context()
+			defer cancel()
+			f, err := g.client().Format(ctx, copies, bytes)
+			if err != nil {
+				return err
+			}
+			return g.output(f, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "formatted: %d copies, %s objects\n", f.Copies, size.Format(f.ObjectSize))
+			})
+		},
+	}
+	format.Flags().IntVar(&copies, "copies", 0, "replicas of every object")
+	format.Flags().StringVar(&objectSize, "object-size", "4MiB", "object size, a power of two from 64KiB to 256MiB")
+	info := &cobra.Command{
+		Use:   "info",
+		Short: "format, epoch, leader, voters and quorum state",
+		Args:  args(0, ""),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			info, err := g.client().Info(ctx)
+			if err != nil {
+				return err
+			}
+			// Space is summed from every alive node's own report.
+			nodes, nodesErr := g.client().Nodes(ctx)
+			var space struct{ Used, Free, Objects uint64 }
+			for _, n := range nodes {
+				space.Used += n.UsedBytes
+				space.Free += n.FreeBytes
+				space.Objects += n.Objects
+			}
+			type infoWithSpace struct {
+				cluster.Info
+				UsedBytes uint64 `json:"used_bytes"`
+				FreeBytes uint64 `json:"free_bytes"`
+				Objects   uint64 `json:"objects"`
+			}
+			out := infoWithSpace{Info: info, UsedBytes: space.Used, FreeBytes: space.Free, Objects: space.Objects}
+			return g.output(out, func(w *tabwriter.Writer) {
+				if info.Format != nil {
+					fmt.Fprintf(w, "Format:\t%d copies, %s objects, since %s\n", info.Format.Copies, size.Format(info.Format.ObjectSize), info.Format.Created.Local().Format(time.DateTime))
+				} else {
+					fmt.Fprintf(w, "Format:\tnot formatted (herd cluster format --copies N)\n")
+				}
+				fmt.Fprintf(w, "Epoch:\t%d\n", info.Epoch)
+				leader := info.Leader
+				if leader == "" {
+					leader = "none"
+				} else if info.LeaderAddr != "" {
+					leader += " (" + info.LeaderAddr + ")"
+				}
+				fmt.Fprintf(w, "Leader:\t%s\n", leader)
+				fmt.Fprintf(w, "Voters:\t%d (%s)\n", len(info.Voters), strings.Join(info.Voters, ", "))
+				quorum := "ok"
+				if !info.Quorum {
+					quorum = "NO QUORUM"
+				}
+				fmt.Fprintf(w, "Quorum:\t%s: %s\n", quorum, info.QuorumDetail)
+				fmt.Fprintf(w, "Nodes:\t%d alive of %d\n", info.NodesAlive, info.NodesTotal)
+				fmt.Fprintf(w, "VDIs:\t%d\n", info.VDIs)
+				if nodesErr == nil {
+					fmt.Fprintf(w, "Space:\t%s used by %d object copies, %s free\n", size.Format(space.Used), space.Objects, size.Format(space.Free))
+				}
+				fmt.Fprintf(w, "This node:\t%s\n", info.NodeID)
+			})
+		},
+	}
+	epochs := &cobra.Command{
+		Use:   "epochs",
+		Short: "the epoch history: every membership change",
+		Args:  args(0, ""),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			list, err := g.client().Epochs(ctx)
+			if err != nil {
+				return err
+			}
+			return g.output(list, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "EPOCH\tTIME\tNODES\tREASON")
+				for _, e := range list {
+					fmt.Fprintf(w, "%d\t%s\t%d\t%s\n", e.Number, e.Time.Local().Format(time.DateTime), len(e.Nodes), e.Reason)
+				}
+			})
+		},
+	}
+	cmd.AddCommand(format, info, epochs)
+	return cmd
+}
+
+func nodeCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "node", Short: "the cluster's nodes"}
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "id, address, zone, capacity, role and state of every node",
+		Args:  args(0, ""),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			nodes, err := g.client().Nodes(ctx)
+			if err != nil {
+				return err
+			}
+			return g.output(nodes, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "ID\tADDRESS\tZONE\tCAPACITY\tUSED\tFREE\tOBJECTS\tROLE\tSTATE")
+				for _, n := range nodes {
+					zone := n.Zone
+					if zone == "" {
+						zone = "-"
+					}
+					used, free, objects := size.Format(n.UsedBytes), size.Format(n.FreeBytes), fmt.Sprint(n.Objects)
+					if n.State != "alive" || n.UsageError != "" {
+						used, free, objects = "-", "-", "-"
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.Address, zone, size.Format(n.Capacity), used, free, objects, n.Role, n.State)
+				}
+			})
+		},
+	}
+	recovery := &cobra.Command{
+		Use:   "recovery",
+		Short: "per-node recovery after the last epoch change: objects, copied, remaining",
+		Args:  args(0, ""),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			entries, err := g.client().Recovery(ctx)
+			if err != nil {
+				return err
+			}
+			return g.output(entries, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "NODE\tADDRESS\tEPOCH\tSTATE\tOBJECTS\tCOPIED\tREMAINING\tBYTES COPIED\tNOTE")
+				for _, e := range entries {
+					note := e.Error
+					if note == "" {
+						note = e.Status.LastError
+					}
+					fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\n", e.Node, e.Address, e.Status.Epoch, e.Status.State,
+						e.Status.Objects, e.Status.Copied, e.Status.Remaining, size.Format(e.Status.Bytes), note)
+				}
+			})
+		},
+	}
+	cmd.AddCommand(list, recovery)
+	return cmd
+}
+
+func vdiCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "vdi", Short: "virtual disk images"}
+	printVDI := func(v cluster.VDI) error {
+		return g.output(v, func(w *tabwriter.Writer) {
+			fmt.Fprintf(w, "Name:\t%s\nID:\t%d\nSize:\t%s (%d bytes)\nCopies:\t%d\nObject size:\t%s\nCreated:\t%s\n",
+				v.FullName(), v.ID, size.Format(v.Size), v.Size, v.Copies, size.Format(v.ObjectSize), v.Created.Local().Format(time.DateTime))
+			if v.Snapshot {
+				fmt.Fprintf(w, "Snapshot:\t%s, taken %s (read-only; export %s)\n", v.Tag, v.SnapshotTime.Local().Format(time.DateTime), v.FullName())
+			}
+			if v.Parent != 0 {
+				fmt.Fprintf(w, "Parent:\t%d\n", v.Parent)
+			}
+		})
+	}
+	var tag string
+	snapshot := &cobra.Command{
+		Use:   "snapshot NAME [--tag TAG]",
+		Short: "freeze a VDI's content as NAME@TAG (instant; allowed while it is written)",
+		Args:  args(1, "NAME [--tag TAG]"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			r, err := g.client().Snapshot(ctx, a[0], tag)
+			if err != nil {
+				return err
+			}
+			return g.output(r, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "snapshot %s taken (id %d); %s continues as vdi id %d\n", r.Snapshot.FullName(), r.Snapshot.ID, r.VDI.Name, r.VDI.ID)
+			})
+		},
+	}
+	snapshot.Flags().StringVar(&tag, "tag", "", "the snapshot's tag (default: its id)")
+	clone := &cobra.Command{
+		Use:   "clone NAME@TAG NEWNAME",
+		Short: "a new writable VDI sharing a snapshot's objects (instant)",
+		Args:  args(2, "NAME@TAG NEWNAME"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			v, err := g.client().Clone(ctx, a[0], a[1])
+			if err != nil {
+				return err
+			}
+			return printVDI(v)
+		},
+	}
+	var to string
+	rollback := &cobra.Command{
+		Use:   "rollback NAME --to TAG",
+		Short: "make a VDI's content a snapshot's again (instant; not while it is open for writing)",
+		Args:  args(1, "NAME --to TAG"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			if to == "" {
+				return fmt.Errorf("--to TAG is required: the snapshot to roll back to (see herd vdi tree)")
+			}
+			ctx, cancel := g.context()
+			defer cancel()
+			v, err := g.client().Rollback(ctx, a[0], to)
+			if err != nil {
+				return err
+			}
+			return printVDI(v)
+		},
+	}
+	rollback.Flags().StringVar(&to, "to", "", "the snapshot's tag")
+	tree := &cobra.Command{
+		Use:   "tree",
+		Short: "the VDI tree: snapshots, clones, space used",
+		Args:  args(0, ""),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			entries, err := g.client().Tree(ctx)
+			if err != nil {
+				return err
+			}
+			return g.output(entries, func(w *tabwriter.Writer) { printTree(w, entries) })
+		},
+	}
+	create := &cobra.Command{
+		Use:   "create NAME SIZE",
+		Short: "create a thin VDI (SIZE like 10G, 512M, 1TiB)",
+		Args:  args(2, "NAME SIZE"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			bytes, err := size.Parse(a[1])
+			if err != nil {
+				return err
+			}
+			ctx, cancel := g.context()
+			defer cancel()
+			v, err := g.client().CreateVDI(ctx, a[0], bytes)
+			if err != nil {
+				return err
+			}
+			return printVDI(v)
+		},
+	}
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "list VDIs",
+		Args:  args(0, ""),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			vdis, err := g.client().VDIs(ctx)
+			if err != nil {
+				return err
+			}
+			return g.output(vdis, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "NAME\tID\tSIZE\tCOPIES\tCREATED")
+				for _, v := range vdis {
+					fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\n", v.Name, v.ID, size.Format(v.Size), v.Copies, v.Created.Local().Format(time.DateTime))
+				}
+			})
+		},
+	}
+	info := &cobra.Command{
+		Use:   "info NAME[@TAG]",
+		Short: "show one VDI or snapshot",
+		Args:  args(1, "NAME[@TAG]"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			v, err := g.client().VDI(ctx, a[0])
+			if err != nil {
+				return err
+			}
+			return printVDI(v)
+		},
+	}
+	remove := &cobra.Command{
+		Use:   "delete NAME[@TAG]",
+		Short: "delete a VDI or a snapshot (objects nothing else uses are freed)",
+		Args:  args(1, "NAME[@TAG]"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			if err := g.client().DeleteVDI(ctx, a[0]); err != nil {
+				return err
+			}
+			return g.output(map[string]string{"deleted": a[0]}, func(w *tabwriter.Writer) { fmt.Fprintf(w, "deleted %s\n", a[0]) })
+		},
+	}
+	resize := &cobra.Command{
+		Use:   "resize NAME SIZE",
+		Short: "grow a VDI to SIZE (shrinking is refused)",
+		Args:  args(2, "NAME SIZE"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			bytes, err := size.Parse(a[1])
+			if err != nil {
+				return err
+			}
+			ctx, cancel := g.context()
+			defer cancel()
+			v, err := g.client().ResizeVDI(ctx, a[0], bytes)
+			if err != nil {
+				return err
+			}
+			return printVDI(v)
+		},
+	}
+	var repair bool
+	check := &cobra.Command{
+		Use:   "check NAME[@TAG] [--repair]",
+		Short: "compare every replica of a VDI's objects; --repair makes them identical (VDI closed)",
+		Args:  args(1, "NAME[@TAG] [--repair]"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			ctx, cancel := context.WithTimeout(context.Background(), max(g.timeout, 30*time.Minute))
+			defer cancel()
+			r, err := g.client().Check(ctx, a[0], repair)
+			if err != nil {
+				return err
+			}
+			if err := g.output(r, func(w *tabwriter.Writer) {
+				for _, p := range r.Problems {
+					fmt.Fprintln(w, p)
+				}
+				fmt.Fprintf(w, "%s: %d objects, %d consistent, %d replicas differing, %d missing, %d repaired\n",
+					r.VDI, r.Objects, r.Consistent, r.Mismatched, r.Missing, r.Repaired)
+			}); err != nil {
+				return err
+			}
+			if r.Mismatched+r.Missing > r.Repaired {
+				return fmt.Errorf("vdi %s has replicas that differ or are missing (run with --repair once it is closed)", a[0])
+			}
+			return nil
+		},
+	}
+	check.Flags().BoolVar(&repair, "repair", false, "replace differing or missing replicas with the newest copy")
+	cmd.AddCommand(create, list, info, remove, resize, snapshot, clone, rollback, tree, check)
+	return cmd
+}
+
+func lockCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "lock", Short: "cluster locks (exclusive VDI opens and others)"}
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "held locks with their owners",
+		Args:  args(0, ""),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			locks, err := g.client().Locks(ctx)
+			if err != nil {
+				return err
+			}
+			return g.output(locks, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "KEY\tNODE\tSESSION\tACQUIRED")
+				for _, l := range locks {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", l.Key, l.Node, l.Session, l.Acquired.Local().Format(time.DateTime))
+				}
+			})
+		},
+	}
+	cmd.AddCommand(list)
+	return cmd
+}
+
+// printTree prints the VDI tree, children indented under their parent.
+func printTree(w *tabwriter.Writer, entries []api.TreeEntry) {
+	children := map[uint32][]api.TreeEntry{}
+	known := map[uint32]bool{}
+	for _, e := range entries {
+		known[e.ID] = true
+	}
+	var roots []api.TreeEntry
+	for _, e := range entries {
+		if e.Parent == 0 || !known[e.Parent] {
+			roots = append(roots, e)
+		} else {
+			children[e.Parent] = append(children[e.Parent], e)
+		}
+	}
+	fmt.Fprintln(w, "NAME\tID\tTAG\tTIME\tSIZE\tALLOCATED\tSHARED\tUNIQUE")
+	var walk func(e api.TreeEntry, depth int)
+	walk = func(e api.TreeEntry, depth int) {
+		name, tag, at := e.Name, "-", e.Created
+		if e.Snapshot {
+			tag, at = e.Tag, e.SnapshotTime
+		}
+		switch {
+		case e.Deleted:
+			name += " (deleted, kept for its clones)"
+		case !e.Snapshot:
+			name += " (current)"
+		}
+		fmt.Fprintf(w, "%s%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", strings.Repeat("  ", depth), name, e.ID, tag, at.Local().Format(time.DateTime),
+			size.Format(e.Size), size.Format(e.AllocatedBytes), size.Format(e.SharedBytes), size.Format(e.UniqueBytes))
+		for _, c := range children[e.ID] {
+			walk(c, depth+1)
+		}
+	}
+	for _, r := range roots {
+		walk(r, 0)
+	}
+}

@@ -1,0 +1,742 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// commandType is the first byte of every log entry; Apply dispatches on it
+// through the commands table (as Consul does with its message types).
+type commandType byte
+
+const (
+	commandFormat      commandType = 1
+	commandNodeJoin    commandType = 2
+	commandNodeLeave   commandType = 3
+	commandVDICreate   commandType = 4
+	commandVDIDelete   commandType = 5
+	commandVDIResize   commandType = 6
+	commandLockAcquire commandType = 7
+	commandLockRelease commandType = 8
+	commandVDISnapshot commandType = 9
+	commandVDIClone    commandType = 10
+	commandVDIRollback commandType = 11
+	commandGarbageDone commandType = 12
+)
+
+// Command payloads. Time is stamped by the proposer so that Apply stays
+// deterministic: the FSM never reads the clock.
+type (
+	formatCommand struct {
+		Copies     int       `json:"copies"`
+		ObjectSize uint64    `json:"object_size"`
+		Time       time.Time `json:"time"`
+	}
+	nodeJoinCommand struct {
+		Node Node      `json:"node"`
+		Time time.Time `json:"time"`
+	}
+	nodeLeaveCommand struct {
+		ID     string    `json:"id"`
+		Reason string    `json:"reason"`
+		Time   time.Time `json:"time"`
+	}
+	vdiCreateCommand struct {
+		Name string    `json:"name"`
+		Size uint64    `json:"size"`
+		Time time.Time `json:"time"`
+	}
+	vdiDeleteCommand struct {
+		Name string `json:"name"`
+	}
+	vdiResizeCommand struct {
+		Name string `json:"name"`
+		Size uint64 `json:"size"`
+	}
+	vdiSnapshotCommand struct {
+		Name string `json:"name"`
+		Tag  string `json:"tag"`
+		// Holder is the node the proposer saw holding the VDI's write
+		// lock ("" for none). The snapshot is refused if that changed:
+		// a writer that opened meanwhile has not paused its writes, so
+		// the cut would not be exact.
+		Holder string    `json:"holder"`
+		Time   time.Time `json:"time"`
+	}
+	vdiCloneCommand struct {
+		Snapshot string    `json:"snapshot"` // NAME@TAG
+		Name     string    `json:"name"`
+		Time     time.Time `json:"time"`
+	}
+	vdiRollbackCommand struct {
+		Name string    `json:"name"`
+		Tag  string    `json:"tag"`
+		Time time.Time `json:"time"`
+	}
+	garbageDoneCommand struct {
+		ID uint32 `json:"id"`
+	}
+	lockCommand struct {
+		Key         string    `json:"key"`
+		Node        string    `json:"node"`
+		Incarnation string    `json:"incarnation"`
+		Session     string    `json:"session"`
+		Time        time.Time `json:"time"`
+	}
+)
+
+// binaryCommand is implemented by hot commands that skip JSON: lock
+// acquire/release are the most frequent entries, and decoding JSON on
+// every node for every entry cost 12-16% of each node's CPU
+// (docs/BENCHMARKS.md).
+type binaryCommand interface {
+	appendBinary(dst []byte) []byte
+}
+
+func encodeCommand(t commandType, payload any) ([]byte, error) {
+	if bc, ok := payload.(binaryCommand); ok {
+		return bc.appendBinary([]byte{byte(t)}), nil
+	}
+	var b bytes.Buffer
+	b.WriteByte(byte(t))
+	if err := json.NewEncoder(&b).Encode(payload); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// applyResult is what FSM.Apply returns for every entry.
+type applyResult struct {
+	Value any
+	Err   error
+}
+
+type applyFunc func(s *State, data []byte) (any, error)
+
+var commands = map[commandType]applyFunc{
+	commandFormat:      applyFormat,
+	commandNodeJoin:    applyNodeJoin,
+	commandNodeLeave:   applyNodeLeave,
+	commandVDICreate:   applyVDICreate,
+	commandVDIDelete:   applyVDIDelete,
+	commandVDIResize:   applyVDIResize,
+	commandLockAcquire: applyLockAcquire,
+	commandLockRelease: applyLockRelease,
+	commandVDISnapshot: applyVDISnapshot,
+	commandVDIClone:    applyVDIClone,
+	commandVDIRollback: applyVDIRollback,
+	commandGarbageDone: applyGarbageDone,
+}
+
+// FSM is the replicated state machine. Apply must be deterministic and
+// produce the same result on all nodes (hashicorp/raft's FSM contract): it
+// depends only on the State and the entry, never on the clock or the node.
+// Readers use View; Apply, ApplyBatch, Snapshot and Restore are called by
+// raft only, from one goroutine.
+type FSM struct {
+	mu           sync.RWMutex // guards state
+	state        *State
+	onNodeChange func() // called (without mu) after node table changes
+
+	waitMu  sync.Mutex // guards applied and waiters
+	applied uint64
+	waiters map[uint64][]chan struct{} // closed once applied >= key
+
+	epochMu      sync.Mutex    // guards epochChanged
+	epochChanged chan struct{} // closed and replaced whenever the epoch changes
+}
+
+func newFSM() *FSM {
+	return &FSM{state: newState(), waiters: map[uint64][]chan struct{}{}, epochChanged: make(chan struct{})}
+}
+
+func (f *FSM) signalEpoch() {
+	f.epochMu.Lock()
+	close(f.epochChanged)
+	f.epochChanged = make(chan struct{})
+	f.epochMu.Unlock()
+}
+
+// View calls fn with the current state under the read lock; fn must not
+// keep references to it.
+func (f *FSM) View(fn func(s *State)) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	fn(f.state)
+}
+
+// Apply implements raft.FSM.
+func (f *FSM) Apply(entry *raft.Log) any {
+	return f.ApplyBatch([]*raft.Log{entry})[0]
+}
+
+// ApplyBatch implements raft.BatchingFSM: one lock and one wake-up per
+// batch of committed entries instead of per entry.
+func (f *FSM) ApplyBatch(entries []*raft.Log) []any {
+	results := make([]any, len(entries))
+	nodesChanged := false
+	f.mu.Lock()
+	for i, entry := range entries {
+		if entry.Type != raft.LogCommand || len(entry.Data) == 0 {
+			continue
+		}
+		t := commandType(entry.Data[0])
+		fn, ok := commands[t]
+		result := &applyResult{}
+		if !ok {
+			// A newer binary wrote an entry this one does not know. Refuse
+			// it identically on every node rather than guess.
+			result.Err = fmt.Errorf("%w: unknown log command %d (mixed herd versions?)", ErrInvalid, t)
+		} else {
+			before := len(f.state.Epochs)
+			result.Value, result.Err = fn(f.state, entry.Data[1:])
+			nodesChanged = nodesChanged || len(f.state.Epochs) != before || t == commandNodeJoin
+		}
+		results[i] = result
+	}
+	f.mu.Unlock()
+	if len(entries) > 0 {
+		f.setApplied(entries[len(entries)-1].Index)
+	}
+	if nodesChanged {
+		f.signalEpoch()
+		if f.onNodeChange != nil {
+			f.onNodeChange()
+		}
+	}
+	return results
+}
+
+func (f *FSM) setApplied(index uint64) {
+	f.waitMu.Lock()
+	defer f.waitMu.Unlock()
+	if index <= f.applied {
+		return
+	}
+	f.applied = index
+	for want, chans := range f.waiters {
+		if want <= index {
+			for _, ch := range chans {
+				close(ch)
+			}
+			delete(f.waiters, want)
+		}
+	}
+}
+
+// Applied is the index of the last entry applied.
+func (f *FSM) Applied() uint64 {
+	f.waitMu.Lock()
+	defer f.waitMu.Unlock()
+	return f.applied
+}
+
+// WaitApplied blocks until the FSM has applied index or ctx ends.
+func (f *FSM) WaitApplied(ctx context.Context, index uint64) error {
+	f.waitMu.Lock()
+	if f.applied >= index {
+		f.waitMu.Unlock()
+		return nil
+	}
+	ch := make(chan struct{})
+	f.waiters[index] = append(f.waiters[index], ch)
+	f.waitMu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Snapshot implements raft.FSM.
+func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	data, err := json.Marshal(f.state)
+	if err != nil {
+		return nil, err
+	}
+	return fsmSnapshot(data), nil
+}
+
+// Restore implements raft.FSM.
+func (f *FSM) Restore(reader io.ReadCloser) error {
+	defer reader.Close()
+	s := newState()
+	if err := json.NewDecoder(reader).Decode(s); err != nil {
+		return fmt.Errorf("cluster: restore snapshot: %w", err)
+	}
+	if s.Nodes == nil {
+		s.Nodes = map[string]*Node{}
+	}
+	if s.VDIs == nil {
+		s.VDIs = map[string]*VDI{}
+	}
+	if s.Locks == nil {
+		s.Locks = map[string]*Lock{}
+	}
+	if s.Snapshots == nil {
+		s.Snapshots = map[uint32]*VDI{}
+	}
+	f.mu.Lock()
+	f.state = s
+	f.mu.Unlock()
+	f.signalEpoch()
+	if f.onNodeChange != nil {
+		f.onNodeChange()
+	}
+	return nil
+}
+
+type fsmSnapshot []byte
+
+func (s fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	if _, err := sink.Write(s); err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+
+func (s fsmSnapshot) Release() {}
+
+func decode(data []byte, v any) error {
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%w: malformed log entry: %v", ErrInvalid, err)
+	}
+	return nil
+}
+
+func applyFormat(s *State, data []byte) (any, error) {
+	var c formatCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	if s.Format != nil {
+		return nil, fmt.Errorf("%w (copies %d, object size %d bytes, on %s); formatting again would lose every vdi",
+			ErrAlreadyFormatted, s.Format.Copies, s.Format.ObjectSize, s.Format.Created.UTC().Format(time.RFC3339))
+	}
+	if err := validateFormat(c.Copies, c.ObjectSize); err != nil {
+		return nil, err
+	}
+	if err := checkCopiesPlaceable(s, c.Copies); err != nil {
+		return nil, err
+	}
+	s.Format = &Format{Copies: c.Copies, ObjectSize: c.ObjectSize, Created: c.Time}
+	return *s.Format, nil
+}
+
+func validateFormat(copies int, objectSize uint64) error {
+	if copies < 1 || copies > MaxCopies {
+		return fmt.Errorf("%w: copies must be between 1 and %d, not %d", ErrInvalid, MaxCopies, copies)
+	}
+	if objectSize < MinObjectSize || objectSize > MaxObjectSize || objectSize&(objectSize-1) != 0 {
+		return fmt.Errorf("%w: object size must be a power of two between 64 KiB and 256 MiB, not %d bytes", ErrInvalid, objectSize)
+	}
+	return nil
+}
+
+// checkCopiesPlaceable refuses a number of copies the alive nodes (or
+// zones, when zones are used) cannot hold on distinct failure domains.
+func checkCopiesPlaceable(s *State, copies int) error {
+	alive := s.AliveNodes()
+	zones := map[string]bool{}
+	zoned := false
+	for _, id := range alive {
+		zones[s.Nodes[id].Zone] = true
+		if s.Nodes[id].Zone != "" {
+			zoned = true
+		}
+	}
+	if zoned && copies > len(zones) {
+		return fmt.Errorf("%w: %d copies need %d zones, the cluster has %d alive zones", ErrTooFewNodes, copies, copies, len(zones))
+	}
+	if copies > len(alive) {
+		return fmt.Errorf("%w: %d copies need %d nodes, the cluster has %d alive nodes (start more nodes, or format with fewer copies)", ErrTooFewNodes, copies, copies, len(alive))
+	}
+	return nil
+}
+
+func applyNodeJoin(s *State, data []byte) (any, error) {
+	var c nodeJoinCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	n := c.Node
+	if n.ID == "" {
+		return nil, fmt.Errorf("%w: node join without id", ErrInvalid)
+	}
+	old, existed := s.Nodes[n.ID]
+	if existed && old.Incarnation != n.Incarnation {
+		// The node restarted: whatever its previous process held is gone.
+		releaseLocks(s, func(l *Lock) bool { return l.Node == n.ID && l.Incarnation != n.Incarnation })
+	}
+	wasAlive := existed && old.State == NodeAlive
+	n.State = NodeAlive
+	n.Since = c.Time
+	if wasAlive {
+		n.Since = old.Since
+	}
+	s.Nodes[n.ID] = &n
+	if !wasAlive {
+		newEpoch(s, c.Time, "node "+n.ID+" joined")
+	}
+	return s.Epoch(), nil
+}
+
+func applyNodeLeave(s *State, data []byte) (any, error) {
+	var c nodeLeaveCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	n, ok := s.Nodes[c.ID]
+	if !ok {
+		return nil, fmt.Errorf("node %s: %w", c.ID, ErrNotFound)
+	}
+	if n.State != NodeAlive {
+		return s.Epoch(), nil
+	}
+	n.State = NodeDead
+	n.Since = c.Time
+	releaseLocks(s, func(l *Lock) bool { return l.Node == c.ID })
+	reason := "node " + c.ID + " left"
+	if c.Reason != "" {
+		reason += " (" + c.Reason + ")"
+	}
+	newEpoch(s, c.Time, reason)
+	return s.Epoch(), nil
+}
+
+func newEpoch(s *State, at time.Time, reason string) {
+	s.Epochs = append(s.Epochs, Epoch{Number: s.Epoch() + 1, Nodes: s.AliveNodes(), Time: at, Reason: reason})
+}
+
+func releaseLocks(s *State, match func(*Lock) bool) {
+	for key, l := range s.Locks {
+		if match(l) {
+			delete(s.Locks, key)
+		}
+	}
+}
+
+func applyVDICreate(s *State, data []byte) (any, error) {
+	var c vdiCreateCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	if s.Format == nil {
+		return nil, ErrNotFormatted
+	}
+	if err := ValidateName(c.Name); err != nil {
+		return nil, err
+	}
+	if err := ValidateSize(c.Size, s.Format.ObjectSize); err != nil {
+		return nil, err
+	}
+	// The name is the lock: the first committed create of a name wins
+	// (DESIGN.md, "Distributed locks (VDI create ...) are log entries").
+	if _, ok := s.VDIs[c.Name]; ok {
+		return nil, fmt.Errorf("vdi %q %w", c.Name, ErrAlreadyExists)
+	}
+	id, err := newVDIID(s)
+	if err != nil {
+		return nil, err
+	}
+	v := &VDI{ID: id, Name: c.Name, Size: c.Size, Copies: s.Format.Copies, ObjectSize: s.Format.ObjectSize, Created: c.Time}
+	s.VDIs[c.Name] = v
+	return *v, nil
+}
+
+// vdiLockKey is the lock a writer holds while a VDI is open for writing.
+func vdiLockKey(name string) string { return "vdi/" + name }
+
+func applyVDIDelete(s *State, data []byte) (any, error) {
+	var c vdiDeleteCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	v, err := s.lookup(c.Name)
+	if err != nil {
+		return nil, err
+	}
+	if !v.Snapshot {
+		if l, held := s.Locks[vdiLockKey(v.Name)]; held {
+			return nil, fmt.Errorf("vdi %q is open for writing through node %s (session %s): %w", c.Name, l.Node, l.Session, ErrBusy)
+		}
+		delete(s.VDIs, v.Name)
+	}
+	removeVDI(s, v)
+	return *v, nil
+}
+
+// removeVDI takes v out of the tree (it is already out of s.VDIs if it
+// was writable). A VDI with descendants stays, hidden, because they read
+// its objects; one without goes to the garbage list, and so does every
+// hidden ancestor it was the last descendant of.
+func removeVDI(s *State, v *VDI) {
+	for v != nil {
+		if s.hasChildren(v.ID) {
+			v.Deleted = true
+			s.Snapshots[v.ID] = v
+			return
+		}
+		delete(s.Snapshots, v.ID)
+		s.Garbage = append(s.Garbage, Garbage{ID: v.ID, Size: v.Size, ObjectSize: v.ObjectSize, Copies: v.Copies})
+		parent, ok := s.Snapshots[v.Parent]
+		if !ok || !parent.Deleted {
+			return
+		}
+		v = parent
+	}
+}
+
+// newVDIID hands out the next VDI id.
+func newVDIID(s *State) (uint32, error) {
+	if s.NextVDIID > MaxVDIID {
+		return 0, fmt.Errorf("%w: all %d vdi ids have been used", ErrExhausted, MaxVDIID)
+	}
+	id := s.NextVDIID
+	s.NextVDIID++
+	return id, nil
+}
+
+// SnapshotResult is what a snapshot commits: the frozen snapshot and the
+// writable VDI that continues under the name.
+type SnapshotResult struct {
+	Snapshot VDI `json:"snapshot"`
+	VDI      VDI `json:"vdi"`
+}
+
+func applyVDISnapshot(s *State, data []byte) (any, error) {
+	var c vdiSnapshotCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	v, ok := s.VDIs[c.Name]
+	if !ok {
+		return nil, fmt.Errorf("vdi %q %w", c.Name, ErrNotFound)
+	}
+	holder := ""
+	if l, held := s.Locks[vdiLockKey(c.Name)]; held {
+		holder = l.Node
+	}
+	if holder != c.Holder {
+		return nil, fmt.Errorf("%w: vdi %q changed hands while the snapshot was prepared (held by %q); try again", ErrBusy, c.Name, holder)
+	}
+	tag := c.Tag
+	if tag == "" {
+		tag = fmt.Sprint(v.ID)
+	}
+	if err := ValidateTag(tag); err != nil {
+		return nil, err
+	}
+	if s.findSnapshot(c.Name, tag) != nil {
+		return nil, fmt.Errorf("snapshot %s@%s %w", c.Name, tag, ErrAlreadyExists)
+	}
+	id, err := newVDIID(s)
+	if err != nil {
+		return nil, err
+	}
+	snapshot := *v
+	snapshot.Snapshot, snapshot.Tag, snapshot.SnapshotTime = true, tag, c.Time
+	s.Snapshots[snapshot.ID] = &snapshot
+	child := &VDI{ID: id, Name: v.Name, Size: v.Size, Copies: v.Copies, ObjectSize: v.ObjectSize, Created: v.Created, Parent: snapshot.ID}
+	s.VDIs[c.Name] = child
+	return SnapshotResult{Snapshot: snapshot, VDI: *child}, nil
+}
+
+func applyVDIClone(s *State, data []byte) (any, error) {
+	var c vdiCloneCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	name, tag := SplitName(c.Snapshot)
+	parent := s.findSnapshot(name, tag)
+	if tag == "" || parent == nil {
+		return nil, fmt.Errorf("snapshot %q %w (clone from NAME@TAG)", c.Snapshot, ErrNotFound)
+	}
+	if err := ValidateName(c.Name); err != nil {
+		return nil, err
+	}
+	if _, ok := s.VDIs[c.Name]; ok {
+		return nil, fmt.Errorf("vdi %q %w", c.Name, ErrAlreadyExists)
+	}
+	id, err := newVDIID(s)
+	if err != nil {
+		return nil, err
+	}
+	v := &VDI{ID: id, Name: c.Name, Size: parent.Size, Copies: parent.Copies, ObjectSize: parent.ObjectSize, Created: c.Time, Parent: parent.ID}
+	s.VDIs[c.Name] = v
+	return *v, nil
+}
+
+func applyVDIRollback(s *State, data []byte) (any, error) {
+	var c vdiRollbackCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	v, ok := s.VDIs[c.Name]
+	if !ok {
+		return nil, fmt.Errorf("vdi %q %w", c.Name, ErrNotFound)
+	}
+	target := s.findSnapshot(c.Name, c.Tag)
+	if target == nil {
+		return nil, fmt.Errorf("snapshot %s@%s %w", c.Name, c.Tag, ErrNotFound)
+	}
+	if l, held := s.Locks[vdiLockKey(c.Name)]; held {
+		return nil, fmt.Errorf("vdi %q is open for writing through node %s (session %s); close it first: %w", c.Name, l.Node, l.Session, ErrBusy)
+	}
+	id, err := newVDIID(s)
+	if err != nil {
+		return nil, err
+	}
+	delete(s.VDIs, c.Name)
+	removeVDI(s, v)
+	w := &VDI{ID: id, Name: c.Name, Size: target.Size, Copies: target.Copies, ObjectSize: target.ObjectSize, Created: v.Created, Parent: target.ID}
+	s.VDIs[c.Name] = w
+	return *w, nil
+}
+
+func applyGarbageDone(s *State, data []byte) (any, error) {
+	var c garbageDoneCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	for i, g := range s.Garbage {
+		if g.ID == c.ID {
+			s.Garbage = append(s.Garbage[:i], s.Garbage[i+1:]...)
+			return nil, nil
+		}
+	}
+	return nil, nil
+}
+
+func applyVDIResize(s *State, data []byte) (any, error) {
+	var c vdiResizeCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	v, ok := s.VDIs[c.Name]
+	if !ok {
+		return nil, fmt.Errorf("vdi %q %w", c.Name, ErrNotFound)
+	}
+	if err := ValidateSize(c.Size, v.ObjectSize); err != nil {
+		return nil, err
+	}
+	if c.Size < v.Size {
+		return nil, fmt.Errorf("%w: vdi %q is %d bytes, asked for %d (shrinking would discard data)", ErrShrink, c.Name, v.Size, c.Size)
+	}
+	v.Size = c.Size
+	return *v, nil
+}
+
+// lockCommandVersion starts the binary encoding of a lock command:
+// version, then key, node, incarnation and session as uvarint length and
+// bytes, then the time as varint Unix nanoseconds.
+const lockCommandVersion = 1
+
+func (c lockCommand) appendBinary(dst []byte) []byte {
+	dst = append(dst, lockCommandVersion)
+	for _, s := range []string{c.Key, c.Node, c.Incarnation, c.Session} {
+		dst = binary.AppendUvarint(dst, uint64(len(s)))
+		dst = append(dst, s...)
+	}
+	var nanos int64
+	if !c.Time.IsZero() {
+		nanos = c.Time.UnixNano()
+	}
+	return binary.AppendVarint(dst, nanos)
+}
+
+func decodeLockCommand(data []byte) (lockCommand, error) {
+	var c lockCommand
+	if len(data) == 0 || data[0] != lockCommandVersion {
+		return c, fmt.Errorf("%w: malformed lock entry", ErrInvalid)
+	}
+	data = data[1:]
+	fields := []*string{&c.Key, &c.Node, &c.Incarnation, &c.Session}
+	for _, f := range fields {
+		n, used := binary.Uvarint(data)
+		if used <= 0 || n > uint64(len(data)-used) {
+			return c, fmt.Errorf("%w: malformed lock entry", ErrInvalid)
+		}
+		*f = string(data[used : used+int(n)])
+		data = data[used+int(n):]
+	}
+	nanos, used := binary.Varint(data)
+	if used <= 0 || used != len(data) {
+		return c, fmt.Errorf("%w: malformed lock entry", ErrInvalid)
+	}
+	if nanos != 0 {
+		c.Time = time.Unix(0, nanos).UTC()
+	}
+	return c, nil
+}
+
+func applyLockAcquire(s *State, data []byte) (any, error) {
+	c, err := decodeLockCommand(data)
+	if err != nil {
+		return nil, err
+	}
+	if c.Key == "" || c.Node == "" {
+		return nil, fmt.Errorf("%w: lock needs a key and an owner", ErrInvalid)
+	}
+	if n, ok := s.Nodes[c.Node]; !ok || n.State != NodeAlive || n.Incarnation != c.Incarnation {
+		// A claim from a node (process) that has since left must not win.
+		return nil, fmt.Errorf("%w: lock %q claimed by node %s which is not a live member", ErrInvalid, c.Key, c.Node)
+	}
+	if l, ok := s.Locks[c.Key]; ok {
+		if l.Node == c.Node && l.Session == c.Session {
+			return *l, nil
+		}
+		return nil, &LockHeldError{Lock: *l}
+	}
+	l := &Lock{Key: c.Key, Node: c.Node, Incarnation: c.Incarnation, Session: c.Session, Acquired: c.Time}
+	s.Locks[c.Key] = l
+	return *l, nil
+}
+
+func applyLockRelease(s *State, data []byte) (any, error) {
+	c, err := decodeLockCommand(data)
+	if err != nil {
+		return nil, err
+	}
+	l, ok := s.Locks[c.Key]
+	if !ok {
+		return nil, fmt.Errorf("lock %q %w", c.Key, ErrNotFound)
+	}
+	if l.Node != c.Node || l.Session != c.Session {
+		return nil, fmt.Errorf("%w: lock %q is held by node %s session %s", ErrNotLockOwner, c.Key, l.Node, l.Session)
+	}
+	delete(s.Locks, c.Key)
+	return nil, nil
+}
+
+// LockHeldError says who holds a lock someone else asked for.
+type LockHeldError struct{ Lock Lock }
+
+func (e *LockHeldError) Error() string {
+	return fmt.Sprintf("lock %q is held by node %s (session %s) since %s", e.Lock.Key, e.Lock.Node, e.Lock.Session, e.Lock.Acquired.UTC().Format(time.RFC3339))
+}
+
+func (e *LockHeldError) Is(target error) bool { return target == ErrLockHeld }
+
+// sortedVDIs returns copies of the VDIs ordered by name.
+func sortedVDIs(s *State) []VDI {
+	out := make([]VDI, 0, len(s.VDIs))
+	for _, v := range s.VDIs {
+		out = append(out, *v)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}

@@ -1,0 +1,571 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// QuorumStatus tells whether this node can currently commit to the log.
+func (c *Cluster) QuorumStatus() (ok bool, detail string) {
+	if c.raft.State() == raft.Leader {
+		return true, "this node is the leader"
+	}
+	_, leader := c.raft.LeaderWithID()
+	if leader == "" {
+		return false, "no leader is reachable from this node"
+	}
+	since := time.Since(c.raft.LastContact())
+	if since > quorumContactTimeout {
+		return false, fmt.Sprintf("no contact with leader %s for %s", leader, since.Round(100*time.Millisecond))
+	}
+	return true, fmt.Sprintf("leader %s reachable", leader)
+}
+
+// propose commits a command through the leader: locally when this node
+// leads, otherwise forwarded to the leader's admin API. It returns the
+// command's result as JSON, once this node has applied it too, so a client
+// reads its own writes through the node it asked.
+func (c *Cluster) propose(ctx context.Context, t commandType, payload any) (json.RawMessage, error) {
+	data, err := encodeCommand(t, payload)
+	if err != nil {
+		return nil, err
+	}
+	result, _, err := c.proposeIndex(ctx, data)
+	return result, err
+}
+
+// ProposeForwarded applies a command forwarded from another node and also
+// returns its log index, so the forwarder can wait until it applied it.
+func (c *Cluster) ProposeForwarded(ctx context.Context, data []byte) (json.RawMessage, uint64, error) {
+	if c.raft.State() != raft.Leader {
+		return nil, 0, fmt.Errorf("%w: this node is no longer the leader", ErrNoQuorum)
+	}
+	if len(data) == 1 && data[0] == barrierRequest {
+		return json.RawMessage("null"), c.raft.AppliedIndex(), nil
+	}
+	return c.proposeIndex(ctx, data)
+}
+
+// barrierRequest asks the leader for its applied index (forwarded, never
+// a log entry).
+const barrierRequest = 0
+
+// Sync waits until this node has applied everything the leader had
+// applied when asked: after it, a read here sees every change committed
+// before Sync was called (a VDI created through another node a moment
+// ago, say). Reads that miss call it before answering "not found".
+func (c *Cluster) Sync(ctx context.Context) error {
+	if c.raft.State() == raft.Leader {
+		return nil
+	}
+	leaderAddr, _ := c.raft.LeaderWithID()
+	if leaderAddr == "" {
+		return fmt.Errorf("%w: no leader is known to this node", ErrNoQuorum)
+	}
+	ctx, cancel := context.WithTimeout(ctx, applyTimeout)
+	defer cancel()
+	_, index, err := c.forward.send(ctx, string(leaderAddr), []byte{barrierRequest})
+	if err != nil {
+		return fmt.Errorf("%w: leader at %s unreachable: %v", ErrNoQuorum, leaderAddr, err)
+	}
+	return c.fsm.WaitApplied(ctx, index)
+}
+
+// LookupVDI is VDI after making sure a miss is not just this node lagging
+// behind the leader.
+func (c *Cluster) LookupVDI(ctx context.Context, name string) (VDI, error) {
+	v, err := c.VDI(name)
+	if errors.Is(err, ErrNotFound) && c.Sync(ctx) == nil {
+		v, err = c.VDI(name)
+	}
+	return v, err
+}
+
+func (c *Cluster) proposeIndex(ctx context.Context, data []byte) (json.RawMessage, uint64, error) {
+	if len(data) == 0 || commands[commandType(data[0])] == nil {
+		return nil, 0, fmt.Errorf("%w: unknown command", ErrInvalid)
+	}
+	if ok, detail := c.QuorumStatus(); !ok {
+		return nil, 0, fmt.Errorf("%w: %s", ErrNoQuorum, detail)
+	}
+	if c.raft.State() != raft.Leader {
+		leaderAddr, _ := c.raft.LeaderWithID()
+		if leaderAddr == "" {
+			return nil, 0, fmt.Errorf("%w: no leader is known to this node", ErrNoQuorum)
+		}
+		ctx, cancel := context.WithTimeout(ctx, applyTimeout)
+		defer cancel()
+		result, index, err := c.forward.send(ctx, string(leaderAddr), data)
+		if err != nil {
+			var remote *RemoteError
+			if errors.As(err, &remote) {
+				return nil, 0, err
+			}
+			return nil, 0, fmt.Errorf("%w: leader at %s unreachable: %v", ErrNoQuorum, leaderAddr, err)
+		}
+		if err := c.fsm.WaitApplied(ctx, index); err != nil {
+			// Committed on the leader; this node is just behind.
+			c.logger.Warn("cluster: committed entry not yet applied locally", "index", index)
+		}
+		return result, index, nil
+	}
+	timeout := applyTimeout
+	if deadline, ok := ctx.Deadline(); ok {
+		timeout = time.Until(deadline)
+	}
+	future := c.raft.Apply(data, timeout)
+	if err := future.Error(); err != nil {
+		switch {
+		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrEnqueueTimeout), errors.Is(err, raft.ErrRaftShutdown):
+			return nil, 0, fmt.Errorf("%w: %v (the change may or may not have been committed)", ErrNoQuorum, err)
+		}
+		return nil, 0, err
+	}
+	res, _ := future.Response().(*applyResult)
+	if res == nil {
+		return nil, 0, fmt.Errorf("cluster: log entry produced no result")
+	}
+	if res.Err != nil {
+		return nil, 0, res.Err
+	}
+	value, err := json.Marshal(res.Value)
+	return value, future.Index(), err
+}
+
+// ---- operations for the admin API ----
+
+// Format fixes the cluster's copies and object size, once.
+func (c *Cluster) Format(ctx context.Context, copies int, objectSize uint64) (Format, error) {
+	var f Format
+	if err := validateFormat(copies, objectSize); err != nil {
+		return f, err
+	}
+	out, err := c.propose(ctx, commandFormat, formatCommand{Copies: copies, ObjectSize: objectSize, Time: time.Now().UTC()})
+	if err != nil {
+		return f, err
+	}
+	return f, json.Unmarshal(out, &f)
+}
+
+// CreateVDI creates a VDI; the first committed create of a name wins.
+func (c *Cluster) CreateVDI(ctx context.Context, name string, size uint64) (VDI, error) {
+	var v VDI
+	if err := ValidateName(name); err != nil {
+		return v, err
+	}
+	if err := ValidateSize(size, 0); err != nil {
+		return v, err
+	}
+	out, err := c.propose(ctx, commandVDICreate, vdiCreateCommand{Name: name, Size: size, Time: time.Now().UTC()})
+	if err != nil {
+		return v, err
+	}
+	return v, json.Unmarshal(out, &v)
+}
+
+// SnapshotVDI freezes a VDI's content as NAME@TAG; the name continues as
+// a new writable child. The gateway holding the VDI open for writing
+// calls this with its writes paused (gateway.Snapshot), so the snapshot
+// holds exactly the writes completed before it.
+//
+// holder is the node the caller saw holding the VDI's write lock ("" for
+// none); the snapshot is refused if that is no longer true.
+func (c *Cluster) SnapshotVDI(ctx context.Context, name, tag, holder string) (SnapshotResult, error) {
+	var r SnapshotResult
+	if tag != "" {
+		if err := ValidateTag(tag); err != nil {
+			return r, err
+		}
+	}
+	out, err := c.propose(ctx, commandVDISnapshot, vdiSnapshotCommand{Name: name, Tag: tag, Holder: holder, Time: time.Now().UTC()})
+	if err != nil {
+		return r, err
+	}
+	return r, json.Unmarshal(out, &r)
+}
+
+// CloneVDI creates a writable VDI sharing a snapshot's objects.
+func (c *Cluster) CloneVDI(ctx context.Context, snapshot, name string) (VDI, error) {
+	var v VDI
+	if err := ValidateName(name); err != nil {
+		return v, err
+	}
+	out, err := c.propose(ctx, commandVDIClone, vdiCloneCommand{Snapshot: snapshot, Name: name, Time: time.Now().UTC()})
+	if err != nil {
+		return v, err
+	}
+	return v, json.Unmarshal(out, &v)
+}
+
+// RollbackVDI makes a VDI's content a snapshot's again.
+func (c *Cluster) RollbackVDI(ctx context.Context, name, tag string) (VDI, error) {
+	var v VDI
+	out, err := c.propose(ctx, commandVDIRollback, vdiRollbackCommand{Name: name, Tag: tag, Time: time.Now().UTC()})
+	if err != nil {
+		return v, err
+	}
+	return v, json.Unmarshal(out, &v)
+}
+
+// Tree returns every VDI of the tree: writable, snapshots and deleted
+// ones kept for their descendants, by id.
+func (c *Cluster) Tree() []VDI {
+	var out []VDI
+	c.fsm.View(func(s *State) {
+		for _, v := range s.VDIs {
+			out = append(out, *v)
+		}
+		for _, v := range s.Snapshots {
+			out = append(out, *v)
+		}
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Chain returns a VDI's id and its ancestors' ids, nearest first.
+func (c *Cluster) Chain(id uint32) []uint32 {
+	var chain []uint32
+	c.fsm.View(func(s *State) { chain = s.Chain(id) })
+	return chain
+}
+
+// Garbage returns the VDIs whose objects are waiting to be freed.
+func (c *Cluster) Garbage() []Garbage {
+	var out []Garbage
+	c.fsm.View(func(s *State) { out = append(out, s.Garbage...) })
+	return out
+}
+
+// GarbageDone records that a VDI's objects were freed.
+func (c *Cluster) GarbageDone(ctx context.Context, id uint32) error {
+	_, err := c.propose(ctx, commandGarbageDone, garbageDoneCommand{ID: id})
+	return err
+}
+
+// IsLeader says whether this node leads the log now.
+func (c *Cluster) IsLeader() bool { return c.raft.State() == raft.Leader }
+
+// DeleteVDI removes a VDI (NAME) that nobody has open for writing, or a
+// snapshot (NAME@TAG).
+func (c *Cluster) DeleteVDI(ctx context.Context, name string) error {
+	if _, err := c.LookupVDI(ctx, name); err != nil {
+		return err
+	}
+	_, err := c.propose(ctx, commandVDIDelete, vdiDeleteCommand{Name: name})
+	return err
+}
+
+// ResizeVDI grows a VDI.
+func (c *Cluster) ResizeVDI(ctx context.Context, name string, size uint64) (VDI, error) {
+	var v VDI
+	if _, err := c.LookupVDI(ctx, name); err != nil {
+		return v, err
+	}
+	out, err := c.propose(ctx, commandVDIResize, vdiResizeCommand{Name: name, Size: size})
+	if err != nil {
+		return v, err
+	}
+	return v, json.Unmarshal(out, &v)
+}
+
+// registered waits until the log knows this process (its incarnation)
+// as an alive node: right after a restart the leader has not yet
+// committed the new incarnation, and a lock claimed by the old one would
+// be refused.
+func (c *Cluster) registered(ctx context.Context) error {
+	for {
+		c.fsm.epochMu.Lock()
+		changed := c.fsm.epochChanged
+		c.fsm.epochMu.Unlock()
+		n, ok := c.Node(c.cfg.NodeID)
+		if ok && n.State == NodeAlive && n.Incarnation == c.cfg.Incarnation {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("%w: this node has not been admitted to the cluster yet", ErrNoQuorum)
+		}
+	}
+}
+
+// AcquireLock claims key for session on this node.
+func (c *Cluster) AcquireLock(ctx context.Context, key, session string) (Lock, error) {
+	var l Lock
+	wait, cancel := context.WithTimeout(ctx, applyTimeout)
+	err := c.registered(wait)
+	cancel()
+	if err != nil {
+		return l, err
+	}
+	out, err := c.propose(ctx, commandLockAcquire, lockCommand{Key: key, Node: c.cfg.NodeID, Incarnation: c.cfg.Incarnation, Session: session, Time: time.Now().UTC()})
+	if err != nil {
+		return l, err
+	}
+	return l, json.Unmarshal(out, &l)
+}
+
+// ReleaseLock releases key held by session on this node.
+func (c *Cluster) ReleaseLock(ctx context.Context, key, session string) error {
+	_, err := c.propose(ctx, commandLockRelease, lockCommand{Key: key, Node: c.cfg.NodeID, Incarnation: c.cfg.Incarnation, Session: session})
+	return err
+}
+
+// ---- local reads (this node's applied state) ----
+
+// Epoch is the latest epoch this node has applied.
+func (c *Cluster) Epoch() uint64 {
+	var e uint64
+	c.fsm.View(func(s *State) { e = s.Epoch() })
+	return e
+}
+
+// Epochs returns the whole epoch history.
+func (c *Cluster) Epochs() []Epoch {
+	var out []Epoch
+	c.fsm.View(func(s *State) { out = append(out, s.Epochs...) })
+	return out
+}
+
+// VDIs lists VDIs by name.
+func (c *Cluster) VDIs() []VDI {
+	var out []VDI
+	c.fsm.View(func(s *State) { out = sortedVDIs(s) })
+	return out
+}
+
+// VDI returns one VDI: NAME (writable) or NAME@TAG (a snapshot).
+func (c *Cluster) VDI(name string) (VDI, error) {
+	var v VDI
+	var err error
+	c.fsm.View(func(s *State) {
+		var p *VDI
+		if p, err = s.lookup(name); err == nil {
+			v = *p
+		}
+	})
+	return v, err
+}
+
+// Locks lists held locks.
+func (c *Cluster) Locks() []Lock {
+	var out []Lock
+	c.fsm.View(func(s *State) {
+		for _, l := range s.Locks {
+			out = append(out, *l)
+		}
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out
+}
+
+// NodeInfo is a node as `herd node list` shows it.
+type NodeInfo struct {
+	Node
+	Role string `json:"role"` // leader, voter, nonvoter, none
+}
+
+// Info is what `herd cluster info` shows.
+type Info struct {
+	NodeID       string   `json:"node_id"`
+	Formatted    bool     `json:"formatted"`
+	Format       *Format  `json:"format,omitempty"`
+	Epoch        uint64   `json:"epoch"`
+	Leader       string   `json:"leader"`
+	LeaderAddr   string   `json:"leader_address"`
+	Voters       []string `json:"voters"`
+	Quorum       bool     `json:"quorum"`
+	QuorumDetail string   `json:"quorum_detail"`
+	NodesAlive   int      `json:"nodes_alive"`
+	NodesTotal   int      `json:"nodes_total"`
+	VDIs         int      `json:"vdis"`
+	AppliedIndex uint64   `json:"applied_index"`
+}
+
+func (c *Cluster) roles() map[string]string {
+	roles := map[string]string{}
+	future := c.raft.GetConfiguration()
+	if future.Error() == nil {
+		for _, s := range future.Configuration().Servers {
+			if s.Suffrage == raft.Voter {
+				roles[string(s.ID)] = "voter"
+			} else {
+				roles[string(s.ID)] = "nonvoter"
+			}
+		}
+	}
+	if _, id := c.raft.LeaderWithID(); id != "" {
+		roles[string(id)] = "leader"
+	}
+	return roles
+}
+
+// Nodes lists every node the log knows.
+func (c *Cluster) Nodes() []NodeInfo {
+	roles := c.roles()
+	var out []NodeInfo
+	c.fsm.View(func(s *State) {
+		for _, n := range s.Nodes {
+			role := roles[n.ID]
+			if role == "" {
+				role = "none"
+			}
+			out = append(out, NodeInfo{Node: *n, Role: role})
+		}
+	})
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].Address < out[j].Address || (out[i].Address == out[j].Address && out[i].ID < out[j].ID)
+	})
+	return out
+}
+
+// Info summarises the cluster as this node sees it.
+func (c *Cluster) Info() Info {
+	info := Info{NodeID: c.cfg.NodeID}
+	info.Quorum, info.QuorumDetail = c.QuorumStatus()
+	_, leader := c.raft.LeaderWithID()
+	info.Leader = string(leader)
+	for id, role := range c.roles() {
+		if role == "voter" || role == "leader" {
+			info.Voters = append(info.Voters, id)
+		}
+	}
+	sort.Strings(info.Voters)
+	c.fsm.View(func(s *State) {
+		if s.Format != nil {
+			f := *s.Format
+			info.Format, info.Formatted = &f, true
+		}
+		info.Epoch = s.Epoch()
+		info.NodesTotal = len(s.Nodes)
+		info.NodesAlive = len(s.AliveNodes())
+		info.VDIs = len(s.VDIs)
+		if n, ok := s.Nodes[info.Leader]; ok {
+			info.LeaderAddr = n.Address
+		}
+	})
+	info.AppliedIndex = c.fsm.Applied()
+	return info
+}
+
+// ID is this node's id.
+func (c *Cluster) ID() string { return c.cfg.NodeID }
+
+// ---- memberlist's logger, translated to slog ----
+
+// gossipLogWriter turns memberlist's "[LEVEL] memberlist: ..." lines into
+// structured logs, and says plainly when a message was refused because
+// the sender lacks the cluster token.
+type gossipLogWriter struct{ logger *slog.Logger }
+
+func newGossipLogger(logger *slog.Logger) *log.Logger {
+	return log.New(&gossipLogWriter{logger: logger}, "", 0)
+}
+
+func (w *gossipLogWriter) Write(p []byte) (int, error) {
+	line := string(bytes.TrimSpace(p))
+	switch {
+	case strings.Contains(line, "decrypt") || strings.Contains(line, "No installed keys"):
+		w.logger.Warn("gossip: refused a message from a process without this cluster's token", "detail", line)
+	case strings.HasPrefix(line, "[DEBUG]"):
+		w.logger.Debug(line)
+	case strings.HasPrefix(line, "[INFO]"):
+		w.logger.Debug(line)
+	case strings.HasPrefix(line, "[WARN]"):
+		w.logger.Warn(line)
+	default:
+		w.logger.Error(line)
+	}
+	return len(p), nil
+}
+
+// EpochView is the current epoch with the nodes in it, as the data path
+// needs it: placement is a function of exactly this.
+type EpochView struct {
+	Number uint64
+	Nodes  []Node // the epoch's nodes, sorted by id
+	Format *Format
+}
+
+// View returns the latest epoch this node has applied.
+func (c *Cluster) View() EpochView {
+	var v EpochView
+	c.fsm.View(func(s *State) {
+		if s.Format != nil {
+			f := *s.Format
+			v.Format = &f
+		}
+		if len(s.Epochs) == 0 {
+			return
+		}
+		last := s.Epochs[len(s.Epochs)-1]
+		v.Number = last.Number
+		for _, id := range last.Nodes {
+			if n, ok := s.Nodes[id]; ok {
+				v.Nodes = append(v.Nodes, *n)
+			}
+		}
+	})
+	return v
+}
+
+// WaitEpoch blocks until this node has applied an epoch after `after`,
+// or ctx ends.
+func (c *Cluster) WaitEpoch(ctx context.Context, after uint64) (EpochView, error) {
+	for {
+		c.fsm.epochMu.Lock()
+		changed := c.fsm.epochChanged
+		c.fsm.epochMu.Unlock()
+		if v := c.View(); v.Number > after {
+			return v, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return c.View(), ctx.Err()
+		}
+	}
+}
+
+// Incarnation identifies this process (lock owners carry it).
+func (c *Cluster) Incarnation() string { return c.cfg.Incarnation }
+
+// Node returns a node by id from the log.
+func (c *Cluster) Node(id string) (Node, bool) {
+	var n Node
+	var ok bool
+	c.fsm.View(func(s *State) {
+		var p *Node
+		if p, ok = s.Nodes[id]; ok {
+			n = *p
+		}
+	})
+	return n, ok
+}
+
+// Lock returns the holder of key, if any.
+func (c *Cluster) Lock(key string) (Lock, bool) {
+	var l Lock
+	var ok bool
+	c.fsm.View(func(s *State) {
+		var p *Lock
+		if p, ok = s.Locks[key]; ok {
+			l = *p
+		}
+	})
+	return l, ok
+}
+
+// VDILockKey is the lock held while a VDI is open for writing.
+func VDILockKey(name string) string { return vdiLockKey(name) }

@@ -1,0 +1,270 @@
+package cluster
+
+import (
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+)
+
+// NodeState is a node's membership state as committed in the log.
+type NodeState string
+
+const (
+	NodeAlive NodeState = "alive"
+	NodeDead  NodeState = "dead"
+)
+
+// Node is one member of the cluster as the log records it.
+type Node struct {
+	ID          string    `json:"id"`
+	Address     string    `json:"address"` // the IP the node binds
+	PeerAddr    string    `json:"peer_addr"`
+	GossipAddr  string    `json:"gossip_addr"`
+	AdminAddr   string    `json:"admin_addr"`
+	NBDAddr     string    `json:"nbd_addr"`
+	Zone        string    `json:"zone,omitempty"`
+	Capacity    uint64    `json:"capacity"`
+	State       NodeState `json:"state"`
+	Incarnation string    `json:"incarnation"` // changes on every process start
+	Since       time.Time `json:"since"`       // when State last changed
+}
+
+// Epoch is one entry of the epoch history: the set of alive nodes from
+// Number on, until the next epoch.
+type Epoch struct {
+	Number uint64    `json:"epoch"`
+	Nodes  []string  `json:"nodes"` // sorted node ids
+	Time   time.Time `json:"time"`
+	Reason string    `json:"reason"`
+}
+
+// Format is the cluster-wide configuration fixed by `herd cluster format`.
+type Format struct {
+	Copies     int       `json:"copies"`
+	ObjectSize uint64    `json:"object_size"`
+	Created    time.Time `json:"created"`
+}
+
+// VDI is one virtual disk image: a writable VDI, a read-only snapshot,
+// or a deleted one kept because its descendants still read its objects.
+// VDIs form a tree through Parent (DESIGN.md "Objects and VDIs"): a
+// snapshot freezes a VDI, the name continues as a new writable child; a
+// clone is a new writable child of a snapshot. A child's object map
+// starts empty and inherits every object from its ancestors until it
+// writes its own copy (copy-on-write).
+type VDI struct {
+	ID           uint32    `json:"id"`
+	Name         string    `json:"name"`
+	Size         uint64    `json:"size"`
+	Copies       int       `json:"copies"`
+	ObjectSize   uint64    `json:"object_size"`
+	Created      time.Time `json:"created"`
+	Parent       uint32    `json:"parent,omitempty"`
+	Snapshot     bool      `json:"snapshot,omitempty"`
+	Tag          string    `json:"tag,omitempty"`
+	SnapshotTime time.Time `json:"snapshot_time,omitzero"`
+	Deleted      bool      `json:"deleted,omitempty"`
+}
+
+// FullName is NAME for a writable VDI and NAME@TAG for a snapshot.
+func (v VDI) FullName() string {
+	if v.Snapshot {
+		return v.Name + "@" + v.Tag
+	}
+	return v.Name
+}
+
+// Garbage is a VDI whose objects must be freed: nothing reads them any
+// more. The leader frees them and then commits GarbageDone.
+type Garbage struct {
+	ID         uint32 `json:"id"`
+	Size       uint64 `json:"size"`
+	ObjectSize uint64 `json:"object_size"`
+	Copies     int    `json:"copies"`
+}
+
+// Lock is a cluster-wide lock: the first committed claim wins.
+type Lock struct {
+	Key         string    `json:"key"`
+	Node        string    `json:"node"`
+	Incarnation string    `json:"incarnation"`
+	Session     string    `json:"session"`
+	Acquired    time.Time `json:"acquired"`
+}
+
+// State is the replicated state machine's data. Every node holds the same
+// State after applying the same log prefix.
+type State struct {
+	Format    *Format          `json:"format,omitempty"`
+	Nodes     map[string]*Node `json:"nodes"`
+	Epochs    []Epoch          `json:"epochs"`
+	VDIs      map[string]*VDI  `json:"vdis"`      // writable VDIs by name
+	Snapshots map[uint32]*VDI  `json:"snapshots"` // snapshots and kept deleted VDIs by id
+	Garbage   []Garbage        `json:"garbage,omitempty"`
+	NextVDIID uint32           `json:"next_vdi_id"`
+	Locks     map[string]*Lock `json:"locks"`
+}
+
+func newState() *State {
+	return &State{
+		Nodes:     map[string]*Node{},
+		VDIs:      map[string]*VDI{},
+		Snapshots: map[uint32]*VDI{},
+		Locks:     map[string]*Lock{},
+		NextVDIID: 1,
+	}
+}
+
+// Epoch returns the current epoch number (0 before the first node joined).
+func (s *State) Epoch() uint64 {
+	if len(s.Epochs) == 0 {
+		return 0
+	}
+	return s.Epochs[len(s.Epochs)-1].Number
+}
+
+// AliveNodes returns the ids of alive nodes, sorted.
+func (s *State) AliveNodes() []string {
+	var ids []string
+	for id, n := range s.Nodes {
+		if n.State == NodeAlive {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// MaxVDIID is the largest VDI id: object ids reserve 24 bits for it
+// (Sheepdog's layout, DESIGN.md "Objects and VDIs").
+const MaxVDIID = 1<<24 - 1
+
+// Name limits. '@' is reserved for snapshots (NAME@TAG), '/' for paths.
+const MaxNameLength = 128
+
+var nameRegexp = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]*$`)
+
+// ValidateName checks a VDI name.
+func ValidateName(name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("%w: vdi name is empty", ErrInvalid)
+	case len(name) > MaxNameLength:
+		return fmt.Errorf("%w: vdi name is %d characters long, the limit is %d", ErrInvalid, len(name), MaxNameLength)
+	case !nameRegexp.MatchString(name):
+		return fmt.Errorf("%w: vdi name %q: use letters, digits, '.', '_' and '-', not starting with '.' or '-'", ErrInvalid, name)
+	}
+	return nil
+}
+
+// MinVDISize and the sector granularity of VDI sizes.
+const SectorSize = 512
+
+// ValidateSize checks a VDI size against the object size: a whole number
+// of sectors, and no more objects than a 32-bit object index can address.
+func ValidateSize(bytes, objectSize uint64) error {
+	switch {
+	case bytes == 0:
+		return fmt.Errorf("%w: size must be greater than zero", ErrInvalid)
+	case bytes%SectorSize != 0:
+		return fmt.Errorf("%w: size %d is not a multiple of %d bytes", ErrInvalid, bytes, SectorSize)
+	case objectSize > 0 && bytes/objectSize >= 1<<32:
+		return fmt.Errorf("%w: size %d is too large (at most %d bytes with %d-byte objects)", ErrInvalid, bytes, (uint64(1)<<32-1)*objectSize, objectSize)
+	}
+	return nil
+}
+
+// Object size limits for `cluster format --object-size`.
+const (
+	MinObjectSize     = 64 << 10
+	MaxObjectSize     = 256 << 20
+	DefaultObjectSize = 4 << 20
+	MaxCopies         = 16
+)
+
+// ValidateTag checks a snapshot tag: like a name.
+func ValidateTag(tag string) error {
+	if err := ValidateName(tag); err != nil {
+		return fmt.Errorf("%w: snapshot tag %q: use up to %d letters, digits, '.', '_' and '-'", ErrInvalid, tag, MaxNameLength)
+	}
+	return nil
+}
+
+// SplitName splits "NAME@TAG" into name and tag ("" when absent).
+func SplitName(full string) (name, tag string) {
+	name, tag, _ = strings.Cut(full, "@")
+	return name, tag
+}
+
+// findSnapshot returns name's snapshot whose tag (or id) is tag.
+func (s *State) findSnapshot(name, tag string) *VDI {
+	var byID *VDI
+	for _, v := range s.Snapshots {
+		if !v.Snapshot || v.Deleted || v.Name != name {
+			continue
+		}
+		if v.Tag == tag {
+			return v
+		}
+		if fmt.Sprint(v.ID) == tag {
+			byID = v
+		}
+	}
+	return byID
+}
+
+// lookup resolves "NAME" or "NAME@TAG".
+func (s *State) lookup(full string) (*VDI, error) {
+	name, tag := SplitName(full)
+	if tag == "" {
+		if v, ok := s.VDIs[name]; ok {
+			return v, nil
+		}
+		return nil, fmt.Errorf("vdi %q %w", full, ErrNotFound)
+	}
+	if v := s.findSnapshot(name, tag); v != nil {
+		return v, nil
+	}
+	return nil, fmt.Errorf("snapshot %q %w", full, ErrNotFound)
+}
+
+// byID returns any VDI of the tree by id.
+func (s *State) byID(id uint32) *VDI {
+	if v, ok := s.Snapshots[id]; ok {
+		return v
+	}
+	for _, v := range s.VDIs {
+		if v.ID == id {
+			return v
+		}
+	}
+	return nil
+}
+
+func (s *State) hasChildren(id uint32) bool {
+	for _, v := range s.VDIs {
+		if v.Parent == id {
+			return true
+		}
+	}
+	for _, v := range s.Snapshots {
+		if v.Parent == id {
+			return true
+		}
+	}
+	return false
+}
+
+// Chain returns id and its ancestors, nearest first.
+func (s *State) Chain(id uint32) []uint32 {
+	var chain []uint32
+	for v := s.byID(id); v != nil && len(chain) <= 1<<16; v = s.byID(v.Parent) {
+		chain = append(chain, v.ID)
+		if v.Parent == 0 {
+			break
+		}
+	}
+	return chain
+}

@@ -1,0 +1,151 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+
+	"github.com/herd-storage/herd/internal/cluster"
+)
+
+// CheckReport is what `herd vdi check` prints.
+type CheckReport struct {
+	VDI        string   `json:"vdi"`
+	Objects    int      `json:"objects"`
+	Consistent int      `json:"consistent"`
+	Mismatched int      `json:"mismatched"` // replicas with different content
+	Missing    int      `json:"missing"`    // replicas without the object
+	Repaired   int      `json:"repaired"`
+	Problems   []string `json:"problems,omitempty"`
+}
+
+// Check compares every replica of every object a VDI owns (its data
+// objects and its map objects) byte for byte. With repair, a VDI that
+// nobody has open for writing gets every differing or missing replica
+// replaced by the copy with the newest epoch stamp (ties: the content
+// most replicas agree on).
+func (g *Gateway) Check(ctx context.Context, name string, repair bool) (CheckReport, error) {
+	report := CheckReport{VDI: name}
+	vdi, err := g.cluster.LookupVDI(ctx, name)
+	if err != nil {
+		return report, err
+	}
+	if repair && !vdi.Snapshot {
+		if holder, held := g.lockHolder(vdi.Name); held {
+			return report, fmt.Errorf("%w: vdi %q is open for writing through node %s; repair it once it is closed", cluster.ErrBusy, vdi.Name, holder)
+		}
+	}
+	entries, err := g.loadMap(ctx, vdi)
+	if err != nil {
+		return report, err
+	}
+	var oids []uint64
+	perMap := vdi.ObjectSize / mapEntryBytes
+	for k := uint64(0); k*perMap < uint64(len(entries)); k++ {
+		oids = append(oids, MapOID(vdi.ID, uint32(k)))
+	}
+	for i, e := range entries {
+		if e == vdi.ID {
+			oids = append(oids, DataOID(vdi.ID, uint32(i)))
+		}
+	}
+	for _, oid := range oids {
+		if err := g.checkObject(ctx, oid, vdi, repair, &report); err != nil {
+			return report, err
+		}
+	}
+	return report, nil
+}
+
+func (g *Gateway) lockHolder(name string) (string, bool) {
+	type locker interface {
+		Lock(key string) (cluster.Lock, bool)
+	}
+	if l, ok := g.cluster.(locker); ok {
+		if lock, held := l.Lock(cluster.VDILockKey(name)); held {
+			return lock.Node, true
+		}
+	}
+	return "", false
+}
+
+type replicaCopy struct {
+	node  cluster.Node
+	stamp uint64
+	data  []byte
+	sum   [32]byte
+	found bool
+}
+
+func (g *Gateway) checkObject(ctx context.Context, oid uint64, vdi cluster.VDI, repair bool, report *CheckReport) error {
+	rv, err := g.current()
+	if err != nil {
+		return err
+	}
+	var copies []replicaCopy
+	for _, node := range rv.replicasOf(oid, vdi.Copies) {
+		c := replicaCopy{node: node, data: make([]byte, vdi.ObjectSize)}
+		c.stamp, err = g.replicas.Read(ctx, node, rv.epoch, oid, c.data, 0)
+		switch {
+		case err == nil:
+			c.found, c.sum = true, sha256.Sum256(c.data)
+		case errors.Is(err, ErrNotFound):
+		default:
+			return fmt.Errorf("object %016x on node %s: %w", oid, node.ID, err)
+		}
+		copies = append(copies, c)
+	}
+	var present []replicaCopy
+	for _, c := range copies {
+		if c.found {
+			present = append(present, c)
+		}
+	}
+	if len(present) == 0 {
+		if ObjectType(oid) == objectTypeMap {
+			return nil // a map object never written: nothing to compare
+		}
+		report.Objects++
+		report.Problems = append(report.Problems, fmt.Sprintf("object %016x: no replica has it", oid))
+		report.Missing += len(copies)
+		return nil
+	}
+	report.Objects++
+	// The reference: newest stamp, then the content most replicas share.
+	best := present[0]
+	votes := map[[32]byte]int{}
+	for _, c := range present {
+		votes[c.sum]++
+	}
+	for _, c := range present[1:] {
+		if c.stamp > best.stamp || (c.stamp == best.stamp && votes[c.sum] > votes[best.sum]) {
+			best = c
+		}
+	}
+	bad := 0
+	for _, c := range copies {
+		switch {
+		case !c.found:
+			report.Missing++
+			report.Problems = append(report.Problems, fmt.Sprintf("object %016x: missing on node %s", oid, c.node.ID))
+		case !bytes.Equal(c.data, best.data):
+			report.Mismatched++
+			report.Problems = append(report.Problems, fmt.Sprintf("object %016x: node %s (stamp %d) differs from node %s (stamp %d)", oid, c.node.ID, c.stamp, best.node.ID, best.stamp))
+		default:
+			continue
+		}
+		bad++
+		if repair {
+			if err := g.replicas.Write(ctx, c.node, rv.epoch, oid, best.data, 0, WriteFlags{Create: true, Sync: true}); err != nil {
+				return fmt.Errorf("repairing object %016x on node %s: %w", oid, c.node.ID, err)
+			}
+			report.Repaired++
+		}
+	}
+	if bad == 0 {
+		report.Consistent++
+	}
+	return nil
+}

@@ -1,0 +1,363 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"sync"
+	"testing"
+
+	"github.com/herd-storage/herd/internal/cluster"
+)
+
+// fakeCluster is an in-memory cluster log: nodes, epochs, VDIs, locks.
+type fakeCluster struct {
+	self string
+
+	mu      sync.Mutex
+	nodes   map[string]cluster.Node
+	epochs  []cluster.Epoch
+	format  cluster.Format
+	vdis    map[string]cluster.VDI // writable, by name
+	frozen  map[uint32]cluster.VDI // snapshots, by id
+	nextID  uint32
+	locks   map[string]cluster.Lock
+	changed chan struct{}
+}
+
+type fakeWorld struct {
+	cluster  *fakeCluster
+	replicas *memoryReplicas
+}
+
+func newWorld(t *testing.T, nodes int, copies int) *fakeWorld {
+	c := &fakeCluster{nodes: map[string]cluster.Node{}, vdis: map[string]cluster.VDI{}, frozen: map[uint32]cluster.VDI{}, nextID: 100, locks: map[string]cluster.Lock{}, changed: make(chan struct{}),
+		format: cluster.Format{Copies: copies, ObjectSize: 1 << 20}}
+	var ids []string
+	for i := 0; i < nodes; i++ {
+		id := fmt.Sprintf("node%02d", i)
+		c.nodes[id] = cluster.Node{ID: id, Address: id, Capacity: 1 << 40, State: cluster.NodeAlive}
+		ids = append(ids, id)
+	}
+	c.self = ids[0]
+	c.epochs = []cluster.Epoch{{Number: 1, Nodes: ids}}
+	return &fakeWorld{cluster: c, replicas: newMemoryReplicas(c)}
+}
+
+func (w *fakeWorld) gateway(self string) *Gateway {
+	c := &selfCluster{fakeCluster: w.cluster, self: self}
+	return New(c, w.replicas, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
+}
+
+// selfCluster is the fake cluster as seen from one node.
+type selfCluster struct {
+	*fakeCluster
+	self string
+}
+
+func (c *selfCluster) ID() string { return c.self }
+
+func (c *selfCluster) AcquireLock(ctx context.Context, key, session string) (cluster.Lock, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l, ok := c.locks[key]; ok && (l.Node != c.self || l.Session != session) {
+		return cluster.Lock{}, &cluster.LockHeldError{Lock: l}
+	}
+	l := cluster.Lock{Key: key, Node: c.self, Session: session}
+	c.locks[key] = l
+	return l, nil
+}
+
+func (c *selfCluster) ReleaseLock(ctx context.Context, key, session string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l, ok := c.locks[key]; !ok || l.Node != c.self {
+		return cluster.ErrNotLockOwner
+	}
+	delete(c.locks, key)
+	return nil
+}
+
+func (c *fakeCluster) View() cluster.EpochView {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	last := c.epochs[len(c.epochs)-1]
+	v := cluster.EpochView{Number: last.Number}
+	f := c.format
+	v.Format = &f
+	for _, id := range last.Nodes {
+		v.Nodes = append(v.Nodes, c.nodes[id])
+	}
+	return v
+}
+
+func (c *fakeCluster) WaitEpoch(ctx context.Context, after uint64) (cluster.EpochView, error) {
+	for {
+		c.mu.Lock()
+		changed := c.changed
+		c.mu.Unlock()
+		if v := c.View(); v.Number > after {
+			return v, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return c.View(), ctx.Err()
+		}
+	}
+}
+
+// setNodes commits a new epoch with these nodes alive.
+func (c *fakeCluster) setNodes(ids ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sort.Strings(ids)
+	for _, id := range ids {
+		if _, ok := c.nodes[id]; !ok {
+			c.nodes[id] = cluster.Node{ID: id, Address: id, Capacity: 1 << 40, State: cluster.NodeAlive}
+		}
+	}
+	c.epochs = append(c.epochs, cluster.Epoch{Number: c.epochs[len(c.epochs)-1].Number + 1, Nodes: ids})
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+func (c *fakeCluster) epoch() uint64 { return c.View().Number }
+
+func (c *fakeCluster) Epoch() uint64 { return c.epoch() }
+
+func (c *fakeCluster) Epochs() []cluster.Epoch {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]cluster.Epoch(nil), c.epochs...)
+}
+
+func (c *fakeCluster) Node(id string) (cluster.Node, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n, ok := c.nodes[id]
+	return n, ok
+}
+
+func (c *fakeCluster) VDI(full string) (cluster.VDI, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	name, tag := cluster.SplitName(full)
+	if tag != "" {
+		for _, v := range c.frozen {
+			if v.Name == name && v.Tag == tag {
+				return v, nil
+			}
+		}
+		return cluster.VDI{}, cluster.ErrNotFound
+	}
+	v, ok := c.vdis[name]
+	if !ok {
+		return v, cluster.ErrNotFound
+	}
+	return v, nil
+}
+
+func (c *fakeCluster) LookupVDI(ctx context.Context, name string) (cluster.VDI, error) {
+	return c.VDI(name)
+}
+
+func (c *fakeCluster) Tree() []cluster.VDI {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []cluster.VDI
+	for _, v := range c.vdis {
+		out = append(out, v)
+	}
+	for _, v := range c.frozen {
+		out = append(out, v)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+func (c *fakeCluster) byID(id uint32) (cluster.VDI, bool) {
+	if v, ok := c.frozen[id]; ok {
+		return v, true
+	}
+	for _, v := range c.vdis {
+		if v.ID == id {
+			return v, true
+		}
+	}
+	return cluster.VDI{}, false
+}
+
+func (c *fakeCluster) Chain(id uint32) []uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var chain []uint32
+	for v, ok := c.byID(id); ok; v, ok = c.byID(v.Parent) {
+		chain = append(chain, v.ID)
+		if v.Parent == 0 {
+			break
+		}
+	}
+	return chain
+}
+
+func (c *fakeCluster) SnapshotVDI(ctx context.Context, name, tag, holder string) (cluster.SnapshotResult, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.vdis[name]
+	if !ok {
+		return cluster.SnapshotResult{}, cluster.ErrNotFound
+	}
+	h := ""
+	if l, held := c.locks[cluster.VDILockKey(name)]; held {
+		h = l.Node
+	}
+	if h != holder {
+		return cluster.SnapshotResult{}, cluster.ErrBusy
+	}
+	snap := v
+	snap.Snapshot, snap.Tag = true, tag
+	c.frozen[v.ID] = snap
+	c.nextID++
+	child := cluster.VDI{ID: c.nextID, Name: name, Size: v.Size, Copies: v.Copies, ObjectSize: v.ObjectSize, Parent: v.ID}
+	c.vdis[name] = child
+	return cluster.SnapshotResult{Snapshot: snap, VDI: child}, nil
+}
+
+// clone makes a writable child of a snapshot.
+func (c *fakeCluster) clone(snapshot uint32, name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	parent := c.frozen[snapshot]
+	c.nextID++
+	c.vdis[name] = cluster.VDI{ID: c.nextID, Name: name, Size: parent.Size, Copies: parent.Copies, ObjectSize: parent.ObjectSize, Parent: snapshot}
+}
+
+func (c *fakeCluster) addVDI(name string, id uint32, size uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.vdis[name] = cluster.VDI{ID: id, Name: name, Size: size, Copies: c.format.Copies, ObjectSize: c.format.ObjectSize}
+}
+
+// memoryReplicas stores objects per node in memory and enforces epochs
+// like a real replica.
+type memoryReplicas struct {
+	cluster *fakeCluster
+
+	mu          sync.Mutex
+	objects     map[string]map[uint64][]byte
+	stamps      map[string]map[uint64]uint64
+	unavailable map[string]bool
+	flushes     map[string]int
+	// beforeWrite, when set, runs before every write (fault injection).
+	beforeWrite func(node string, oid uint64)
+}
+
+func newMemoryReplicas(c *fakeCluster) *memoryReplicas {
+	return &memoryReplicas{cluster: c, objects: map[string]map[uint64][]byte{}, stamps: map[string]map[uint64]uint64{}, unavailable: map[string]bool{}, flushes: map[string]int{}}
+}
+
+func (m *memoryReplicas) check(node cluster.Node, epoch uint64) error {
+	if m.unavailable[node.ID] {
+		return fmt.Errorf("%w: %s", ErrUnavailable, node.ID)
+	}
+	if current := m.cluster.epoch(); current != epoch {
+		return &StaleEpochError{Current: current}
+	}
+	return nil
+}
+
+func (m *memoryReplicas) Read(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(node, epoch); err != nil {
+		return 0, err
+	}
+	data, ok := m.objects[node.ID][oid]
+	if !ok {
+		return 0, ErrNotFound
+	}
+	clear(p)
+	if int(offset) < len(data) {
+		copy(p, data[offset:])
+	}
+	return m.stamps[node.ID][oid], nil
+}
+
+func (m *memoryReplicas) Write(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags WriteFlags) error {
+	if m.beforeWrite != nil {
+		m.beforeWrite(node.ID, oid)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(node, epoch); err != nil {
+		return err
+	}
+	if m.objects[node.ID] == nil {
+		m.objects[node.ID] = map[uint64][]byte{}
+		m.stamps[node.ID] = map[uint64]uint64{}
+	}
+	data, ok := m.objects[node.ID][oid]
+	if !ok && !flags.Create {
+		return ErrNotFound
+	}
+	if end := int(offset) + len(p); end > len(data) {
+		data = append(data, make([]byte, end-len(data))...)
+	}
+	copy(data[offset:], p)
+	m.objects[node.ID][oid] = data
+	m.stamps[node.ID][oid] = epoch
+	return nil
+}
+
+func (m *memoryReplicas) Zero(ctx context.Context, node cluster.Node, epoch, oid uint64, offset, length uint32, flags WriteFlags) error {
+	return m.Write(ctx, node, epoch, oid, make([]byte, length), offset, WriteFlags{Sync: flags.Sync})
+}
+
+func (m *memoryReplicas) Remove(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(node, epoch); err != nil {
+		return err
+	}
+	delete(m.objects[node.ID], oid)
+	return nil
+}
+
+func (m *memoryReplicas) Flush(ctx context.Context, node cluster.Node, epoch uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(node, epoch); err != nil {
+		return err
+	}
+	m.flushes[node.ID]++
+	return nil
+}
+
+func (m *memoryReplicas) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(node, epoch); err != nil {
+		return 0, err
+	}
+	if _, ok := m.objects[node.ID][oid]; !ok {
+		return 0, ErrNotFound
+	}
+	return m.stamps[node.ID][oid], nil
+}
+
+// holders returns the nodes holding oid.
+func (m *memoryReplicas) holders(oid uint64) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for node, objects := range m.objects {
+		if _, ok := objects[oid]; ok {
+			out = append(out, node)
+		}
+	}
+	sort.Strings(out)
+	return out
+}

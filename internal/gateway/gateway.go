@@ -1,0 +1,560 @@
+// Package gateway turns block requests on a VDI into object requests on
+// every replica (DESIGN.md "Gateway and replication"). Each node's gateway
+// serves the VDIs opened through it: a request is split into object
+// pieces, each piece goes to all replicas of its object in parallel,
+// stamped with the current epoch, and the client is answered only when
+// every replica acknowledged. A replica in another epoch refuses; the
+// gateway then waits for the next epoch and retries on the new placement,
+// so a write is never lost or wrongly acknowledged across an epoch change.
+// Reads go to one replica, the local one when there is one, with failover.
+// Nothing here serialises requests a client sent concurrently, except the
+// first write to an object, which also writes its map entry.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/placement"
+)
+
+// Cluster is what the gateway needs from the cluster log.
+type Cluster interface {
+	ID() string
+	Epoch() uint64
+	View() cluster.EpochView
+	WaitEpoch(ctx context.Context, after uint64) (cluster.EpochView, error)
+	Epochs() []cluster.Epoch
+	Node(id string) (cluster.Node, bool)
+	VDI(name string) (cluster.VDI, error)
+	LookupVDI(ctx context.Context, name string) (cluster.VDI, error)
+	Tree() []cluster.VDI
+	Chain(id uint32) []uint32
+	SnapshotVDI(ctx context.Context, name, tag, holder string) (cluster.SnapshotResult, error)
+	AcquireLock(ctx context.Context, key, session string) (cluster.Lock, error)
+	ReleaseLock(ctx context.Context, key, session string) error
+}
+
+// WriteFlags qualify a replica write.
+type WriteFlags struct {
+	Create bool // the object may be created by this write
+	Sync   bool // durable before the replica answers (FUA)
+	NoHole bool // for Zero: write zeros instead of punching a hole
+}
+
+// Replicas reaches object copies on nodes: the local store for this node,
+// the peer protocol for others. Implementations are safe for concurrent
+// use and return ErrNotFound, a *StaleEpochError or ErrUnavailable (wrapped
+// or not) for those conditions; any other error is an I/O failure of that
+// replica.
+type Replicas interface {
+	Read(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32) (stamp uint64, err error)
+	Write(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags WriteFlags) error
+	Zero(ctx context.Context, node cluster.Node, epoch, oid uint64, offset, length uint32, flags WriteFlags) error
+	Remove(ctx context.Context, node cluster.Node, epoch, oid uint64) error
+	Flush(ctx context.Context, node cluster.Node, epoch uint64) error
+	Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (stamp uint64, err error)
+}
+
+// Options tune the gateway.
+type Options struct {
+	// RetryTimeout bounds how long one request waits for the cluster
+	// (epoch changes, unreachable replicas) before it fails with EIO.
+	RetryTimeout time.Duration
+}
+
+// Gateway serves the VDIs opened through this node.
+type Gateway struct {
+	cluster  Cluster
+	replicas Replicas
+	logger   *slog.Logger
+	options  Options
+	session  string // this gateway's lock session
+
+	mu   sync.Mutex // guards open and ring
+	open map[string]*vdiState
+	ring *ringView
+
+	dirtyMu sync.Mutex      // guards dirty
+	dirty   map[string]bool // nodes written through this gateway since its last flush
+
+	// objectLocks order a whole-object copy to a replica that lacks the
+	// object against writes to it: writes hold their object's lock
+	// shared, a copy exclusively. A VDI has one writer gateway, so this
+	// orders every write to its objects (striped by object id).
+	objectLocks [1024]sync.RWMutex
+}
+
+// New returns a gateway.
+func New(c Cluster, replicas Replicas, logger *slog.Logger, options Options) *Gateway {
+	if options.RetryTimeout == 0 {
+		options.RetryTimeout = 30 * time.Second
+	}
+	return &Gateway{cluster: c, replicas: replicas, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, dirty: map[string]bool{}}
+}
+
+// ringView is the placement of one epoch.
+type ringView struct {
+	epoch  uint64
+	ring   *placement.Ring
+	nodes  map[string]cluster.Node
+	format cluster.Format
+}
+
+func ringFor(nodes []cluster.Node) (*placement.Ring, error) {
+	members := make([]placement.Node, 0, len(nodes))
+	for _, n := range nodes {
+		weight := n.Capacity
+		if weight == 0 {
+			weight = 1
+		}
+		members = append(members, placement.Node{ID: n.ID, Zone: n.Zone, Weight: weight})
+	}
+	return placement.New(members)
+}
+
+// current returns the placement of the latest epoch this node applied.
+func (g *Gateway) current() (*ringView, error) {
+	// The hot path: the epoch number is cheap, the view copies the node
+	// list, so build the view only when the epoch changed.
+	epoch := g.cluster.Epoch()
+	g.mu.Lock()
+	if g.ring != nil && g.ring.epoch == epoch {
+		rv := g.ring
+		g.mu.Unlock()
+		return rv, nil
+	}
+	g.mu.Unlock()
+	view := g.cluster.View()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.ring != nil && g.ring.epoch == view.Number {
+		return g.ring, nil
+	}
+	if view.Format == nil {
+		return nil, ErrNotFormatted
+	}
+	if len(view.Nodes) == 0 {
+		return nil, fmt.Errorf("%w: no nodes in epoch %d", ErrUnavailable, view.Number)
+	}
+	ring, err := ringFor(view.Nodes)
+	if err != nil {
+		return nil, err
+	}
+	rv := &ringView{epoch: view.Number, ring: ring, nodes: map[string]cluster.Node{}, format: *view.Format}
+	for _, n := range view.Nodes {
+		rv.nodes[n.ID] = n
+	}
+	g.ring = rv
+	if rv.ring.MaxCopies() < rv.format.Copies {
+		// Reported once per epoch: writes go to every node (or zone) there
+		// is, until nodes return or recovery restores redundancy.
+		g.logger.Warn("gateway: fewer failure domains than copies; writing with reduced redundancy", "epoch", rv.epoch, "copies", rv.format.Copies, "available", rv.ring.MaxCopies())
+	}
+	return rv, nil
+}
+
+// replicasOf returns the nodes that hold oid in this epoch: copies of
+// them, or all there are when fewer nodes (or zones) are alive, so that a
+// cluster that lost nodes keeps serving with reduced redundancy until
+// they return.
+func (rv *ringView) replicasOf(oid uint64, copies int) []cluster.Node {
+	copies = max(1, min(copies, rv.ring.MaxCopies()))
+	ids := rv.ring.Replicas(oid, copies)
+	out := make([]cluster.Node, 0, len(ids))
+	for _, id := range ids {
+		out = append(out, rv.nodes[id])
+	}
+	return out
+}
+
+// waitNextEpoch waits for an epoch after epoch, or at most a second:
+// some conditions clear without a new epoch (a leader election, a peer
+// connection re-established). It fails only once deadline has passed.
+func (g *Gateway) waitNextEpoch(ctx context.Context, epoch uint64, deadline time.Time, why error) error {
+	if time.Now().After(deadline) {
+		return fmt.Errorf("%w after %v (epoch %d): %v", ErrTimeout, g.options.RetryTimeout, epoch, why)
+	}
+	until := time.Now().Add(time.Second)
+	if deadline.Before(until) {
+		until = deadline
+	}
+	wait, cancel := context.WithDeadline(ctx, until)
+	defer cancel()
+	g.cluster.WaitEpoch(wait, epoch)
+	return ctx.Err()
+}
+
+// retryable says whether an error from a replica means "try again in
+// the next epoch" rather than a hard failure.
+func retryable(err error) bool {
+	return errors.Is(err, ErrStaleEpoch) || errors.Is(err, ErrUnavailable)
+}
+
+// Bounds on one round of requests to replicas. A paused or partitioned
+// node keeps its connections open and never answers; the epoch change
+// that drops it cancels the round (see scoped), these only cap the wait
+// when no epoch change comes.
+const (
+	roundTimeout = 30 * time.Second
+	readTimeout  = 5 * time.Second // then fail over to the next replica
+)
+
+// scoped returns a context for one round of requests in epoch: it ends
+// when a newer epoch arrives (the requests go again on the new placement)
+// or after limit.
+func (g *Gateway) scoped(ctx context.Context, epoch uint64, limit time.Duration) (context.Context, context.CancelFunc) {
+	scope, cancel := context.WithTimeout(ctx, limit)
+	go func() {
+		g.cluster.WaitEpoch(scope, epoch)
+		cancel()
+	}()
+	return scope, cancel
+}
+
+// unanswered turns the error of a request cut short by its round's scope
+// (not by the caller) into "replica unavailable", which is retried.
+func unanswered(ctx, scope context.Context, err error) error {
+	if err != nil && ctx.Err() == nil && scope.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		return fmt.Errorf("%w: no answer (%v)", ErrUnavailable, err)
+	}
+	return err
+}
+
+// replicate runs op on every replica of oid in parallel, retrying on the
+// new placement when the epoch changes or a replica is unreachable, and
+// returns nil only when every replica of one epoch succeeded.
+func (g *Gateway) replicate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *ringView) error) error {
+	deadline := time.Now().Add(g.options.RetryTimeout)
+	for {
+		rv, err := g.current()
+		if err != nil {
+			return err
+		}
+		targets := rv.replicasOf(oid, copies)
+		errs := make([]error, len(targets))
+		// Marked before the operation is acknowledged, so that a FLUSH
+		// that follows the acknowledgement includes these nodes.
+		g.markDirty(targets)
+		scope, cancel := g.scoped(ctx, rv.epoch, roundTimeout)
+		var wg sync.WaitGroup
+		for i, node := range targets {
+			if i == len(targets)-1 {
+				errs[i] = unanswered(ctx, scope, op(scope, node, rv))
+				break
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = unanswered(ctx, scope, op(scope, node, rv))
+			}()
+		}
+		wg.Wait()
+		cancel()
+		var retry, hard error
+		for i, err := range errs {
+			if err == nil {
+				continue
+			}
+			err = &ReplicaError{Node: targets[i].ID, OID: oid, Err: err}
+			if retryable(err) {
+				retry = err
+			} else if hard == nil {
+				hard = err
+			}
+		}
+		if hard != nil {
+			return hard
+		}
+		if retry == nil {
+			return nil
+		}
+		g.logger.Debug("gateway: retrying on the next epoch", "object", fmt.Sprintf("%016x", oid), "epoch", rv.epoch, "err", retry)
+		if err := g.waitNextEpoch(ctx, rv.epoch, deadline, retry); err != nil {
+			return err
+		}
+	}
+}
+
+// write writes a piece to every replica.
+func (g *Gateway) write(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags WriteFlags) error {
+	return g.mutate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *ringView) error {
+		err := g.replicas.Write(ctx, node, rv.epoch, oid, p, offset, flags)
+		if flags.Create && errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("replica refused to create object: %w", err) // not "missing": never copy over a create
+		}
+		return err
+	})
+}
+
+func (g *Gateway) objectLock(oid uint64) *sync.RWMutex {
+	return &g.objectLocks[(oid^oid>>32)%uint64(len(g.objectLocks))]
+}
+
+// mutate runs a change on every replica of oid. A replica that should
+// hold the object but lacks it (the placement moved and recovery has not
+// copied it yet) first gets a whole copy, from the copy with the newest
+// epoch stamp, under the object's exclusive lock so that no write to the
+// object runs during the copy; then the change is applied again on every
+// replica (changes are idempotent).
+func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *ringView) error) error {
+	lock := g.objectLock(oid)
+	deadline := time.Now().Add(g.options.RetryTimeout)
+	for {
+		var mu sync.Mutex
+		var missing []cluster.Node
+		lock.RLock()
+		err := g.replicate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *ringView) error {
+			err := op(ctx, node, rv)
+			if errors.Is(err, ErrNotFound) {
+				mu.Lock()
+				missing = append(missing, node)
+				mu.Unlock()
+				return nil
+			}
+			return err
+		})
+		lock.RUnlock()
+		if err != nil || len(missing) == 0 {
+			return err
+		}
+		lock.Lock()
+		scope, cancel := g.scoped(ctx, g.cluster.Epoch(), roundTimeout)
+		err = unanswered(ctx, scope, g.copyMissing(scope, oid, missing))
+		cancel()
+		lock.Unlock()
+		if err != nil && !retryable(err) {
+			return err
+		}
+		if err != nil {
+			if err := g.waitNextEpoch(ctx, g.cluster.Epoch(), deadline, err); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// copyMissing gives each node a copy of oid unless it got one meanwhile.
+func (g *Gateway) copyMissing(ctx context.Context, oid uint64, nodes []cluster.Node) error {
+	rv, err := g.current()
+	if err != nil {
+		return err
+	}
+	for _, node := range nodes {
+		if _, err := g.replicas.Stat(ctx, node, rv.epoch, oid); err == nil {
+			continue
+		}
+		if err := g.copyObject(ctx, oid, node, rv); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sources lists the alive nodes that may hold a copy of oid: its replicas
+// in this epoch, then in earlier epochs, newest first.
+func (g *Gateway) sources(oid uint64, copies int, rv *ringView) []cluster.Node {
+	var out []cluster.Node
+	seen := map[string]bool{}
+	add := func(n cluster.Node) {
+		if !seen[n.ID] {
+			if alive, ok := rv.nodes[n.ID]; ok {
+				seen[n.ID] = true
+				out = append(out, alive)
+			}
+		}
+	}
+	for _, n := range rv.replicasOf(oid, copies) {
+		add(n)
+	}
+	epochs := g.cluster.Epochs()
+	for i := len(epochs) - 1; i >= 0 && i >= len(epochs)-32; i-- {
+		var members []cluster.Node
+		for _, id := range epochs[i].Nodes {
+			if n, ok := g.cluster.Node(id); ok {
+				members = append(members, n)
+			}
+		}
+		ring, err := ringFor(members)
+		if err != nil {
+			continue
+		}
+		old := &ringView{ring: ring, nodes: map[string]cluster.Node{}}
+		for _, n := range members {
+			old.nodes[n.ID] = n
+		}
+		for _, n := range old.replicasOf(oid, copies) {
+			add(n)
+		}
+	}
+	return out
+}
+
+// copyObject copies a whole object to target from the copy with the
+// newest epoch stamp among the nodes that may hold one.
+func (g *Gateway) copyObject(ctx context.Context, oid uint64, target cluster.Node, rv *ringView) error {
+	var best cluster.Node
+	var bestStamp uint64
+	found := false
+	for _, n := range g.sources(oid, rv.format.Copies, rv) {
+		if n.ID == target.ID {
+			continue
+		}
+		stamp, err := g.replicas.Stat(ctx, n, rv.epoch, oid)
+		if err != nil {
+			if errors.Is(err, ErrStaleEpoch) {
+				return err
+			}
+			continue
+		}
+		if !found || stamp > bestStamp {
+			best, bestStamp, found = n, stamp, true
+		}
+	}
+	if !found {
+		return fmt.Errorf("%w: %016x", ErrNoCopy, oid)
+	}
+	buffer := make([]byte, rv.format.ObjectSize)
+	if _, err := g.replicas.Read(ctx, best, rv.epoch, oid, buffer, 0); err != nil {
+		return err
+	}
+	g.logger.Info("gateway: copied object to a new replica", "object", fmt.Sprintf("%016x", oid), "from", best.ID, "to", target.ID, "epoch", rv.epoch)
+	return g.replicas.Write(ctx, target, rv.epoch, oid, buffer, 0, WriteFlags{Create: true})
+}
+
+// read reads a piece from one replica, preferring the local one, failing
+// over to the others and, if none of this epoch's replicas has the object
+// yet, to its holders in earlier epochs.
+func (g *Gateway) read(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error {
+	deadline := time.Now().Add(g.options.RetryTimeout)
+	self := g.cluster.ID()
+	for {
+		rv, err := g.current()
+		if err != nil {
+			return err
+		}
+		candidates := rv.replicasOf(oid, copies)
+		if i := slices.IndexFunc(candidates, func(n cluster.Node) bool { return n.ID == self }); i > 0 {
+			candidates[0], candidates[i] = candidates[i], candidates[0]
+		}
+		var retry, hard error
+		notFound := 0
+		for _, node := range candidates {
+			scope, cancel := g.scoped(ctx, rv.epoch, readTimeout)
+			_, err := g.replicas.Read(scope, node, rv.epoch, oid, p, offset)
+			err = unanswered(ctx, scope, err)
+			cancel()
+			if err == nil {
+				return nil
+			}
+			err = &ReplicaError{Node: node.ID, OID: oid, Err: err}
+			switch {
+			case errors.Is(err, ErrNotFound):
+				notFound++
+			case retryable(err):
+				retry = err
+			default:
+				hard = err
+			}
+		}
+		if notFound == len(candidates) {
+			// Every current replica lacks it: the placement moved before
+			// recovery copied it. Read it from an earlier holder.
+			for _, node := range g.sources(oid, copies, rv)[len(candidates):] {
+				if _, err := g.replicas.Read(ctx, node, rv.epoch, oid, p, offset); err == nil {
+					return nil
+				}
+			}
+			return fmt.Errorf("%w: %016x", ErrNoCopy, oid)
+		}
+		if retry == nil {
+			return hard
+		}
+		if err := g.waitNextEpoch(ctx, rv.epoch, deadline, retry); err != nil {
+			if hard != nil {
+				return hard
+			}
+			return err
+		}
+	}
+}
+
+func (g *Gateway) markDirty(nodes []cluster.Node) {
+	g.dirtyMu.Lock()
+	for _, n := range nodes {
+		g.dirty[n.ID] = true
+	}
+	g.dirtyMu.Unlock()
+}
+
+// flush makes every acknowledged write durable on every replica that
+// received it (issue 3: no FLUSH acknowledged before the data is on
+// stable storage on every replica). Only the nodes this gateway wrote to
+// since its last flush are asked; a node that failed stays in the set.
+func (g *Gateway) flush(ctx context.Context) error {
+	g.dirtyMu.Lock()
+	targets := g.dirty
+	g.dirty = map[string]bool{}
+	g.dirtyMu.Unlock()
+	err := g.flushNodes(ctx, targets)
+	if err != nil {
+		g.dirtyMu.Lock()
+		for id := range targets {
+			g.dirty[id] = true
+		}
+		g.dirtyMu.Unlock()
+	}
+	return err
+}
+
+func (g *Gateway) flushNodes(ctx context.Context, targets map[string]bool) error {
+	deadline := time.Now().Add(g.options.RetryTimeout)
+	for {
+		rv, err := g.current()
+		if err != nil {
+			return err
+		}
+		var errs []error
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		scope, cancel := g.scoped(ctx, rv.epoch, roundTimeout)
+		for id := range targets {
+			node, alive := rv.nodes[id]
+			if !alive {
+				// Gone from the epoch: its copies are lost with it; the
+				// other replicas of the same writes are flushed here.
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := unanswered(ctx, scope, g.replicas.Flush(scope, node, rv.epoch)); err != nil {
+					mu.Lock()
+					errs = append(errs, &ReplicaError{Node: node.ID, Err: err})
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		cancel()
+		var retry error
+		for _, err := range errs {
+			if !retryable(err) {
+				return err
+			}
+			retry = err
+		}
+		if retry == nil {
+			return nil
+		}
+		if err := g.waitNextEpoch(ctx, rv.epoch, deadline, retry); err != nil {
+			return err
+		}
+	}
+}

@@ -1,0 +1,394 @@
+package gateway
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/nbd"
+	"github.com/herd-storage/herd/internal/size"
+)
+
+// ReadOnlyPrefix opens a VDI read-only: export name "ro/NAME" ('/' is not
+// allowed in VDI names, so it cannot clash). Many read-only opens may run
+// beside the one writer. Snapshots (NAME@TAG) are always read-only.
+const ReadOnlyPrefix = "ro/"
+
+// Map entries: 0 means "inherit from the parent chain" (for a VDI
+// without parent: never written, zeros); the VDI's own id means it holds
+// its own copy; tombstone means zeros even if an ancestor has data.
+const tombstone = 0xffffffff
+
+// vdiState is one VDI open through this node, shared by every connection
+// to it (so that connections see each other's writes: CAN_MULTI_CONN).
+type vdiState struct {
+	key string // in Gateway.open: NAME, ro/NAME or NAME@TAG
+
+	// refs counts opens, including those still taking the lock; guarded
+	// by Gateway.mu. The state leaves Gateway.open when it drops to 0.
+	refs int
+
+	// io is held shared by every request and exclusively by a snapshot,
+	// which so falls exactly between completed writes.
+	io sync.RWMutex
+
+	mu       sync.Mutex // guards vdi, chain, pages, writers, readers, lockHeld
+	vdi      cluster.VDI
+	chain    []uint32 // vdi.ID, then its ancestors, nearest first
+	pages    map[uint64][]uint32
+	writers  int
+	readers  int
+	lockHeld bool
+
+	openMu sync.Mutex // serialises taking and releasing the cluster lock
+
+	// allocation serialises first writes (and copy-on-write) to an
+	// object: the data, then its map entry. Striped by index.
+	allocation [64]sync.Mutex
+}
+
+func pageKey(vdi uint32, page uint32) uint64 { return uint64(vdi)<<32 | uint64(page) }
+
+func (s *vdiState) current() (cluster.VDI, []uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.vdi, s.chain
+}
+
+// List implements nbd.Backend: every writable VDI and every snapshot.
+func (g *Gateway) List(ctx context.Context) ([]nbd.ExportSummary, error) {
+	var out []nbd.ExportSummary
+	for _, v := range g.cluster.Tree() {
+		if v.Deleted {
+			continue
+		}
+		description := fmt.Sprintf("herd vdi %s, %s", v.Name, size.Format(v.Size))
+		if v.Snapshot {
+			description = fmt.Sprintf("herd snapshot %s of %s, %s, read-only", v.Tag, v.Name, size.Format(v.Size))
+		}
+		out = append(out, nbd.ExportSummary{Name: v.FullName(), Description: description})
+	}
+	return out, nil
+}
+
+// Open implements nbd.Backend. A writable open takes the VDI's cluster
+// lock (shared by every connection through this node); a writer through
+// another node is refused with an error naming the holder. "ro/NAME" and
+// snapshots "NAME@TAG" open read-only, any number at once.
+func (g *Gateway) Open(ctx context.Context, name string, session nbd.Session) (nbd.Export, error) {
+	readOnly := false
+	key := name
+	if strings.HasPrefix(name, ReadOnlyPrefix) {
+		readOnly, name = true, strings.TrimPrefix(name, ReadOnlyPrefix)
+	}
+	if _, err := g.current(); err != nil {
+		return nil, fmt.Errorf("%w: %v", nbd.ErrNotReady, err)
+	}
+	vdi, err := g.cluster.LookupVDI(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", nbd.ErrUnknownExport, err)
+	}
+	if vdi.Snapshot {
+		readOnly = true
+		key = vdi.FullName()
+	}
+	g.mu.Lock()
+	state, ok := g.open[key]
+	if !ok {
+		state = &vdiState{key: key, vdi: vdi, chain: g.cluster.Chain(vdi.ID), pages: map[uint64][]uint32{}}
+		g.open[key] = state
+	}
+	state.refs++
+	if readOnly {
+		state.mu.Lock()
+		state.readers++
+		state.mu.Unlock()
+	}
+	g.mu.Unlock()
+	if !readOnly {
+		if err := g.acquireWriter(ctx, state); err != nil {
+			g.release(state, openAborted)
+			return nil, err
+		}
+	}
+	current, _ := state.current()
+	return &export{gateway: g, state: state, readOnly: readOnly, size: current.Size}, nil
+}
+
+func (g *Gateway) acquireWriter(ctx context.Context, state *vdiState) error {
+	state.openMu.Lock()
+	defer state.openMu.Unlock()
+	state.mu.Lock()
+	held, name := state.lockHeld, state.vdi.Name
+	state.mu.Unlock()
+	if !held {
+		_, err := g.cluster.AcquireLock(ctx, cluster.VDILockKey(name), g.session)
+		if err != nil {
+			var lockHeld *cluster.LockHeldError
+			if errors.As(err, &lockHeld) {
+				holder := lockHeld.Lock.Node
+				if n, ok := g.cluster.Node(holder); ok {
+					holder = fmt.Sprintf("%s (%s)", n.ID, n.Address)
+				}
+				return fmt.Errorf("%w: vdi %q is open for writing through node %s; open it read-only as %q, or close it there first",
+					nbd.ErrExportBusy, name, holder, ReadOnlyPrefix+name)
+			}
+			if errors.Is(err, cluster.ErrLockHeld) {
+				return fmt.Errorf("%w: %v", nbd.ErrExportBusy, err)
+			}
+			return fmt.Errorf("%w: cannot lock vdi %q: %v", nbd.ErrNotReady, name, err)
+		}
+		// The lock is ours: reload the VDI, which may have been
+		// snapshotted or rolled back since this state was made, and start
+		// with an empty map cache (another node may have written it).
+		vdi, err := g.cluster.VDI(name)
+		if err != nil {
+			g.cluster.ReleaseLock(ctx, cluster.VDILockKey(name), g.session)
+			return fmt.Errorf("%w: %v", nbd.ErrUnknownExport, err)
+		}
+		state.mu.Lock()
+		state.vdi, state.chain, state.pages = vdi, g.cluster.Chain(vdi.ID), map[uint64][]uint32{}
+		state.mu.Unlock()
+	}
+	state.mu.Lock()
+	state.lockHeld = true
+	state.writers++
+	state.mu.Unlock()
+	return nil
+}
+
+// openKind says which open release undoes.
+type openKind int
+
+const (
+	openReader  openKind = iota
+	openWriter           // held the VDI's lock
+	openAborted          // a writable open that failed to take the lock
+)
+
+// release drops one open; the last writer releases the cluster lock.
+func (g *Gateway) release(state *vdiState, kind openKind) {
+	state.openMu.Lock()
+	defer state.openMu.Unlock()
+	state.mu.Lock()
+	switch kind {
+	case openWriter:
+		state.writers--
+	case openReader:
+		state.readers--
+	}
+	releaseLock := kind == openWriter && state.writers == 0 && state.lockHeld
+	if releaseLock {
+		state.lockHeld = false
+	}
+	name := state.vdi.Name
+	state.mu.Unlock()
+	if releaseLock {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := g.cluster.ReleaseLock(ctx, cluster.VDILockKey(name), g.session); err != nil && !errors.Is(err, cluster.ErrNotFound) {
+			// The lock also goes when this node leaves the cluster.
+			g.logger.Warn("gateway: releasing vdi lock failed", "vdi", name, "err", err)
+		}
+	}
+	g.mu.Lock()
+	state.refs--
+	if state.refs == 0 && g.open[state.key] == state {
+		delete(g.open, state.key)
+	}
+	g.mu.Unlock()
+}
+
+// Snapshot takes a snapshot of a VDI. If this node holds the VDI open for
+// writing, its writes are paused while the snapshot commits, so the
+// snapshot holds exactly the writes completed before it; afterwards the
+// open VDI continues as the new writable child. The caller (the admin
+// API) sends the request to the lock holder's node when there is one.
+func (g *Gateway) Snapshot(ctx context.Context, name, tag string) (cluster.SnapshotResult, error) {
+	g.mu.Lock()
+	state := g.open[name]
+	g.mu.Unlock()
+	if state != nil {
+		state.mu.Lock()
+		writing := state.lockHeld
+		state.mu.Unlock()
+		if writing {
+			state.io.Lock()
+			defer state.io.Unlock()
+			result, err := g.cluster.SnapshotVDI(ctx, name, tag, g.cluster.ID())
+			if err != nil {
+				return result, err
+			}
+			state.mu.Lock()
+			state.vdi = result.VDI
+			state.chain = append([]uint32{result.VDI.ID}, state.chain...)
+			state.mu.Unlock()
+			return result, nil
+		}
+	}
+	return g.cluster.SnapshotVDI(ctx, name, tag, "")
+}
+
+// entry returns the map entry of data object index in VDI vdi's own map.
+func (g *Gateway) entry(ctx context.Context, state *vdiState, vdi cluster.VDI, id, index uint32, refresh bool) (uint32, error) {
+	page := index / pageEntries
+	key := pageKey(id, page)
+	state.mu.Lock()
+	entries, ok := state.pages[key]
+	state.mu.Unlock()
+	if !ok || refresh {
+		var err error
+		if entries, err = g.loadPage(ctx, vdi, id, page); err != nil {
+			return 0, err
+		}
+		state.mu.Lock()
+		if old, ok := state.pages[key]; ok && !refresh {
+			entries = old // another loader won; keep its (possibly newer) entries
+		} else {
+			state.pages[key] = entries
+		}
+		state.mu.Unlock()
+	}
+	state.mu.Lock()
+	defer state.mu.Unlock()
+	return entries[index%pageEntries], nil
+}
+
+// resolve returns the VDI whose copy of object index this VDI reads: its
+// own, an ancestor's, or 0 for zeros.
+func (g *Gateway) resolve(ctx context.Context, state *vdiState, vdi cluster.VDI, chain []uint32, index uint32, refresh bool) (uint32, error) {
+	for depth, id := range chain {
+		e, err := g.entry(ctx, state, vdi, id, index, refresh && depth == 0)
+		if err != nil {
+			return 0, err
+		}
+		switch e {
+		case 0:
+			continue
+		case tombstone:
+			return 0, nil
+		default:
+			return e, nil
+		}
+	}
+	return 0, nil
+}
+
+// loadPage reads one page of a VDI's object map from the map object's
+// replicas; a missing map object means a page of inherited entries.
+func (g *Gateway) loadPage(ctx context.Context, vdi cluster.VDI, id, page uint32) ([]uint32, error) {
+	first := page * pageEntries
+	k, offset := mapLocation(first, vdi.ObjectSize)
+	raw := make([]byte, pageEntries*mapEntryBytes)
+	err := g.read(ctx, MapOID(id, k), vdi.Copies, raw, offset)
+	if errors.Is(err, ErrNoCopy) {
+		err = nil // never written
+		clear(raw)
+	}
+	if err != nil {
+		return nil, err
+	}
+	entries := make([]uint32, pageEntries)
+	for i := range entries {
+		entries[i] = binary.BigEndian.Uint32(raw[i*mapEntryBytes:])
+	}
+	return entries, nil
+}
+
+// setEntry records object index's entry in VDI id's own map.
+func (g *Gateway) setEntry(ctx context.Context, state *vdiState, vdi cluster.VDI, id, index, value uint32, sync bool) error {
+	k, offset := mapLocation(index, vdi.ObjectSize)
+	raw := binary.BigEndian.AppendUint32(nil, value)
+	// Without CREATE first: a replica new to the placement must receive a
+	// whole copy of the map object, not start an empty one holding only
+	// this entry. Only a map object that exists nowhere is created.
+	err := g.write(ctx, MapOID(id, k), vdi.Copies, raw, offset, WriteFlags{Sync: sync})
+	if errors.Is(err, ErrNoCopy) {
+		err = g.write(ctx, MapOID(id, k), vdi.Copies, raw, offset, WriteFlags{Create: true, Sync: sync})
+	}
+	if err != nil {
+		return err
+	}
+	state.mu.Lock()
+	if entries, ok := state.pages[pageKey(id, index/pageEntries)]; ok {
+		entries[index%pageEntries] = value
+	}
+	state.mu.Unlock()
+	return nil
+}
+
+// remove deletes an object from every replica (absent copies are fine).
+func (g *Gateway) remove(ctx context.Context, oid uint64, copies int) error {
+	return g.replicate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *ringView) error {
+		err := g.replicas.Remove(ctx, node, rv.epoch, oid)
+		if errors.Is(err, ErrNotFound) {
+			return nil
+		}
+		return err
+	})
+}
+
+// CollectGarbage frees the objects of VDIs nothing reads any more, then
+// records that in the log. Called periodically on the leader; safe to
+// repeat after a crash (removing an absent object is not an error).
+func (g *Gateway) CollectGarbage(ctx context.Context, garbage cluster.Garbage) error {
+	objects := (garbage.Size + garbage.ObjectSize - 1) / garbage.ObjectSize
+	perMap := garbage.ObjectSize / mapEntryBytes
+	vdi := cluster.VDI{ID: garbage.ID, Size: garbage.Size, ObjectSize: garbage.ObjectSize, Copies: garbage.Copies}
+	work := make(chan uint64)
+	errs := make(chan error, 16)
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for oid := range work {
+				if err := g.remove(ctx, oid, vdi.Copies); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	var failed error
+	for k := uint64(0); k*perMap < objects && failed == nil; k++ {
+		count := min(perMap, objects-k*perMap)
+		raw := make([]byte, count*mapEntryBytes)
+		err := g.read(ctx, MapOID(vdi.ID, uint32(k)), vdi.Copies, raw, 0)
+		if errors.Is(err, ErrNoCopy) {
+			continue
+		}
+		if err != nil {
+			failed = err
+			break
+		}
+		for i := uint64(0); i < count; i++ {
+			if binary.BigEndian.Uint32(raw[i*mapEntryBytes:]) == vdi.ID {
+				work <- DataOID(vdi.ID, uint32(k*perMap+i))
+			}
+		}
+	}
+	close(work)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		failed = errors.Join(failed, err)
+	default:
+	}
+	if failed != nil {
+		return failed
+	}
+	for k := uint64(0); k*perMap < objects; k++ {
+		if err := g.remove(ctx, MapOID(vdi.ID, uint32(k)), vdi.Copies); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,150 @@
+package nbd
+
+import "context"
+
+// Backend resolves export names to exports. In herd the gateway implements it:
+// an export name is a VDI name ("vdi"), or a snapshot ("vdi@tag"), which is
+// read-only.
+//
+// Implementations must be safe for concurrent use: every connection calls
+// them from its own goroutine.
+type Backend interface {
+	// List returns the exports to advertise in reply to NBD_OPT_LIST. It may
+	// omit exports the caller should not learn about.
+	List(ctx context.Context) ([]ExportSummary, error)
+
+	// Open opens the named export for one client connection. The empty name
+	// is the client's request for a default export. The export stays open
+	// until its Close method is called, once, when the connection ends (or,
+	// for NBD_OPT_INFO, right after its information has been sent). ctx
+	// bounds the Open call only (it carries the handshake deadline): the
+	// export must not depend on it afterwards.
+	//
+	// Errors should wrap one of this package's sentinels so that the server
+	// can tell the client why, with the error's text as the message:
+	// ErrUnknownExport (NBD_REP_ERR_UNKNOWN), ErrExportBusy with a message
+	// naming the holder (NBD_REP_ERR_POLICY), ErrNotReady
+	// (NBD_REP_ERR_UNKNOWN), ErrPermission (NBD_REP_ERR_POLICY), ErrInvalid
+	// (NBD_REP_ERR_INVALID), ErrShutdown (NBD_REP_ERR_SHUTDOWN). Any other
+	// error is reported as NBD_REP_ERR_UNKNOWN.
+	Open(ctx context.Context, name string, session Session) (Export, error)
+}
+
+// Export is one open export, used by one client connection.
+//
+// Its I/O methods are called concurrently from many goroutines, one per
+// request in flight; an implementation must not serialise them more than its
+// own consistency requires. The context of each call is cancelled when the
+// connection is torn down (client gone, protocol violation, forced server
+// shutdown), so a call that waits on the network should return promptly
+// then. p, off and length are always validated against Info first: a call
+// never reaches past Size, never writes to a read-only export, and only uses
+// the operations Info advertises.
+//
+// Errors should wrap one of this package's sentinels (ErrIO, ErrNoSpace,
+// ErrInvalid, ErrReadOnly, ErrPermission, ErrNotSupported, ErrOverflow,
+// ErrShutdown); they are translated to NBD error values by the server, and
+// their text is shown to the client's user when structured replies are in
+// use. Unknown errors become NBD_EIO.
+type Export interface {
+	// Info describes the export. It is called once, when the export is
+	// opened; its result holds for the whole connection.
+	Info() ExportInfo
+
+	// ReadAt fills p with the bytes at offset off.
+	ReadAt(ctx context.Context, p []byte, off uint64) error
+
+	// WriteAt writes p at offset off. If fua is set, WriteAt must not return
+	// before the data is on stable storage (spec, "Ordering of messages and
+	// writes"). p is only valid until WriteAt returns.
+	WriteAt(ctx context.Context, p []byte, off uint64, fua bool) error
+
+	// Flush returns once every write that has completed before Flush was
+	// called is on stable storage.
+	Flush(ctx context.Context) error
+
+	// Trim discards the range; later reads of it return unspecified data
+	// until it is written again (spec, "NBD_CMD_TRIM").
+	Trim(ctx context.Context, off, length uint64, fua bool) error
+
+	// WriteZeroes makes the range read as zeroes. If noHole is set the range
+	// must stay allocated (no hole may be punched).
+	WriteZeroes(ctx context.Context, off, length uint64, noHole, fua bool) error
+
+	// BlockStatus describes the allocation ("base:allocation") of the
+	// range starting at off, as consecutive extents from off. It may
+	// describe less than length (at least one non-empty extent), or more; the
+	// server trims the answer to the request.
+	BlockStatus(ctx context.Context, off, length uint64) ([]Extent, error)
+
+	// Close releases the export (for instance the VDI's write lock). It is
+	// called exactly once, after every other call has returned.
+	Close() error
+}
+
+// Cacher is optionally implemented by an Export that can act on NBD_CMD_CACHE
+// (prefetch a range). Without it the command succeeds without effect, which
+// the spec allows (spec, "NBD_CMD_CACHE").
+type Cacher interface {
+	Cache(ctx context.Context, off, length uint64) error
+}
+
+// ExportSummary is one entry of NBD_OPT_LIST.
+type ExportSummary struct {
+	Name        string
+	Description string
+}
+
+// ExportInfo describes an open export. Zero values for the block sizes mean
+// the protocol defaults: minimum 1, preferred 4096, maximum payload 32 MiB.
+type ExportInfo struct {
+	// Size of the export in bytes.
+	Size uint64
+	// Name is the canonical name (NBD_INFO_NAME); empty means the name the
+	// client asked for.
+	Name string
+	// Description is shown to humans (NBD_INFO_DESCRIPTION); may be empty.
+	Description string
+
+	ReadOnly       bool
+	CanFlush       bool // NBD_CMD_FLUSH is meaningful (a write cache exists)
+	CanFUA         bool // writes honour the FUA flag
+	CanTrim        bool
+	CanWriteZeroes bool
+	// CanFastZero says WriteZeroes is always faster than writing zeroes
+	// (for example metadata only); without it a NBD_CMD_FLAG_FAST_ZERO
+	// request fails quickly with NBD_ENOTSUP (spec, "NBD_CMD_WRITE_ZEROES").
+	CanFastZero bool
+	// CanMultiConn promises that flushes and FUA writes on one connection
+	// are visible to every other connection to the same export (spec,
+	// "NBD_FLAG_CAN_MULTI_CONN").
+	CanMultiConn bool
+
+	// BlockSizeMinimum is the alignment of every request's offset and
+	// length: a power of two, at most 64 KiB.
+	BlockSizeMinimum uint32
+	// BlockSizePreferred is the size at which I/O is efficient: a power of
+	// two, at least 512 and at least BlockSizeMinimum.
+	BlockSizePreferred uint32
+	// PayloadSizeMaximum is the largest READ or WRITE accepted, at least
+	// BlockSizePreferred; values above 32 MiB are lowered to 32 MiB.
+	PayloadSizeMaximum uint32
+}
+
+// Extent is one run of a "base:allocation" block status answer.
+type Extent struct {
+	Length uint64
+	// Hole: the range is not allocated (NBD_STATE_HOLE).
+	Hole bool
+	// Zero: the range reads as zeroes (NBD_STATE_ZERO).
+	Zero bool
+}
+
+// Session identifies the client connection an export is opened for; a
+// Backend may use it to name the holder of a lock.
+type Session struct {
+	// ID is unique among the connections of one Server.
+	ID            uint64
+	RemoteAddress string
+	LocalAddress  string
+}

@@ -1,0 +1,134 @@
+package nbd
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+)
+
+const readBufferSize = 64 << 10
+
+// connection is one client connection, from the greeting to the close.
+type connection struct {
+	server  *Server
+	netConn net.Conn
+	session Session
+	logger  *slog.Logger
+
+	// reader and writer carry the protocol bytes. Today they sit on
+	// netConn; with TLS they would be rebuilt on the tls.Conn after
+	// NBD_OPT_STARTTLS.
+	reader *bufio.Reader
+	writer io.Writer
+
+	// negotiation is touched by the connection's goroutine only.
+	negotiation negotiation
+
+	// deadlineMutex guards interrupted and orders it with the deadline
+	// changes, so that a graceful shutdown's interruption is never undone
+	// by the connection moving to its next phase.
+	deadlineMutex sync.Mutex
+	interrupted   bool
+}
+
+func newConnection(server *Server, netConn net.Conn) *connection {
+	id := server.nextConnectionID.Add(1)
+	session := Session{ID: id}
+	if address := netConn.RemoteAddr(); address != nil {
+		session.RemoteAddress = address.String()
+	}
+	if address := netConn.LocalAddr(); address != nil {
+		session.LocalAddress = address.String()
+	}
+	return &connection{
+		server:  server,
+		netConn: netConn,
+		session: session,
+		logger:  server.logger().With("connection", id, "remote", session.RemoteAddress),
+		reader:  bufio.NewReaderSize(netConn, readBufferSize),
+		writer:  netConn,
+	}
+}
+
+// serve runs the connection to its end and closes it.
+func (c *connection) serve(ctx context.Context) {
+	defer c.netConn.Close()
+	c.logger.Debug("nbd: connection opened")
+	// The handshake deadline bounds the client (through the socket) and
+	// the Backend calls made while negotiating (through the context).
+	deadline := time.Now().Add(c.server.handshakeTimeout())
+	c.setDeadline(deadline)
+	handshakeContext, cancel := context.WithDeadline(ctx, deadline)
+	transmission, err := c.negotiate(handshakeContext)
+	cancel()
+	if err != nil {
+		c.logEnd("nbd: connection ended during negotiation", err)
+		return
+	}
+	c.setDeadline(time.Time{})
+	c.logger.Debug("nbd: transmission phase", "export", transmission.exportName,
+		"size", transmission.info.Size, "flags", transmission.flags,
+		"structured_replies", transmission.structuredReplies)
+	err = transmission.serve(ctx)
+	c.logEnd("nbd: connection ended", err)
+}
+
+// logEnd logs why a connection ended, loudly only for the unusual reasons.
+func (c *connection) logEnd(message string, err error) {
+	switch {
+	case err == nil, errors.Is(err, io.EOF), errors.Is(err, errAborted), errors.Is(err, net.ErrClosed):
+		c.logger.Debug(message, "reason", err)
+	case c.wasInterrupted() && errors.Is(err, os.ErrDeadlineExceeded):
+		c.logger.Debug(message, "reason", "server shutdown")
+	case errors.Is(err, ErrProtocol):
+		c.logger.Warn(message, "error", err)
+	default:
+		c.logger.Info(message, "error", err)
+	}
+}
+
+// write sends b during the handshake (the transmission phase has its own,
+// serialised writer).
+func (c *connection) write(b []byte) error {
+	_, err := c.writer.Write(b)
+	return err
+}
+
+// setDeadline sets the read and write deadline, except that the read deadline
+// stays in the past once the connection has been interrupted.
+func (c *connection) setDeadline(deadline time.Time) {
+	c.deadlineMutex.Lock()
+	defer c.deadlineMutex.Unlock()
+	if c.interrupted {
+		c.netConn.SetWriteDeadline(deadline)
+		return
+	}
+	c.netConn.SetDeadline(deadline)
+}
+
+// interrupt makes the connection stop reading: a blocked read returns at
+// once, and so does every later one. Requests in flight are not affected.
+func (c *connection) interrupt() {
+	c.deadlineMutex.Lock()
+	defer c.deadlineMutex.Unlock()
+	c.interrupted = true
+	c.netConn.SetReadDeadline(time.Now())
+}
+
+func (c *connection) wasInterrupted() bool {
+	c.deadlineMutex.Lock()
+	defer c.deadlineMutex.Unlock()
+	return c.interrupted
+}
+
+// hardClose initiates a hard disconnect (spec, "Terminating the transmission
+// phase"): blocked reads and writes on the connection fail at once.
+func (c *connection) hardClose() {
+	c.netConn.Close()
+}

@@ -1,0 +1,139 @@
+package nbd
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"syscall"
+	"unicode/utf8"
+)
+
+// Errors a Backend returns from Open, translated to option replies by
+// optionReplyFor.
+var (
+	// ErrUnknownExport: no export of that name.
+	ErrUnknownExport = errors.New("nbd: unknown export")
+	// ErrExportBusy: the export is held by another client; wrap it with a
+	// message naming the holder.
+	ErrExportBusy = errors.New("nbd: export busy")
+	// ErrNotReady: the export exists but cannot be served now (for example
+	// the cluster has no quorum).
+	ErrNotReady = errors.New("nbd: export not ready")
+)
+
+// Errors an Export returns from its methods (and some also from
+// Backend.Open), translated to NBD error values by errnoFor.
+var (
+	ErrIO           = errors.New("nbd: input/output error")
+	ErrNoSpace      = errors.New("nbd: no space left")
+	ErrInvalid      = errors.New("nbd: invalid argument")
+	ErrReadOnly     = errors.New("nbd: export is read-only")
+	ErrPermission   = errors.New("nbd: permission denied")
+	ErrNotSupported = errors.New("nbd: operation not supported")
+	ErrOverflow     = errors.New("nbd: value too large")
+	ErrShutdown     = errors.New("nbd: server shutting down")
+)
+
+// Errors of the server itself.
+var (
+	// ErrServerClosed is returned by Serve after Close or Shutdown.
+	ErrServerClosed = errors.New("nbd: server closed")
+	// ErrProtocol is wrapped by the errors that end a connection because
+	// the client broke the protocol.
+	ErrProtocol = errors.New("nbd: protocol violation")
+	// errAborted ends a connection whose client sent NBD_OPT_ABORT.
+	errAborted = errors.New("nbd: client aborted the negotiation")
+	// errInvalidExportInfo reports a Backend bug: Info returned values
+	// the protocol cannot carry.
+	errInvalidExportInfo = errors.New("nbd: export reported invalid block sizes")
+)
+
+// errnoFor translates an error from an Export to the NBD error value sent to
+// the client (spec, "Error values"). It is the only place that does so. The
+// spec asks to map EDQUOT and EFBIG to ENOSPC; host errno values are
+// recognised too so that a Backend may pass errors from the operating system
+// through unchanged.
+func errnoFor(err error) errno {
+	switch {
+	case err == nil:
+		return errnoNone
+	case errors.Is(err, ErrReadOnly), errors.Is(err, ErrPermission),
+		errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EROFS):
+		return errnoPermission
+	case errors.Is(err, ErrNoSpace),
+		errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG):
+		return errnoNoSpace
+	case errors.Is(err, ErrInvalid), errors.Is(err, syscall.EINVAL):
+		return errnoInvalid
+	case errors.Is(err, ErrNotSupported), errors.Is(err, syscall.ENOTSUP), errors.Is(err, syscall.EOPNOTSUPP):
+		return errnoNotSupported
+	case errors.Is(err, ErrOverflow), errors.Is(err, syscall.EOVERFLOW):
+		return errnoOverflow
+	case errors.Is(err, ErrShutdown), errors.Is(err, syscall.ESHUTDOWN), errors.Is(err, context.Canceled):
+		// A cancelled context means the connection or the server is going
+		// away; the spec's value for that is ESHUTDOWN (spec, "Terminating
+		// the transmission phase").
+		return errnoShutdown
+	default:
+		// ErrIO, context.DeadlineExceeded and everything unknown.
+		return errnoInputOutput
+	}
+}
+
+// optionReplyFor translates an error from Backend.Open or Backend.List to the
+// option reply type sent to the client (spec, "Option reply types").
+func optionReplyFor(err error) uint32 {
+	switch {
+	case errors.Is(err, ErrUnknownExport), errors.Is(err, ErrNotReady):
+		return replyErrorUnknown
+	case errors.Is(err, ErrExportBusy), errors.Is(err, ErrPermission), errors.Is(err, ErrReadOnly):
+		// NBD_REP_ERR_POLICY: "known ... and syntactically valid, but
+		// server-side policy forbids the server to allow the option"; one
+		// writer per VDI is such a policy.
+		return replyErrorPolicy
+	case errors.Is(err, ErrInvalid):
+		return replyErrorInvalid
+	case errors.Is(err, ErrShutdown), errors.Is(err, context.Canceled):
+		return replyErrorShutdown
+	default:
+		return replyErrorUnknown
+	}
+}
+
+// messageFor turns an error into a string the spec allows on the wire: valid
+// UTF-8, no NUL, at most maximumStringLength bytes (spec, "Conventions").
+func messageFor(err error) string {
+	if err == nil {
+		return ""
+	}
+	return cleanString(err.Error())
+}
+
+// cleanString makes s a valid protocol string, truncating it if needed.
+func cleanString(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "")
+	if len(s) <= maximumStringLength {
+		return s
+	}
+	cut := maximumStringLength
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+// validString reports whether a client-supplied string follows the spec's
+// rules for strings: UTF-8, no NUL, at most 4096 bytes.
+func validString(s []byte) bool {
+	return len(s) <= maximumStringLength && utf8.Valid(s) && !containsZeroByte(s)
+}
+
+func containsZeroByte(s []byte) bool {
+	for _, b := range s {
+		if b == 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,557 @@
+package nbd
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+)
+
+// This file is the handshake phase: the newstyle greeting and the fixed
+// newstyle option haggling (spec, "Handshake"). It runs on the connection's
+// goroutine only, so the negotiation state needs no lock.
+
+// negotiation is the state option haggling builds up (spec, "Option types").
+type negotiation struct {
+	clientFlags uint32
+	// structuredReplies is set by NBD_OPT_STRUCTURED_REPLY.
+	structuredReplies bool
+	// allocationSelected is set when the last NBD_OPT_SET_META_CONTEXT
+	// selected base:allocation for metaContextExport. BLOCK_STATUS is only
+	// valid if the export then opened has the same name (spec,
+	// "NBD_OPT_SET_META_CONTEXT").
+	allocationSelected bool
+	metaContextExport  string
+}
+
+// negotiate runs the handshake until the client enters the transmission phase
+// (the returned transmission) or the session ends (an error).
+func (c *connection) negotiate(ctx context.Context) (*transmission, error) {
+	// Spec, "Newstyle negotiation": S: NBDMAGIC, IHAVEOPT, 16 bits of
+	// handshake flags. This server always offers fixed newstyle and the
+	// omission of the 124 zero bytes.
+	var greeting [18]byte
+	binary.BigEndian.PutUint64(greeting[0:], magicNBD)
+	binary.BigEndian.PutUint64(greeting[8:], magicOption)
+	binary.BigEndian.PutUint16(greeting[16:], handshakeFlagFixedNewstyle|handshakeFlagNoZeroes)
+	if err := c.write(greeting[:]); err != nil {
+		return nil, err
+	}
+
+	// C: 32 bits of client flags. "The server MUST drop the TCP connection
+	// if the client sets an unknown flag" (spec, "Client flags"). A client
+	// without NBD_FLAG_C_FIXED_NEWSTYLE is still answered with fixed
+	// newstyle replies, which the spec allows ("Servers MAY choose to
+	// honour fixed newstyle from clients that didn't set this bit"); such a
+	// client only ever sends NBD_OPT_EXPORT_NAME, which has no reply header.
+	var clientFlags [4]byte
+	if _, err := io.ReadFull(c.reader, clientFlags[:]); err != nil {
+		return nil, err
+	}
+	c.negotiation.clientFlags = binary.BigEndian.Uint32(clientFlags[:])
+	if unknown := c.negotiation.clientFlags &^ clientFlagsKnown; unknown != 0 {
+		return nil, fmt.Errorf("%w: unknown client flags %#x", ErrProtocol, unknown)
+	}
+
+	for {
+		var header [optionHeaderLength]byte
+		if _, err := io.ReadFull(c.reader, header[:]); err != nil {
+			return nil, err
+		}
+		option, length, err := decodeOptionHeader(header[:])
+		if err != nil {
+			return nil, err
+		}
+		if length > maximumOptionLength {
+			if option == optionExportName {
+				// No error reply exists for NBD_OPT_EXPORT_NAME, and a
+				// name this long is invalid: terminate (spec,
+				// "NBD_OPT_EXPORT_NAME").
+				return nil, fmt.Errorf("%w: NBD_OPT_EXPORT_NAME of %d bytes", ErrProtocol, length)
+			}
+			// Skip the data so the stream stays in sync and the next
+			// option can be parsed (spec, "Baseline": servers "MUST NOT
+			// fail to parse the next message received").
+			if _, err := io.CopyN(io.Discard, c.reader, int64(length)); err != nil {
+				return nil, err
+			}
+			message := fmt.Sprintf("nbd: option data of %d bytes exceeds the %d-byte limit", length, maximumOptionLength)
+			if err := c.sendOptionReply(option, replyErrorTooBig, []byte(message)); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		data := make([]byte, length)
+		if _, err := io.ReadFull(c.reader, data); err != nil {
+			return nil, err
+		}
+		next, err := c.handleOption(ctx, option, data)
+		if err != nil || next != nil {
+			return next, err
+		}
+	}
+}
+
+// decodeOptionHeader decodes "C: IHAVEOPT, 32 bits option, 32 bits length"
+// (spec, "Newstyle negotiation").
+func decodeOptionHeader(header []byte) (option, length uint32, err error) {
+	if len(header) != optionHeaderLength {
+		return 0, 0, fmt.Errorf("%w: option header of %d bytes", ErrProtocol, len(header))
+	}
+	if magic := binary.BigEndian.Uint64(header[0:]); magic != magicOption {
+		return 0, 0, fmt.Errorf("%w: option magic %#x", ErrProtocol, magic)
+	}
+	return binary.BigEndian.Uint32(header[8:]), binary.BigEndian.Uint32(header[12:]), nil
+}
+
+// handleOption answers one option. It returns a transmission when the
+// client enters the transmission phase, an error when the session ends.
+func (c *connection) handleOption(ctx context.Context, option uint32, data []byte) (*transmission, error) {
+	if c.server.isShuttingDown() && option != optionAbort {
+		// Spec, "Termination of the session during option haggling": a
+		// server being shut down "SHOULD error further options received
+		// (other than an NBD_OPT_ABORT) with NBD_REP_ERR_SHUTDOWN".
+		if option == optionExportName {
+			return nil, ErrShutdown
+		}
+		return nil, c.sendOptionReply(option, replyErrorShutdown, []byte(ErrShutdown.Error()))
+	}
+	switch option {
+	case optionExportName:
+		return c.exportName(ctx, data)
+	case optionAbort:
+		// "The server MUST reply with NBD_REP_ACK" and SHOULD ignore
+		// any data (spec, "NBD_OPT_ABORT"). The client may already have
+		// closed the connection, so a failed write does not matter.
+		_ = c.sendOptionReply(option, replyAck)
+		return nil, errAborted
+	case optionList:
+		return nil, c.list(ctx, data)
+	case optionStartTLS:
+		// NOTLS mode (spec, "NOTLS mode"): NBD_REP_ERR_POLICY. When TLS is
+		// added, this is where the ACK is sent, c.netConn is wrapped in a
+		// tls.Server, c.reader and c.writer are rebuilt on top of it and
+		// the negotiation state is reset (spec, "NBD_OPT_STARTTLS").
+		if len(data) != 0 {
+			return nil, c.sendOptionReply(option, replyErrorInvalid, []byte("nbd: NBD_OPT_STARTTLS carries no data"))
+		}
+		return nil, c.sendOptionReply(option, replyErrorPolicy, []byte("nbd: TLS is not configured on this server"))
+	case optionInfo, optionGo:
+		return c.infoOrGo(ctx, option, data)
+	case optionStructuredReply:
+		if len(data) != 0 {
+			return nil, c.sendOptionReply(option, replyErrorInvalid, []byte("nbd: NBD_OPT_STRUCTURED_REPLY carries no data"))
+		}
+		c.negotiation.structuredReplies = true
+		return nil, c.sendOptionReply(option, replyAck)
+	case optionListMetaContext, optionSetMetaContext:
+		return nil, c.metaContext(option, data)
+	default:
+		// Spec, "Baseline": unknown options get NBD_REP_ERR_UNSUP. This
+		// includes NBD_OPT_EXTENDED_HEADERS, not implemented yet.
+		message := fmt.Sprintf("nbd: option %d is not supported", option)
+		return nil, c.sendOptionReply(option, replyErrorUnsupported, []byte(message))
+	}
+}
+
+// exportName handles NBD_OPT_EXPORT_NAME (spec, "NBD_OPT_EXPORT_NAME"). It
+// cannot report errors: on failure the session is terminated.
+func (c *connection) exportName(ctx context.Context, data []byte) (*transmission, error) {
+	if !validString(data) {
+		return nil, fmt.Errorf("%w: NBD_OPT_EXPORT_NAME with an invalid name", ErrProtocol)
+	}
+	name := string(data)
+	export, info, err := c.openExport(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("nbd: open export %q: %w", name, err)
+	}
+	flags := transmissionFlags(info, c.negotiation.structuredReplies)
+	// S: 64 bits size, 16 bits transmission flags, 124 zero bytes unless
+	// NBD_FLAG_C_NO_ZEROES (spec, "Newstyle negotiation").
+	reply := make([]byte, 10, 10+exportNameZeroPadding)
+	binary.BigEndian.PutUint64(reply[0:], info.Size)
+	binary.BigEndian.PutUint16(reply[8:], flags)
+	if c.negotiation.clientFlags&clientFlagNoZeroes == 0 {
+		reply = reply[:10+exportNameZeroPadding]
+	}
+	if err := c.write(reply); err != nil {
+		c.closeExport(export)
+		return nil, err
+	}
+	return c.newTransmission(export, info, flags, name), nil
+}
+
+// infoOrGo handles NBD_OPT_INFO and NBD_OPT_GO, which share their format
+// (spec, "NBD_OPT_INFO and NBD_OPT_GO").
+func (c *connection) infoOrGo(ctx context.Context, option uint32, data []byte) (*transmission, error) {
+	request, err := parseExportRequest(data)
+	if err != nil {
+		return nil, c.sendOptionReply(option, replyErrorInvalid, []byte(messageFor(err)))
+	}
+	export, info, err := c.openExport(ctx, request.name)
+	if err != nil {
+		c.logger.Info("nbd: cannot open export", "export", request.name, "error", err)
+		return nil, c.sendOptionReply(option, optionReplyFor(err), []byte(messageFor(err)))
+	}
+	flags := transmissionFlags(info, c.negotiation.structuredReplies)
+	if err := c.sendExportInformation(option, request, info, flags); err != nil {
+		c.closeExport(export)
+		return nil, err
+	}
+	if option == optionInfo {
+		// Close before the ACK: closing may release what opening took
+		// (herd's VDI write lock), and a client that goes on to open the
+		// export elsewhere right after the ACK must find it released.
+		c.closeExport(export)
+		return nil, c.sendOptionReply(option, replyAck)
+	}
+	if err := c.sendOptionReply(option, replyAck); err != nil {
+		c.closeExport(export)
+		return nil, err
+	}
+	return c.newTransmission(export, info, flags, request.name), nil
+}
+
+// sendExportInformation sends the NBD_REP_INFO replies; the caller sends
+// the final ACK.
+func (c *connection) sendExportInformation(option uint32, request exportRequest, info ExportInfo, flags uint16) error {
+	// NBD_INFO_EXPORT is mandatory before the ACK.
+	var export [12]byte
+	binary.BigEndian.PutUint16(export[0:], infoExport)
+	binary.BigEndian.PutUint64(export[2:], info.Size)
+	binary.BigEndian.PutUint16(export[10:], flags)
+	if err := c.sendOptionReply(option, replyInfo, export[:]); err != nil {
+		return err
+	}
+	if request.wants(infoName) {
+		name := info.Name
+		if name == "" {
+			name = request.name
+		}
+		if err := c.sendOptionReply(option, replyInfo, infoType(infoName), []byte(cleanString(name))); err != nil {
+			return err
+		}
+	}
+	if request.wants(infoDescription) && info.Description != "" {
+		if err := c.sendOptionReply(option, replyInfo, infoType(infoDescription), []byte(cleanString(info.Description))); err != nil {
+			return err
+		}
+	}
+	// NBD_INFO_BLOCK_SIZE is sent even when not requested, which the spec
+	// allows ("The server MAY send information requests back which are not
+	// explicitly requested"), so that every client learns the limits.
+	var blockSize [14]byte
+	binary.BigEndian.PutUint16(blockSize[0:], infoBlockSize)
+	binary.BigEndian.PutUint32(blockSize[2:], info.BlockSizeMinimum)
+	binary.BigEndian.PutUint32(blockSize[6:], info.BlockSizePreferred)
+	binary.BigEndian.PutUint32(blockSize[10:], info.PayloadSizeMaximum)
+	if err := c.sendOptionReply(option, replyInfo, blockSize[:]); err != nil {
+		return err
+	}
+	// "The server MUST NOT send any zero padding bytes after the
+	// NBD_REP_ACK data" of NBD_OPT_GO.
+	return nil
+}
+
+func infoType(kind uint16) []byte {
+	return binary.BigEndian.AppendUint16(nil, kind)
+}
+
+// list handles NBD_OPT_LIST (spec, "NBD_OPT_LIST").
+func (c *connection) list(ctx context.Context, data []byte) error {
+	if len(data) != 0 {
+		return c.sendOptionReply(optionList, replyErrorInvalid, []byte("nbd: NBD_OPT_LIST carries no data"))
+	}
+	exports, err := c.server.Backend.List(ctx)
+	if err != nil {
+		c.logger.Info("nbd: cannot list exports", "error", err)
+		return c.sendOptionReply(optionList, optionReplyFor(err), []byte(messageFor(err)))
+	}
+	for _, export := range exports {
+		if !validString([]byte(export.Name)) {
+			c.logger.Warn("nbd: not listing an export whose name the protocol cannot carry", "export", export.Name)
+			continue
+		}
+		// NBD_REP_SERVER: 32 bits name length, name, description.
+		name := binary.BigEndian.AppendUint32(nil, uint32(len(export.Name)))
+		name = append(name, export.Name...)
+		if err := c.sendOptionReply(optionList, replyServer, name, []byte(cleanString(export.Description))); err != nil {
+			return err
+		}
+	}
+	return c.sendOptionReply(optionList, replyAck)
+}
+
+// metaContext handles NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT
+// (spec, "Metadata querying" and the two options). The only context is
+// base:allocation.
+func (c *connection) metaContext(option uint32, data []byte) error {
+	set := option == optionSetMetaContext
+	if set {
+		// "Issuing this command replaces all previously-set metadata
+		// contexts (including when this command fails)".
+		c.negotiation.allocationSelected = false
+		c.negotiation.metaContextExport = ""
+	}
+	if !c.negotiation.structuredReplies {
+		return c.sendOptionReply(option, replyErrorInvalid, []byte("nbd: negotiate structured replies before metadata contexts"))
+	}
+	request, err := parseMetaContextRequest(data)
+	if err != nil {
+		return c.sendOptionReply(option, replyErrorInvalid, []byte(messageFor(err)))
+	}
+	selected := false
+	if !set && len(request.queries) == 0 {
+		// "If zero queries are sent, then the server MUST return all the
+		// metadata contexts that are available".
+		selected = true
+	}
+	for _, query := range request.queries {
+		switch {
+		case query == metaContextAllocation:
+			selected = true
+		case query == "base:" && !set:
+			// "base:" is a wildcard for LIST and ignored by SET (spec,
+			// "The base: metadata namespace").
+			selected = true
+		}
+		// Unknown namespaces and leaf names "MUST" be ignored.
+	}
+	if selected {
+		// The id in replies to LIST "is reserved and SHOULD be set to
+		// zero".
+		id := uint32(0)
+		if set {
+			id = allocationContextID
+		}
+		payload := binary.BigEndian.AppendUint32(nil, id)
+		payload = append(payload, metaContextAllocation...)
+		if err := c.sendOptionReply(option, replyMetaContext, payload); err != nil {
+			return err
+		}
+	}
+	if set {
+		c.negotiation.allocationSelected = selected
+		c.negotiation.metaContextExport = request.exportName
+	}
+	return c.sendOptionReply(option, replyAck)
+}
+
+// openExport opens name through the Backend and validates what it reports.
+func (c *connection) openExport(ctx context.Context, name string) (Export, ExportInfo, error) {
+	export, err := c.server.Backend.Open(ctx, name, c.session)
+	if err != nil {
+		return nil, ExportInfo{}, err
+	}
+	if export == nil {
+		return nil, ExportInfo{}, fmt.Errorf("%w: backend returned no export for %q", ErrIO, name)
+	}
+	info, err := normaliseExportInfo(export.Info())
+	if err != nil {
+		c.logger.Error("nbd: backend bug", "export", name, "error", err)
+		c.closeExport(export)
+		return nil, ExportInfo{}, err
+	}
+	return export, info, nil
+}
+
+func (c *connection) closeExport(export Export) {
+	if err := export.Close(); err != nil {
+		c.logger.Warn("nbd: closing export", "error", err)
+	}
+}
+
+// sendOptionReply sends one fixed newstyle option reply: S: magic, option,
+// reply type, length, data (spec, "Fixed newstyle negotiation").
+func (c *connection) sendOptionReply(option, replyType uint32, payload ...[]byte) error {
+	length := 0
+	for _, part := range payload {
+		length += len(part)
+	}
+	reply := make([]byte, optionReplyHeaderLength, optionReplyHeaderLength+length)
+	binary.BigEndian.PutUint64(reply[0:], magicOptionReply)
+	binary.BigEndian.PutUint32(reply[8:], option)
+	binary.BigEndian.PutUint32(reply[12:], replyType)
+	binary.BigEndian.PutUint32(reply[16:], uint32(length))
+	for _, part := range payload {
+		reply = append(reply, part...)
+	}
+	if c.logger.Enabled(context.Background(), slog.LevelDebug) {
+		c.logger.Debug("nbd: option reply", "option", option, "reply", replyType, "length", length)
+	}
+	return c.write(reply)
+}
+
+// transmissionFlags computes the transmission flags for an export (spec,
+// "Transmission flags"). A flag is only set for a feature the server will
+// honour.
+func transmissionFlags(info ExportInfo, structuredReplies bool) uint16 {
+	flags := transmissionFlagHasFlags | transmissionFlagSendCache
+	if info.ReadOnly {
+		flags |= transmissionFlagReadOnly
+	}
+	if info.CanFlush {
+		flags |= transmissionFlagSendFlush
+	}
+	if info.CanFUA {
+		flags |= transmissionFlagSendFUA
+	}
+	if info.CanTrim && !info.ReadOnly {
+		flags |= transmissionFlagSendTrim
+	}
+	if info.CanWriteZeroes && !info.ReadOnly {
+		flags |= transmissionFlagSendWriteZeroes
+		// NBD_FLAG_SEND_FAST_ZERO "MUST [be] 0 if
+		// NBD_FLAG_SEND_WRITE_ZEROES is not set".
+		if info.CanFastZero {
+			flags |= transmissionFlagSendFastZero
+		}
+	}
+	if structuredReplies {
+		// Every READ is answered with at most one data chunk, so DF is
+		// always honoured; the flag "MUST [be left] clear if structured
+		// replies have not been negotiated".
+		flags |= transmissionFlagSendDontFragment
+	}
+	if info.CanMultiConn {
+		flags |= transmissionFlagCanMultiConn
+	}
+	return flags
+}
+
+// normaliseExportInfo fills in default block sizes and checks the
+// constraints of the spec's "Size constraints" section.
+func normaliseExportInfo(info ExportInfo) (ExportInfo, error) {
+	if info.BlockSizeMinimum == 0 {
+		info.BlockSizeMinimum = 1
+	}
+	if info.BlockSizePreferred == 0 {
+		info.BlockSizePreferred = max(4096, info.BlockSizeMinimum)
+	}
+	if info.PayloadSizeMaximum == 0 || info.PayloadSizeMaximum > maximumPayloadLength {
+		info.PayloadSizeMaximum = maximumPayloadLength
+	}
+	switch {
+	case !powerOfTwo(info.BlockSizeMinimum) || info.BlockSizeMinimum > maximumMinimumBlockSize:
+		return info, fmt.Errorf("%w: minimum %d is not a power of two up to 64 KiB", errInvalidExportInfo, info.BlockSizeMinimum)
+	case !powerOfTwo(info.BlockSizePreferred) || info.BlockSizePreferred < max(512, info.BlockSizeMinimum):
+		return info, fmt.Errorf("%w: preferred %d is not a power of two of at least 512 and the minimum", errInvalidExportInfo, info.BlockSizePreferred)
+	case info.PayloadSizeMaximum < info.BlockSizePreferred:
+		return info, fmt.Errorf("%w: maximum payload %d is below the preferred block size", errInvalidExportInfo, info.PayloadSizeMaximum)
+	case info.PayloadSizeMaximum%info.BlockSizeMinimum != 0:
+		return info, fmt.Errorf("%w: maximum payload %d is not a multiple of the minimum block size", errInvalidExportInfo, info.PayloadSizeMaximum)
+	}
+	return info, nil
+}
+
+func powerOfTwo(n uint32) bool {
+	return n != 0 && n&(n-1) == 0
+}
+
+// exportRequest is the data of NBD_OPT_INFO and NBD_OPT_GO.
+type exportRequest struct {
+	name        string
+	information []uint16
+}
+
+func (r exportRequest) wants(kind uint16) bool {
+	for _, requested := range r.information {
+		if requested == kind {
+			return true
+		}
+	}
+	return false
+}
+
+var errMalformedOption = errors.New("nbd: malformed option data")
+
+// parseExportRequest decodes the data of NBD_OPT_INFO and NBD_OPT_GO: 32 bits
+// name length, name, 16 bits count, count 16-bit information requests
+// (spec, "NBD_OPT_INFO and NBD_OPT_GO").
+func parseExportRequest(data []byte) (exportRequest, error) {
+	if len(data) < 6 {
+		return exportRequest{}, fmt.Errorf("%w: %d bytes is too short", errMalformedOption, len(data))
+	}
+	nameLength := uint64(binary.BigEndian.Uint32(data[0:]))
+	// "MUST be no larger than the option data length - 6".
+	if nameLength > uint64(len(data)-6) {
+		return exportRequest{}, fmt.Errorf("%w: name length %d exceeds the option", errMalformedOption, nameLength)
+	}
+	name := data[4 : 4+nameLength]
+	if !validString(name) {
+		return exportRequest{}, fmt.Errorf("%w: export name is not a valid string", errMalformedOption)
+	}
+	rest := data[4+nameLength:]
+	count := int(binary.BigEndian.Uint16(rest[0:]))
+	rest = rest[2:]
+	if len(rest) != 2*count {
+		return exportRequest{}, fmt.Errorf("%w: %d information requests in %d bytes", errMalformedOption, count, len(rest))
+	}
+	request := exportRequest{name: string(name), information: make([]uint16, count)}
+	for i := range request.information {
+		request.information[i] = binary.BigEndian.Uint16(rest[2*i:])
+	}
+	return request, nil
+}
+
+// metaContextRequest is the data of NBD_OPT_LIST_META_CONTEXT and
+// NBD_OPT_SET_META_CONTEXT.
+type metaContextRequest struct {
+	exportName string
+	queries    []string
+}
+
+// parseMetaContextRequest decodes: 32 bits name length, name, 32 bits number
+// of queries, then per query 32 bits length and the query (spec,
+// "NBD_OPT_LIST_META_CONTEXT"). "If the option request is syntactically
+// invalid (such as a query length that would require reading beyond the
+// original length given in the option header), the server MUST fail the
+// request with NBD_REP_ERR_INVALID."
+func parseMetaContextRequest(data []byte) (metaContextRequest, error) {
+	name, rest, err := takeString(data, "export name")
+	if err != nil {
+		return metaContextRequest{}, err
+	}
+	if len(rest) < 4 {
+		return metaContextRequest{}, fmt.Errorf("%w: missing the number of queries", errMalformedOption)
+	}
+	count := uint64(binary.BigEndian.Uint32(rest))
+	rest = rest[4:]
+	// Each query takes at least 4 bytes: checking this first keeps a
+	// forged count from sizing an allocation.
+	if count > uint64(len(rest)/4) {
+		return metaContextRequest{}, fmt.Errorf("%w: %d queries in %d bytes", errMalformedOption, count, len(rest))
+	}
+	request := metaContextRequest{exportName: name, queries: make([]string, 0, count)}
+	for range count {
+		var query string
+		query, rest, err = takeString(rest, "query")
+		if err != nil {
+			return metaContextRequest{}, err
+		}
+		request.queries = append(request.queries, query)
+	}
+	if len(rest) != 0 {
+		return metaContextRequest{}, fmt.Errorf("%w: %d bytes after the last query", errMalformedOption, len(rest))
+	}
+	return request, nil
+}
+
+// takeString decodes a 32-bit length followed by a string of that length;
+// what names the string in errors.
+func takeString(data []byte, what string) (string, []byte, error) {
+	if len(data) < 4 {
+		return "", nil, fmt.Errorf("%w: missing the %s length", errMalformedOption, what)
+	}
+	length := uint64(binary.BigEndian.Uint32(data))
+	data = data[4:]
+	if length > uint64(len(data)) {
+		return "", nil, fmt.Errorf("%w: %s length %d exceeds the option", errMalformedOption, what, length)
+	}
+	if !validString(data[:length]) {
+		return "", nil, fmt.Errorf("%w: %s is not a valid string", errMalformedOption, what)
+	}
+	return string(data[:length]), data[length:], nil
+}

@@ -1,0 +1,657 @@
+package nbd
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func pattern(seed byte, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7)
+	}
+	return b
+}
+
+func TestCommands(t *testing.T) {
+	for _, structured := range []bool{false, true} {
+		t.Run(fmt.Sprintf("structured=%v", structured), func(t *testing.T) {
+			disk := newMemoryDisk("disk", 1<<20)
+			server := startServer(t, newMemoryBackend(disk))
+			c, size, flags := connect(t, server.address, "disk", connectOptions{structured: structured, blockStatus: structured})
+			if size != 1<<20 {
+				t.Fatalf("size %d", size)
+			}
+			if flags&transmissionFlagReadOnly != 0 {
+				t.Fatalf("flags %#x", flags)
+			}
+			ok := func(what string, r reply) reply {
+				t.Helper()
+				if r.errno != errnoNone {
+					t.Fatalf("%s: %v", what, r)
+				}
+				return r
+			}
+
+			data := pattern(1, 10000)
+			ok("write", c.roundTrip(0, commandWrite, 4097, uint32(len(data)), data))
+			ok("write FUA", c.roundTrip(commandFlagFUA, commandWrite, 100000, 3, []byte{1, 2, 3}))
+			if got := ok("read", c.roundTrip(0, commandRead, 4097, uint32(len(data)), nil)).data; !bytes.Equal(got, data) {
+				t.Fatalf("read back differs")
+			}
+			ok("flush", c.roundTrip(0, commandFlush, 0, 0, nil))
+			ok("flush FUA", c.roundTrip(commandFlagFUA, commandFlush, 0, 0, nil))
+			ok("cache", c.roundTrip(0, commandCache, 0, 4096, nil))
+			ok("zero-length write", c.roundTrip(0, commandWrite, 0, 0, nil))
+			r := ok("zero-length read", c.roundTrip(0, commandRead, 0, 0, nil))
+			if structured && r.chunkType != chunkNone {
+				t.Fatalf("zero-length structured read: %v", r)
+			}
+
+			// Zeroes, with and without NO_HOLE.
+			ok("write zeroes", c.roundTrip(0, commandWriteZeroes, 4097, 100, nil))
+			data = append(append(make([]byte, 0, 10000), make([]byte, 100)...), data[100:]...)
+			ok("write zeroes no hole", c.roundTrip(commandFlagNoHole, commandWriteZeroes, 200000, 8192, nil))
+			if got := ok("read", c.roundTrip(0, commandRead, 4097, 10000, nil)).data; !bytes.Equal(got, data) {
+				t.Fatalf("read after write zeroes differs")
+			}
+			ok("trim", c.roundTrip(commandFlagFUA, commandTrim, 0, 1<<20, nil))
+			if disk.allocatedBlocks() != 0 {
+				t.Fatalf("%d blocks allocated after trimming everything", disk.allocatedBlocks())
+			}
+			c.disconnect()
+		})
+	}
+}
+
+func TestStructuredReadIsOneDataChunk(t *testing.T) {
+	disk := newMemoryDisk("disk", 1<<20)
+	server := startServer(t, newMemoryBackend(disk))
+	c, _, _ := connect(t, server.address, "disk", connectOptions{structured: true})
+	data := pattern(9, 65536)
+	c.roundTrip(0, commandWrite, 12345, uint32(len(data)), data)
+	r := c.roundTrip(commandFlagDontFragment, commandRead, 12345, uint32(len(data)), nil)
+	if r.chunkType != chunkOffsetData || binary.BigEndian.Uint64(r.payload) != 12345 || !bytes.Equal(r.data, data) {
+		t.Fatalf("read: %v", r)
+	}
+	c.disconnect()
+}
+
+func TestBlockStatus(t *testing.T) {
+	disk := newMemoryDisk("disk", 1<<20)
+	server := startServer(t, newMemoryBackend(disk))
+	c, _, _ := connect(t, server.address, "disk", connectOptions{structured: true, blockStatus: true})
+	c.roundTrip(0, commandWrite, 8192, 4096, pattern(3, 4096))
+	c.roundTrip(0, commandWrite, 65536, 100, pattern(3, 100))
+
+	descriptors := func(r reply) [][2]uint32 {
+		t.Helper()
+		if r.errno != errnoNone || r.chunkType != chunkBlockStatus {
+			t.Fatalf("block status: %v", r)
+		}
+		if id := binary.BigEndian.Uint32(r.payload); id != allocationContextID {
+			t.Fatalf("context id %d", id)
+		}
+		var out [][2]uint32
+		for rest := r.payload[4:]; len(rest) > 0; rest = rest[8:] {
+			out = append(out, [2]uint32{binary.BigEndian.Uint32(rest), binary.BigEndian.Uint32(rest[4:])})
+		}
+		return out
+	}
+	hole := stateHole | stateZero
+	got := fmt.Sprint(descriptors(c.roundTrip(0, commandBlockStatus, 0, 1<<20, nil)))
+	want := fmt.Sprint([][2]uint32{{8192, hole}, {4096, 0}, {65536 - 12288, hole}, {4096, 0}, {1<<20 - 65536 - 4096, hole}})
+	if got != want {
+		t.Fatalf("extents %s, want %s", got, want)
+	}
+	got = fmt.Sprint(descriptors(c.roundTrip(commandFlagRequestOne, commandBlockStatus, 100, 1<<20-100, nil)))
+	if want := fmt.Sprint([][2]uint32{{8092, hole}}); got != want {
+		t.Fatalf("REQ_ONE extents %s, want %s", got, want)
+	}
+	got = fmt.Sprint(descriptors(c.roundTrip(0, commandBlockStatus, 8192, 10, nil)))
+	if want := fmt.Sprint([][2]uint32{{10, 0}}); got != want {
+		t.Fatalf("short request extents %s, want %s", got, want)
+	}
+	for name, r := range map[string]reply{
+		"zero length":  c.roundTrip(0, commandBlockStatus, 0, 0, nil),
+		"past the end": c.roundTrip(0, commandBlockStatus, 1<<20-10, 11, nil),
+		"DF flag":      c.roundTrip(commandFlagDontFragment, commandBlockStatus, 0, 10, nil),
+	} {
+		if r.errno != errnoInvalid || r.chunkType != chunkError || r.message == "" {
+			t.Errorf("%s: %v", name, r)
+		}
+	}
+	c.disconnect()
+}
+
+func TestEncodeExtents(t *testing.T) {
+	decode := func(b []byte) [][2]uint32 {
+		var out [][2]uint32
+		for ; len(b) > 0; b = b[8:] {
+			out = append(out, [2]uint32{binary.BigEndian.Uint32(b), binary.BigEndian.Uint32(b[4:])})
+		}
+		return out
+	}
+	hole := Extent{Hole: true, Zero: true}
+	data := Extent{}
+	with := func(e Extent, length uint64) Extent { e.Length = length; return e }
+	for _, test := range []struct {
+		name       string
+		extents    []Extent
+		length     uint32
+		requestOne bool
+		want       [][2]uint32
+	}{
+		{"nothing", nil, 100, false, [][2]uint32{{100, 0}}},
+		{"only empty", []Extent{with(hole, 0)}, 100, false, [][2]uint32{{100, 0}}},
+		{"clipped", []Extent{with(hole, 1<<40)}, 100, false, [][2]uint32{{100, 3}}},
+		{"merged", []Extent{with(data, 10), with(data, 10), with(hole, 0), with(data, 5)}, 100, false, [][2]uint32{{25, 0}}},
+		{"short", []Extent{with(data, 10), with(hole, 10)}, 100, false, [][2]uint32{{10, 0}, {10, 3}}},
+		{"request one", []Extent{with(data, 10), with(hole, 10)}, 100, true, [][2]uint32{{10, 0}}},
+		{"request one merged", []Extent{with(data, 10), with(data, 200)}, 100, true, [][2]uint32{{100, 0}}},
+		{"stop at length", []Extent{with(data, 60), with(hole, 60), with(data, 60)}, 100, false, [][2]uint32{{60, 0}, {40, 3}}},
+		{"zero only", []Extent{{Length: 8, Zero: true}}, 8, false, [][2]uint32{{8, 2}}},
+	} {
+		got := decode(encodeExtents(test.extents, test.length, test.requestOne))
+		if fmt.Sprint(got) != fmt.Sprint(test.want) {
+			t.Errorf("%s: %v, want %v", test.name, got, test.want)
+		}
+	}
+	// Alternating extents are capped at the spec's 2^20 descriptors.
+	many := make([]Extent, maximumExtentsPerReply+10)
+	for i := range many {
+		many[i] = Extent{Length: 1, Hole: i%2 == 0}
+	}
+	if got := len(encodeExtents(many, 1<<30, false)) / 8; got != maximumExtentsPerReply {
+		t.Errorf("%d descriptors, want %d", got, maximumExtentsPerReply)
+	}
+}
+
+func TestInvalidRequests(t *testing.T) {
+	for _, structured := range []bool{false, true} {
+		t.Run(fmt.Sprintf("structured=%v", structured), func(t *testing.T) {
+			disk := newMemoryDisk("disk", 1<<20)
+			disk.info.BlockSizeMinimum = 512
+			disk.info.PayloadSizeMaximum = 1 << 20
+			disk.info.CanFUA = false
+			server := startServer(t, newMemoryBackend(disk))
+			c, _, flags := connect(t, server.address, "disk", connectOptions{structured: structured})
+			if flags&transmissionFlagSendFUA != 0 {
+				t.Fatalf("flags %#x advertise FUA", flags)
+			}
+			for _, test := range []struct {
+				name    string
+				flags   uint16
+				command uint16
+				offset  uint64
+				length  uint32
+				payload []byte
+				want    errno
+			}{
+				{"unknown command", 0, 9, 0, 0, nil, errnoInvalid},
+				{"unknown command 8", 0, 8, 0, 0, nil, errnoInvalid},
+				{"unknown flag", 1 << 9, commandRead, 0, 512, nil, errnoInvalid},
+				{"FUA not negotiated", commandFlagFUA, commandWrite, 0, 512, make([]byte, 512), errnoInvalid},
+				{"NO_HOLE on write", commandFlagNoHole, commandWrite, 0, 512, make([]byte, 512), errnoInvalid},
+				{"REQ_ONE on read", commandFlagRequestOne, commandRead, 0, 512, nil, errnoInvalid},
+				{"FAST_ZERO not advertised", commandFlagFastZero, commandWriteZeroes, 0, 512, nil, errnoInvalid},
+				{"read past the end", 0, commandRead, 1<<20 - 512, 1024, nil, errnoInvalid},
+				{"read offset past the end", 0, commandRead, 1 << 40, 512, nil, errnoInvalid},
+				{"read offset overflow", 0, commandRead, 1<<64 - 512, 1024, nil, errnoInvalid},
+				{"write past the end", 0, commandWrite, 1<<20 - 512, 1024, make([]byte, 1024), errnoNoSpace},
+				{"zeroes past the end", 0, commandWriteZeroes, 1 << 20, 512, nil, errnoNoSpace},
+				{"trim past the end", 0, commandTrim, 1 << 20, 512, nil, errnoInvalid},
+				{"cache past the end", 0, commandCache, 1 << 20, 512, nil, errnoInvalid},
+				{"unaligned read", 0, commandRead, 1, 512, nil, errnoInvalid},
+				{"unaligned write", 0, commandWrite, 0, 100, make([]byte, 100), errnoInvalid},
+				{"flush with length", 0, commandFlush, 0, 512, nil, errnoInvalid},
+				{"block status without context", 0, commandBlockStatus, 0, 512, nil, errnoInvalid},
+				{"write over the maximum payload", 0, commandWrite, 0, 1<<20 + 512, make([]byte, 1<<20+512), errnoInvalid},
+			} {
+				r := c.roundTrip(test.flags, test.command, test.offset, test.length, test.payload)
+				if r.errno != test.want {
+					t.Errorf("%s: %v, want errno %d", test.name, r, test.want)
+				}
+				if structured && (r.chunkType != chunkError || r.message == "") {
+					t.Errorf("%s: want an error chunk with a message, got %v", test.name, r)
+				}
+			}
+			// Reads over the maximum payload: EINVAL with simple
+			// replies, EOVERFLOW (retry smaller) with structured ones.
+			want := errnoInvalid
+			if structured {
+				want = errnoOverflow
+			}
+			if r := c.roundTrip(0, commandRead, 0, 1<<20+512, nil); r.errno != want {
+				t.Errorf("oversized read: %v, want %d", r, want)
+			}
+			// The connection still works, and nothing was written.
+			if r := c.roundTrip(0, commandRead, 0, 512, nil); r.errno != errnoNone || !bytes.Equal(r.data, make([]byte, 512)) {
+				t.Fatalf("read after the invalid requests: %v", r)
+			}
+			if disk.allocatedBlocks() != 0 {
+				t.Fatalf("invalid requests allocated %d blocks", disk.allocatedBlocks())
+			}
+			c.disconnect()
+		})
+	}
+}
+
+func TestReadOnlyExport(t *testing.T) {
+	disk := newMemoryDisk("disk", 1<<20)
+	server := startServer(t, newMemoryBackend(disk))
+	c, _, flags := connect(t, server.address, "disk@snapshot", connectOptions{structured: true})
+	if flags&transmissionFlagReadOnly == 0 || flags&(transmissionFlagSendTrim|transmissionFlagSendWriteZeroes) != 0 {
+		t.Fatalf("read-only flags %#x", flags)
+	}
+	for name, r := range map[string]reply{
+		"write":        c.roundTrip(0, commandWrite, 0, 4, []byte{1, 2, 3, 4}),
+		"trim":         c.roundTrip(0, commandTrim, 0, 4096, nil),
+		"write zeroes": c.roundTrip(0, commandWriteZeroes, 0, 4096, nil),
+	} {
+		if r.errno != errnoPermission {
+			t.Errorf("%s on a read-only export: %v, want EPERM", name, r)
+		}
+	}
+	if r := c.roundTrip(0, commandRead, 0, 4, nil); r.errno != errnoNone {
+		t.Fatalf("read: %v", r)
+	}
+	if disk.allocatedBlocks() != 0 {
+		t.Fatalf("a read-only export was written")
+	}
+	c.disconnect()
+}
+
+func TestFastZero(t *testing.T) {
+	disk := newMemoryDisk("disk", 1<<20)
+	disk.info.CanFastZero = true
+	server := startServer(t, newMemoryBackend(disk))
+	c, _, flags := connect(t, server.address, "disk", connectOptions{})
+	if flags&transmissionFlagSendFastZero == 0 {
+		t.Fatalf("flags %#x without NBD_FLAG_SEND_FAST_ZERO", flags)
+	}
+	if r := c.roundTrip(commandFlagFastZero, commandWriteZeroes, 0, 1<<20, nil); r.errno != errnoNone {
+		t.Fatalf("fast zero: %v", r)
+	}
+	c.disconnect()
+}
+
+func TestBackendErrorsMapToErrno(t *testing.T) {
+	disk := newMemoryDisk("disk", 1<<20)
+	var injected atomic.Pointer[error]
+	disk.gate = func(ctx context.Context, operation string) error {
+		if err := injected.Load(); err != nil {
+			return *err
+		}
+		return nil
+	}
+	server := startServer(t, newMemoryBackend(disk))
+	c, _, _ := connect(t, server.address, "disk", connectOptions{structured: true})
+	for _, test := range []struct {
+		err  error
+		want errno
+	}{
+		{fmt.Errorf("gateway: replica down: %w", ErrIO), errnoInputOutput},
+		{fmt.Errorf("gateway: %w", ErrNoSpace), errnoNoSpace},
+		{syscall.EDQUOT, errnoNoSpace},
+		{ErrReadOnly, errnoPermission},
+		{ErrInvalid, errnoInvalid},
+		{ErrShutdown, errnoShutdown},
+		{errors.New("something else"), errnoInputOutput},
+	} {
+		injected.Store(&test.err)
+		r := c.roundTrip(0, commandWrite, 0, 4, []byte{1, 2, 3, 4})
+		if r.errno != test.want || r.message != test.err.Error() {
+			t.Errorf("%v: %v, want errno %d", test.err, r, test.want)
+		}
+		r = c.roundTrip(0, commandRead, 0, 4, nil)
+		if r.errno != test.want || r.chunkType != chunkError {
+			t.Errorf("read with %v: %v, want errno %d", test.err, r, test.want)
+		}
+	}
+	c.disconnect()
+}
+
+func TestErrnoFor(t *testing.T) {
+	for _, test := range []struct {
+		err  error
+		want errno
+	}{
+		{nil, errnoNone},
+		{ErrPermission, errnoPermission},
+		{syscall.EROFS, errnoPermission},
+		{ErrIO, errnoInputOutput},
+		{ErrNoSpace, errnoNoSpace},
+		{syscall.EFBIG, errnoNoSpace},
+		{ErrInvalid, errnoInvalid},
+		{ErrOverflow, errnoOverflow},
+		{ErrNotSupported, errnoNotSupported},
+		{context.Canceled, errnoShutdown},
+		{context.DeadlineExceeded, errnoInputOutput},
+		{fmt.Errorf("wrapped twice: %w", fmt.Errorf("once: %w", ErrNoSpace)), errnoNoSpace},
+		{io.ErrUnexpectedEOF, errnoInputOutput},
+	} {
+		if got := errnoFor(test.err); got != test.want {
+			t.Errorf("errnoFor(%v) = %d, want %d", test.err, got, test.want)
+		}
+	}
+}
+
+// TestRequestsAreServedConcurrently sends requests that each wait for all
+// the others to have started: they complete only if the server does not
+// serialise them.
+func TestRequestsAreServedConcurrently(t *testing.T) {
+	const requests = 16
+	disk := newMemoryDisk("disk", 1<<20)
+	var started sync.WaitGroup
+	started.Add(requests)
+	disk.gate = func(ctx context.Context, operation string) error {
+		started.Done()
+		started.Wait()
+		return nil
+	}
+	server := startServer(t, newMemoryBackend(disk))
+	c, _, _ := connect(t, server.address, "disk", connectOptions{structured: true})
+	for i := range requests {
+		if i%2 == 0 {
+			c.sendRequest(0, commandRead, uint64(i), uint64(i)*4096, 4096, nil)
+		} else {
+			c.sendRequest(0, commandWrite, uint64(i), uint64(i)*4096, 4096, pattern(byte(i), 4096))
+		}
+	}
+	seen := map[uint64]bool{}
+	for range requests {
+		r := c.readReply()
+		if r.errno != errnoNone || seen[r.cookie] {
+			t.Fatalf("reply %v (duplicate: %v)", r, seen[r.cookie])
+		}
+		seen[r.cookie] = true
+	}
+	c.disconnect()
+}
+
+// TestInFlightLimits checks both bounds: requests in flight and buffered
+// bytes.
+func TestInFlightLimits(t *testing.T) {
+	for _, test := range []struct {
+		name         string
+		maxRequests  int
+		maxBytes     int64
+		length       uint32
+		wantInFlight int64
+	}{
+		{"requests", 4, 0, 4096, 4},
+		{"bytes", 64, 32 << 20, 8 << 20, 4},
+	} {
+		t.Run(test.name, func(t *testing.T) {
+			disk := newMemoryDisk("disk", 64<<20)
+			var inFlight, peak atomic.Int64
+			release := make(chan struct{})
+			disk.gate = func(ctx context.Context, operation string) error {
+				n := inFlight.Add(1)
+				for {
+					old := peak.Load()
+					if n <= old || peak.CompareAndSwap(old, n) {
+						break
+					}
+				}
+				<-release
+				inFlight.Add(-1)
+				return nil
+			}
+			server := startServer(t, newMemoryBackend(disk), func(s *Server) {
+				s.MaxRequestsInFlight = test.maxRequests
+				s.MaxBufferedBytes = test.maxBytes
+			})
+			c, _, _ := connect(t, server.address, "disk", connectOptions{})
+			const requests = 8
+			go func() {
+				for i := range requests {
+					c.sendRequest(0, commandRead, uint64(i), uint64(i)*uint64(test.length), test.length, nil)
+				}
+			}()
+			waitFor(t, "requests to reach the limit", func() bool { return inFlight.Load() == test.wantInFlight })
+			// The bound holds for a while: nothing more is dispatched.
+			deadline := time.Now().Add(100 * time.Millisecond)
+			for time.Now().Before(deadline) {
+				if n := inFlight.Load(); n > test.wantInFlight {
+					t.Fatalf("%d requests in flight, limit %d", n, test.wantInFlight)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			close(release)
+			for range requests {
+				if r := c.readReply(); r.errno != errnoNone {
+					t.Fatalf("reply %v", r)
+				}
+			}
+			if peak.Load() != test.wantInFlight {
+				t.Fatalf("peak %d in flight, want %d", peak.Load(), test.wantInFlight)
+			}
+			c.disconnect()
+		})
+	}
+}
+
+func TestDisconnectWaitsForRequestsInFlight(t *testing.T) {
+	disk := newMemoryDisk("disk", 1<<20)
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	disk.gate = func(ctx context.Context, operation string) error {
+		entered <- struct{}{}
+		<-release
+		return nil
+	}
+	server := startServer(t, newMemoryBackend(disk))
+	c, _, _ := connect(t, server.address, "disk", connectOptions{})
+	c.sendRequest(0, commandWrite, 7, 0, 4, []byte{9, 9, 9, 9})
+	c.sendRequest(0, commandDisconnect, 8, 0, 0, nil)
+	<-entered
+	if disk.closes.Load() != 0 {
+		t.Fatalf("export closed with a request in flight")
+	}
+	close(release)
+	if r := c.readReply(); r.cookie != 7 || r.errno != errnoNone {
+		t.Fatalf("reply %v", r)
+	}
+	c.expectClosed()
+	waitFor(t, "the export to be closed", func() bool { return disk.closes.Load() == 1 })
+	if got := disk.contents()[:4]; !bytes.Equal(got, []byte{9, 9, 9, 9}) {
+		t.Fatalf("write lost: %v", got)
+	}
+}
+
+func TestClientVanishingMidRequest(t *testing.T) {
+	disk := newMemoryDisk("disk", 64<<20)
+	server := startServer(t, newMemoryBackend(disk))
+	for name, send := range map[string]func(c *testClient){
+		"half a header": func(c *testClient) { c.write([]byte{0x25, 0x60, 0x95}) },
+		"half a payload": func(c *testClient) {
+			header := make([]byte, requestHeaderLength)
+			binary.BigEndian.PutUint32(header, magicRequest)
+			binary.BigEndian.PutUint16(header[6:], commandWrite)
+			binary.BigEndian.PutUint32(header[24:], 8<<20)
+			c.write(append(header, make([]byte, 1<<20)...))
+		},
+		"requests in flight": func(c *testClient) {
+			for i := range 32 {
+				c.sendRequest(0, commandRead, uint64(i), 0, 4<<20, nil)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			opens := disk.opens.Load()
+			c, _, _ := connect(t, server.address, "disk", connectOptions{})
+			send(c)
+			c.conn.Close()
+			waitFor(t, "the export to be closed", func() bool { return disk.closes.Load() == opens+1 })
+			waitFor(t, "buffers to be returned", func() bool { return server.buffersOutstanding.Load() == 0 })
+		})
+	}
+	// The server still serves others.
+	c, _, _ := connect(t, server.address, "disk", connectOptions{})
+	if r := c.roundTrip(0, commandRead, 0, 512, nil); r.errno != errnoNone {
+		t.Fatalf("read: %v", r)
+	}
+	c.disconnect()
+}
+
+func TestGarbageAfterHandshake(t *testing.T) {
+	disk := newMemoryDisk("disk", 1<<20)
+	server := startServer(t, newMemoryBackend(disk))
+	random := rand.New(rand.NewPCG(1, 2))
+	for i := range 20 {
+		c, _, _ := connect(t, server.address, "disk", connectOptions{structured: i%2 == 0})
+		garbage := make([]byte, requestHeaderLength+random.IntN(4096))
+		for j := range garbage {
+			garbage[j] = byte(random.Uint32())
+		}
+		c.write(garbage)
+		// The magic check fails: the server hangs up.
+		c.expectClosed()
+	}
+	// Garbage instead of a handshake.
+	for range 5 {
+		c := dial(t, server.address)
+		c.readFull(18)
+		c.write(bytes.Repeat([]byte{0xff}, 64))
+		c.expectClosed()
+	}
+	waitFor(t, "exports to be closed", func() bool { return disk.closes.Load() == disk.opens.Load() })
+	c, _, _ := connect(t, server.address, "disk", connectOptions{})
+	c.disconnect()
+}
+
+func TestOversizedWriteDisconnects(t *testing.T) {
+	disk := newMemoryDisk("disk", 1<<30)
+	server := startServer(t, newMemoryBackend(disk))
+	c, _, _ := connect(t, server.address, "disk", connectOptions{})
+	c.sendRequest(0, commandWrite, 1, 0, maximumPayloadLength+1, nil)
+	c.expectClosed()
+}
+
+func TestBackendPanicDropsOnlyThatConnection(t *testing.T) {
+	disk := newMemoryDisk("disk", 1<<20)
+	disk.gate = func(ctx context.Context, operation string) error {
+		if operation == "trim" {
+			panic("backend bug")
+		}
+		return nil
+	}
+	server := startServer(t, newMemoryBackend(disk))
+	c, _, _ := connect(t, server.address, "disk", connectOptions{})
+	c.sendRequest(0, commandTrim, 1, 0, 4096, nil)
+	c.expectClosed()
+	other, _, _ := connect(t, server.address, "disk", connectOptions{})
+	if r := other.roundTrip(0, commandRead, 0, 512, nil); r.errno != errnoNone {
+		t.Fatalf("read: %v", r)
+	}
+	other.disconnect()
+}
+
+func TestShutdownIsGraceful(t *testing.T) {
+	disk := newMemoryDisk("disk", 1<<20)
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	disk.gate = func(ctx context.Context, operation string) error {
+		if operation == "write" {
+			entered <- struct{}{}
+			<-release
+		}
+		return nil
+	}
+	server := startServer(t, newMemoryBackend(disk))
+	c, _, _ := connect(t, server.address, "disk", connectOptions{})
+	c.sendRequest(0, commandWrite, 5, 0, 4, []byte{1, 2, 3, 4})
+	<-entered
+	closed := make(chan error, 1)
+	go func() { closed <- server.Close() }()
+	// New connections are refused while the request is in flight.
+	waitFor(t, "the listener to close", func() bool {
+		conn, err := net.DialTimeout("tcp", server.address, time.Second)
+		if err == nil {
+			conn.Close()
+		}
+		return err != nil
+	})
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) with a request in flight", err)
+	default:
+	}
+	close(release)
+	if r := c.readReply(); r.cookie != 5 || r.errno != errnoNone {
+		t.Fatalf("reply %v", r)
+	}
+	c.expectClosed()
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+}
+
+func TestShutdownDeadlineCancelsRequests(t *testing.T) {
+	disk := newMemoryDisk("disk", 1<<20)
+	entered := make(chan struct{}, 1)
+	disk.gate = func(ctx context.Context, operation string) error {
+		entered <- struct{}{}
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	server := startServer(t, newMemoryBackend(disk))
+	c, _, _ := connect(t, server.address, "disk", connectOptions{})
+	c.sendRequest(0, commandFlush, 5, 0, 0, nil)
+	<-entered
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := server.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	c.expectClosed()
+}
+
+func TestServeContextCancellation(t *testing.T) {
+	listener, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := newTestBackend()
+	server := &Server{Backend: backend, Logger: testLogger()}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- server.Serve(ctx, listener) }()
+	c, _, _ := connect(t, listener.Addr().String(), "disk", connectOptions{})
+	if r := c.roundTrip(0, commandRead, 0, 512, nil); r.errno != errnoNone {
+		t.Fatalf("read: %v", r)
+	}
+	cancel()
+	c.expectClosed()
+	select {
+	case err := <-served:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Serve: %v", err)
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("Serve did not return")
+	}
+	if err := server.Serve(context.Background(), listener); !errors.Is(err, ErrServerClosed) {
+		t.Fatalf("Serve after shutdown: %v", err)
+	}
+}
+
+func TestHandshakeTimeout(t *testing.T) {
+	server := startServer(t, newTestBackend(), func(s *Server) { s.HandshakeTimeout = 100 * time.Millisecond })
+	c := dial(t, server.address)
+	c.greet(clientFlagFixedNewstyle)
+	c.expectClosed()
+}

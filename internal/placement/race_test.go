@@ -1,0 +1,6 @@
+//go:build race
+
+package placement
+
+// raceEnabled makes the long simulations quick (see quick).
+const raceEnabled = true

@@ -1,0 +1,95 @@
+package store
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+)
+
+// The object file header. The first headerSize bytes of every object file
+// are reserved for it so that object data starts 4 KiB aligned in the file
+// (file offset = headerSize + object offset): an aligned guest write then
+// maps onto whole file system blocks. Only the first headerLength bytes are
+// written; the rest of the block is a hole and reads as zeros.
+//
+//	offset size field
+//	     0    8 magic "HERDOBJ1"
+//	     8    4 format version (1)
+//	    12    4 flags (headerDamaged)
+//	    16    8 object id
+//	    24    8 epoch stamp: the epoch at which the copy was last written
+//	    32    4 data offset (4096)
+//	    36   24 reserved, zero
+//	    60    4 CRC32C (Castagnoli) of bytes 0-59
+//
+// All integers are little-endian. A restamp rewrites these 64 bytes with
+// one pwrite: they lie in one sector, so a crash leaves either the old or
+// the new header on disks with atomic sector writes, and the CRC catches a
+// torn one on the others.
+const (
+	headerSize    = 4096
+	headerLength  = 64
+	headerMagic   = "HERDOBJ1"
+	headerVersion = 1
+
+	// headerDamaged marks a copy whose data sync failed: what the kernel
+	// dropped is unknown, so the copy is never read again (see flush.go).
+	headerDamaged    uint32 = 1 << 0
+	headerFlagsKnown        = headerDamaged
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+type header struct {
+	flags uint32
+	oid   uint64
+	epoch uint64
+}
+
+func (h header) encode() [headerLength]byte {
+	var b [headerLength]byte
+	copy(b[0:8], headerMagic)
+	binary.LittleEndian.PutUint32(b[8:], headerVersion)
+	binary.LittleEndian.PutUint32(b[12:], h.flags)
+	binary.LittleEndian.PutUint64(b[16:], h.oid)
+	binary.LittleEndian.PutUint64(b[24:], h.epoch)
+	binary.LittleEndian.PutUint32(b[32:], headerSize)
+	binary.LittleEndian.PutUint32(b[60:], crc32.Checksum(b[:60], castagnoli))
+	return b
+}
+
+// decodeHeader parses and checks the header of the file that should hold
+// object oid. Its error says what is wrong; the caller wraps it in
+// ErrCorrupt. b comes from disk, so nothing in it is trusted.
+func decodeHeader(b []byte, oid uint64) (header, error) {
+	if len(b) < headerLength {
+		return header{}, fmt.Errorf("header truncated to %d bytes", len(b))
+	}
+	if string(b[0:8]) != headerMagic {
+		return header{}, fmt.Errorf("bad magic %q", b[0:8])
+	}
+	if sum, want := crc32.Checksum(b[:60], castagnoli), binary.LittleEndian.Uint32(b[60:]); sum != want {
+		return header{}, fmt.Errorf("header checksum %08x, want %08x", sum, want)
+	}
+	if version := binary.LittleEndian.Uint32(b[8:]); version != headerVersion {
+		return header{}, fmt.Errorf("unknown format version %d", version)
+	}
+	if offset := binary.LittleEndian.Uint32(b[32:]); offset != headerSize {
+		return header{}, fmt.Errorf("data offset %d, want %d", offset, headerSize)
+	}
+	h := header{
+		flags: binary.LittleEndian.Uint32(b[12:]),
+		oid:   binary.LittleEndian.Uint64(b[16:]),
+		epoch: binary.LittleEndian.Uint64(b[24:]),
+	}
+	if unknown := h.flags &^ headerFlagsKnown; unknown != 0 {
+		return header{}, fmt.Errorf("unknown header flags %#x", unknown)
+	}
+	if h.oid != oid {
+		return header{}, fmt.Errorf("header names object %016x", h.oid)
+	}
+	if h.flags&headerDamaged != 0 {
+		return header{}, fmt.Errorf("copy marked damaged by a failed sync")
+	}
+	return h, nil
+}

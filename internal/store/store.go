@@ -1,0 +1,502 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// MaxObjectSize bounds an object: offset+length of every request must not
+// exceed it. The cluster's object size (4 MiB by default, configurable per
+// VDI) is not known to the store.
+const MaxObjectSize = 256 << 20
+
+// reserveDefaultMax is the largest default reserve (see Options.ReserveBytes).
+const reserveDefaultMax = 1 << 30
+
+// Disk is one local disk (a mounted file system, or a directory on one)
+// given to the store.
+type Disk struct {
+	// Path is the directory; it must exist. The store keeps its objects in
+	// Path/objects.
+	Path string
+	// Weight is the disk's share of new objects relative to the others;
+	// 0 means the file system's size in bytes.
+	Weight uint64
+}
+
+// Options configure Open.
+type Options struct {
+	// Disks are the disks of this node. Each object lives on one of them.
+	Disks []Disk
+	// Logger receives damage reports and unusual events; nil discards.
+	Logger *slog.Logger
+	// OpenFiles is the size of the fd cache (default 1024).
+	OpenFiles int
+	// ReserveBytes is the free space below which a disk refuses new
+	// objects (writes to existing objects go on, so VDIs keep working
+	// while an operator adds capacity). 0 means the default: 5% of the
+	// disk, at most 1 GiB. A negative value disables the reserve.
+	ReserveBytes int64
+	// DiskSpace reports a disk's free and total space; nil uses statfs(2).
+	// Tests inject a full disk with it.
+	DiskSpace func(path string) (Space, error)
+}
+
+// WriteFlags qualify a write, WriteZeroes or Trim.
+type WriteFlags uint8
+
+const (
+	// Create creates the object if it does not exist; without it a
+	// missing object gives ErrNotFound.
+	Create WriteFlags = 1 << iota
+	// Sync (force unit access) makes the operation durable before it
+	// returns: the data, the header and, for a new object, its directory
+	// entries.
+	Sync
+	// NoHole makes WriteZeroes allocate the range (zeros are written)
+	// instead of punching a hole. Ignored by Write and Trim.
+	NoHole
+
+	writeFlagsKnown = Create | Sync | NoHole
+)
+
+// Info describes an object's copy.
+type Info struct {
+	// Epoch is the copy's epoch stamp: the epoch at which it was last
+	// written (or restamped by SetEpoch after recovery).
+	Epoch uint64
+	// LengthBytes is the object's length: the end of the highest byte
+	// ever written. Bytes beyond it, and holes below it, read as zeros.
+	LengthBytes uint64
+	// AllocatedBytes is the disk space the file uses, header included
+	// (st_blocks * 512).
+	AllocatedBytes uint64
+	// Damaged is set by List for a copy that cannot be read: corrupt
+	// header, or a failed sync. It must be removed and recovered.
+	Damaged bool
+}
+
+// Store is the object store of one node. All its methods are safe for
+// concurrent use, also on the same object: requests for different objects
+// share no lock held across I/O, and requests for the same object run
+// concurrently except Remove, which waits for them.
+type Store struct {
+	disks              []*diskState
+	logger             *slog.Logger
+	space              func(string) (Space, error)
+	reserveBytes       int64
+	writebackThreshold int
+
+	shards     []cacheShard
+	openFiles  atomic.Int64 // object files open now
+	dirty      []dirtyShard
+	dirtyCount atomic.Int64 // handles in the dirty set
+
+	closed atomic.Bool
+	// backgroundMu orders starting a background writeback (background.Add)
+	// before Close's background.Wait, as sync.WaitGroup requires.
+	backgroundMu     sync.Mutex
+	background       sync.WaitGroup
+	writebackRunning atomic.Bool
+
+	// flushMu guards flushNext and flushRunning.
+	flushMu      sync.Mutex
+	flushNext    *flushRound // the round new Flush calls join; not started
+	flushRunning *flushRound
+
+	// damagedMu guards damaged: copies whose fdatasync failed.
+	damagedMu sync.Mutex
+	damaged   map[uint64]*ObjectError
+
+	// datasync and dirsync are fdatasync(2) and fsync(2); tests replace
+	// them to count calls or inject failures.
+	datasync func(*os.File) error
+	dirsync  func(*os.File) error
+}
+
+// Open opens the store on its disks, creating the objects directories if
+// needed. It first syncs each disk's file system (syncfs), so that whatever
+// an earlier process left in the page cache is durable: afterwards the only
+// state not on stable storage is what this Store wrote.
+func Open(options Options) (*Store, error) {
+	if options.OpenFiles < 0 {
+		return nil, fmt.Errorf("%w: OpenFiles %d", ErrInvalid, options.OpenFiles)
+	}
+	if options.OpenFiles == 0 {
+		options.OpenFiles = 1024
+	}
+	if options.Logger == nil {
+		options.Logger = slog.New(slog.DiscardHandler)
+	}
+	if options.DiskSpace == nil {
+		options.DiskSpace = statfsSpace
+	}
+	disks, err := openDisks(options.Disks, options.DiskSpace)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range disks {
+		if err := syncfs(d.root); err != nil {
+			return nil, fmt.Errorf("store: disk %s: %w", d.root, &classifiedError{kind: classify(err), err: err})
+		}
+	}
+	shardCount, capacity := shardCounts(options.OpenFiles)
+	s := &Store{
+		disks:              disks,
+		logger:             options.Logger,
+		space:              options.DiskSpace,
+		reserveBytes:       options.ReserveBytes,
+		writebackThreshold: max(options.OpenFiles/2, 1),
+		shards:             make([]cacheShard, shardCount),
+		dirty:              make([]dirtyShard, shardCount),
+		damaged:            make(map[uint64]*ObjectError),
+		datasync:           fdatasync,
+		dirsync:            fsyncDir,
+	}
+	for i := range s.shards {
+		s.shards[i].handles = make(map[uint64]*handle)
+		s.shards[i].capacity = capacity
+	}
+	return s, nil
+}
+
+// Close flushes (see Flush, whose error it returns) and closes the store.
+// Calls still running may finish; later calls fail with ErrClosed.
+func (s *Store) Close() error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return ErrClosed
+	}
+	err := s.flush()
+	s.backgroundMu.Lock() // no writeback starts after this: closed is set
+	s.backgroundMu.Unlock()
+	s.background.Wait()
+	for i := range s.shards {
+		shard := &s.shards[i]
+		var victims []*handle
+		shard.mu.Lock()
+		for oid, h := range shard.handles {
+			delete(shard.handles, oid)
+			h.inMap = false
+			h.elem = nil
+			if h.refs == 0 && !h.closed && h.file != nil {
+				h.closed = true
+				victims = append(victims, h)
+			}
+		}
+		shard.lru.Init()
+		shard.mu.Unlock()
+		s.closeHandles(victims)
+	}
+	return err
+}
+
+// checkRange rejects a request beyond MaxObjectSize.
+func checkRange(op string, oid uint64, offset, length uint64) error {
+	if offset+length > MaxObjectSize {
+		return &ObjectError{Op: op, OID: oid, Kind: ErrInvalid,
+			Err: fmt.Errorf("range %d+%d ends beyond the maximum object size %d", offset, length, MaxObjectSize)}
+	}
+	return nil
+}
+
+func checkFlags(op string, oid uint64, flags WriteFlags) error {
+	if unknown := flags &^ writeFlagsKnown; unknown != 0 {
+		return &ObjectError{Op: op, OID: oid, Kind: ErrInvalid, Err: fmt.Errorf("unknown flags %#x", uint8(unknown))}
+	}
+	return nil
+}
+
+// with runs fn on the handle of object oid, held against eviction and
+// Remove for the duration.
+func (s *Store) with(op string, oid uint64, mode access, epoch uint64, fn func(h *handle) error) error {
+	for {
+		h, err := s.acquire(op, oid, mode, epoch)
+		if err != nil {
+			return err
+		}
+		h.life.RLock()
+		if h.removed {
+			// Removed while we waited; the cache no longer has it, so
+			// the next acquire opens (or creates) afresh.
+			h.life.RUnlock()
+			s.release(h)
+			continue
+		}
+		err = h.usable()
+		if err == nil {
+			err = fn(h)
+		}
+		h.life.RUnlock()
+		s.release(h)
+		return err
+	}
+}
+
+// Read fills p with the object's bytes at offset: holes and bytes beyond
+// the object's length read as zeros. It returns the copy's epoch stamp in
+// Info.Epoch (the other fields are not filled), ErrNotFound for a missing
+// object and ErrCorrupt for a damaged copy.
+func (s *Store) Read(oid uint64, p []byte, offset uint32) (Info, error) {
+	if err := checkRange("read", oid, uint64(offset), uint64(len(p))); err != nil {
+		return Info{}, err
+	}
+	var info Info
+	err := s.with("read", oid, accessExisting, 0, func(h *handle) error {
+		info.Epoch = h.epoch.Load()
+		n, err := h.file.ReadAt(p, headerSize+int64(offset))
+		if err != nil && !errors.Is(err, io.EOF) {
+			return objectError("read", oid, h.path, err)
+		}
+		clear(p[n:]) // beyond the end of the file
+		return nil
+	})
+	return info, err
+}
+
+// Write writes p at offset in the object and stamps the copy with epoch.
+// When it returns nil the kernel has the data (a later Read sees it); it
+// is durable after a Flush or Sync, or at once with the Sync flag.
+func (s *Store) Write(oid uint64, p []byte, offset uint32, epoch uint64, flags WriteFlags) error {
+	if err := checkRange("write", oid, uint64(offset), uint64(len(p))); err != nil {
+		return err
+	}
+	if err := checkFlags("write", oid, flags); err != nil {
+		return err
+	}
+	return s.with("write", oid, modeFor(flags), epoch, func(h *handle) error {
+		if err := s.stamp("write", h, epoch); err != nil {
+			return err
+		}
+		if len(p) > 0 {
+			if _, err := h.file.WriteAt(p, headerSize+int64(offset)); err != nil {
+				return objectError("write", oid, h.path, err)
+			}
+			s.markDirty(h)
+		}
+		if flags&Sync != 0 {
+			return s.syncObject("write", h)
+		}
+		return nil
+	})
+}
+
+func modeFor(flags WriteFlags) access {
+	if flags&Create != 0 {
+		return accessCreate
+	}
+	return accessExisting
+}
+
+// WriteZeroes makes length bytes at offset read as zeros: it punches a
+// hole (the range frees its blocks), or with NoHole writes zeros (the range
+// stays allocated, so a later write there cannot fail for lack of space).
+// Stamps, flags and durability are as for Write.
+func (s *Store) WriteZeroes(oid uint64, offset, length uint32, epoch uint64, flags WriteFlags) error {
+	return s.zero("write zeroes", oid, offset, length, epoch, flags, flags&NoHole != 0)
+}
+
+// Trim discards length bytes at offset: it punches a hole, so the range
+// reads as zeros afterwards. Stamps, flags and durability are as for Write.
+func (s *Store) Trim(oid uint64, offset, length uint32, epoch uint64, flags WriteFlags) error {
+	return s.zero("trim", oid, offset, length, epoch, flags, false)
+}
+
+func (s *Store) zero(op string, oid uint64, offset, length uint32, epoch uint64, flags WriteFlags, allocate bool) error {
+	if err := checkRange(op, oid, uint64(offset), uint64(length)); err != nil {
+		return err
+	}
+	if err := checkFlags(op, oid, flags); err != nil {
+		return err
+	}
+	return s.with(op, oid, modeFor(flags), epoch, func(h *handle) error {
+		if err := s.stamp(op, h, epoch); err != nil {
+			return err
+		}
+		if length > 0 {
+			if err := zeroRange(h.file, headerSize+int64(offset), int64(length), allocate); err != nil {
+				return objectError(op, oid, h.path, err)
+			}
+			s.markDirty(h)
+		}
+		if flags&Sync != 0 {
+			return s.syncObject(op, h)
+		}
+		return nil
+	})
+}
+
+// zeroBuffer is written where the file system cannot zero a range itself.
+// Only ever read.
+var zeroBuffer [64 << 10]byte
+
+// zeroRange makes [offset, offset+length) of f read as zeros: a hole
+// (FALLOC_FL_PUNCH_HOLE, which requires KEEP_SIZE: a range beyond the end
+// of the file reads as zeros anyway), or allocated zeros
+// (FALLOC_FL_ZERO_RANGE, which extends the file like a write of zeros
+// would). File systems without these modes get written zeros.
+func zeroRange(f *os.File, offset, length int64, allocate bool) error {
+	mode := uint32(unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE)
+	if allocate {
+		mode = unix.FALLOC_FL_ZERO_RANGE
+	}
+	err := fallocate(f, mode, offset, length)
+	if err == nil || !unsupported(err) {
+		return err
+	}
+	for length > 0 {
+		n := min(length, int64(len(zeroBuffer)))
+		if _, err := f.WriteAt(zeroBuffer[:n], offset); err != nil {
+			return err
+		}
+		offset += n
+		length -= n
+	}
+	return nil
+}
+
+// stamp sets the copy's epoch stamp, rewriting the header only when it
+// changes: writes in the same epoch only load the cached stamp.
+func (s *Store) stamp(op string, h *handle, epoch uint64) error {
+	if h.epoch.Load() == epoch {
+		return nil
+	}
+	h.hdrMu.Lock()
+	defer h.hdrMu.Unlock()
+	if h.epoch.Load() == epoch {
+		return nil
+	}
+	encoded := header{flags: h.hdrFlags, oid: h.oid, epoch: epoch}.encode()
+	if _, err := h.file.WriteAt(encoded[:], 0); err != nil {
+		return objectError(op, h.oid, h.path, fmt.Errorf("stamp epoch %d: %w", epoch, err))
+	}
+	h.epoch.Store(epoch)
+	s.markDirty(h)
+	return nil
+}
+
+// SetEpoch restamps the copy with epoch without touching its data:
+// recovery proves a copy current for a new epoch. Durable after Flush or
+// Sync.
+func (s *Store) SetEpoch(oid uint64, epoch uint64) error {
+	return s.with("set epoch", oid, accessExisting, 0, func(h *handle) error {
+		return s.stamp("set epoch", h, epoch)
+	})
+}
+
+// Sync makes the object's completed writes durable: its data, header and
+// directory entries.
+func (s *Store) Sync(oid uint64) error {
+	return s.with("sync", oid, accessExisting, 0, func(h *handle) error {
+		return s.syncObject("sync", h)
+	})
+}
+
+// Stat describes the object's copy: ErrNotFound if missing, ErrCorrupt if
+// damaged.
+func (s *Store) Stat(oid uint64) (Info, error) {
+	var info Info
+	err := s.with("stat", oid, accessExisting, 0, func(h *handle) error {
+		var err error
+		info, err = handleInfo(h)
+		return err
+	})
+	return info, err
+}
+
+// handleInfo describes an open copy. The caller holds h.life.
+func handleInfo(h *handle) (Info, error) {
+	fileInfo, err := h.file.Stat()
+	if err != nil {
+		return Info{}, objectError("stat", h.oid, h.path, err)
+	}
+	return fileSizes(fileInfo, h.epoch.Load()), nil
+}
+
+func fileSizes(fileInfo os.FileInfo, epoch uint64) Info {
+	info := Info{Epoch: epoch}
+	if size := fileInfo.Size(); size > headerSize {
+		info.LengthBytes = uint64(size - headerSize)
+	}
+	if st, ok := fileInfo.Sys().(*syscall.Stat_t); ok {
+		info.AllocatedBytes = uint64(st.Blocks) * 512
+	}
+	return info
+}
+
+// Remove deletes the object's copy, damaged or not. It waits for the
+// requests on the object that are running, and returns ErrNotFound if
+// there is no copy. The removal is durable after the next Flush.
+func (s *Store) Remove(oid uint64) error {
+	for {
+		h, err := s.acquire("remove", oid, accessRemove, 0)
+		if err != nil {
+			return err
+		}
+		h.life.Lock()
+		if h.removed {
+			h.life.Unlock()
+			s.release(h)
+			continue
+		}
+		if err := os.Remove(h.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			h.life.Unlock()
+			s.release(h)
+			return objectError("remove", oid, h.path, err)
+		}
+		h.removed = true
+		h.disk.fanout[h.fanout].changed.Add(1)
+		s.forgetDamage(h)
+		s.drop(h) // before unlocking life, so waiters retry without it
+		h.life.Unlock()
+		s.release(h)
+		return nil
+	}
+}
+
+// Usage sums the disks' space: used is their total size minus what is
+// still free to the store, capacity their total size. Disks are expected to
+// be separate file systems; two disks on one file system count it twice.
+func (s *Store) Usage() (used, capacity uint64, err error) {
+	for _, d := range s.disks {
+		space, err := s.space(d.root)
+		if err != nil {
+			return 0, 0, fmt.Errorf("store: disk %s: %w", d.root, &classifiedError{kind: classify(err), err: err})
+		}
+		capacity += space.TotalBytes
+		used += space.TotalBytes - min(space.FreeBytes, space.TotalBytes)
+	}
+	return used, capacity, nil
+}
+
+// reserveFor is the reserve of a disk of total bytes.
+func (s *Store) reserveFor(total uint64) uint64 {
+	switch {
+	case s.reserveBytes < 0:
+		return 0
+	case s.reserveBytes > 0:
+		return uint64(s.reserveBytes)
+	}
+	return min(total/20, reserveDefaultMax)
+}
+
+// checkReserve refuses a new object on a disk whose free space is below its
+// reserve.
+func (s *Store) checkReserve(d *diskState, oid uint64) error {
+	space, err := s.space(d.root)
+	if err != nil {
+		return objectError("create", oid, d.root, err)
+	}
+	if reserve := s.reserveFor(space.TotalBytes); space.FreeBytes < reserve {
+		return &ObjectError{Op: "create", OID: oid, Kind: ErrNoSpace,
+			Err: fmt.Errorf("disk %s has %d bytes free, below its reserve of %d", d.root, space.FreeBytes, reserve)}
+	}
+	return nil
+}

@@ -1,0 +1,147 @@
+package testcluster
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// BinaryVariable names an environment variable holding the path of a
+// prebuilt herd binary to use instead of building one, for example one built
+// with -race.
+const BinaryVariable = "HERD_TEST_BINARY"
+
+const (
+	// modulePath is the module whose ./cmd/herd Binary builds.
+	modulePath = "github.com/herd-storage/herd"
+	// buildDirectoryPattern names the directories Binary builds into, under
+	// os.TempDir().
+	buildDirectoryPattern = "herd-testcluster-bin-*"
+	// ownerFile, inside a build directory, holds the ownerRecord of the test
+	// process that built it.
+	ownerFile = "owner"
+)
+
+// build holds the result of the one build per test process.
+var build struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// Binary returns the path of a herd binary built from this module's
+// ./cmd/herd, or the path in $HERD_TEST_BINARY when that is set. The build
+// runs once per test process, however many tests and clusters ask for it; a
+// build failure fails every test that asks.
+func Binary(t testing.TB) string {
+	t.Helper()
+	build.once.Do(func() {
+		build.path, build.err = buildBinary()
+	})
+	if build.err != nil {
+		t.Fatalf("%v", build.err)
+	}
+	return build.path
+}
+
+// buildBinary builds ./cmd/herd into a fresh directory under os.TempDir().
+// The directory outlives the test process (a test package has no hook that
+// runs after its last test), so each build first removes the directories of
+// earlier test processes that have exited.
+func buildBinary() (string, error) {
+	if path := os.Getenv(BinaryVariable); path != "" {
+		absolute, err := filepath.Abs(path)
+		if err != nil {
+			return "", fmt.Errorf("testcluster: $%s: %w", BinaryVariable, err)
+		}
+		if _, err := os.Stat(absolute); err != nil {
+			return "", fmt.Errorf("testcluster: $%s: %w", BinaryVariable, err)
+		}
+		return absolute, nil
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		return "", err
+	}
+	removeStaleBuilds()
+	directory, err := os.MkdirTemp("", buildDirectoryPattern)
+	if err != nil {
+		return "", fmt.Errorf("testcluster: build directory: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(directory, ownerFile), []byte(ownerRecord()+"\n"), 0o644); err != nil {
+		return "", fmt.Errorf("testcluster: build directory: %w", err)
+	}
+	path := filepath.Join(directory, "herd")
+	command := exec.Command("go", "build", "-o", path, "./cmd/herd")
+	command.Dir = root
+	output, err := command.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("testcluster: go build -o %s ./cmd/herd in %s: %w\n%s", path, root, err, output)
+	}
+	return path, nil
+}
+
+// removeStaleBuilds removes build directories whose owner process has exited.
+// A directory without an owner file is being created right now by another
+// test process, unless it is old.
+func removeStaleBuilds() {
+	directories, _ := filepath.Glob(filepath.Join(os.TempDir(), buildDirectoryPattern))
+	for _, directory := range directories {
+		record, err := os.ReadFile(filepath.Join(directory, ownerFile))
+		if err != nil {
+			info, statErr := os.Stat(directory)
+			if statErr != nil || time.Since(info.ModTime()) < time.Hour {
+				continue
+			}
+		} else if ownerAlive(string(record)) {
+			continue
+		}
+		os.RemoveAll(directory)
+	}
+}
+
+// moduleRoot walks up from the working directory (a test runs in its
+// package's directory) to the go.mod of this module.
+func moduleRoot() (string, error) {
+	directory, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("testcluster: working directory: %w", err)
+	}
+	for {
+		contents, err := os.ReadFile(filepath.Join(directory, "go.mod"))
+		if err == nil {
+			if declaresModule(contents, modulePath) {
+				return directory, nil
+			}
+			return "", fmt.Errorf("testcluster: %s/go.mod is not module %s", directory, modulePath)
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return "", fmt.Errorf("testcluster: %w", err)
+		}
+		parent := filepath.Dir(directory)
+		if parent == directory {
+			return "", fmt.Errorf("testcluster: no go.mod above the working directory")
+		}
+		directory = parent
+	}
+}
+
+// declaresModule reports whether a go.mod declares the module path.
+func declaresModule(goMod []byte, path string) bool {
+	scanner := bufio.NewScanner(bytes.NewReader(goMod))
+	for scanner.Scan() {
+		fields := strings.Fields(scanner.Text())
+		if len(fields) == 2 && fields[0] == "module" {
+			return strings.Trim(fields[1], `"`) == path
+		}
+	}
+	return false
+}
