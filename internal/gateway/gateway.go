@@ -325,9 +325,7 @@ func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ct
 			return err
 		}
 		lock.Lock()
-		scope, cancel := g.scoped(ctx, g.cluster.Epoch(), roundTimeout)
-		err = unanswered(ctx, scope, g.copyMissing(scope, oid, missing))
-		cancel()
+		err = g.copyMissing(ctx, oid, copies, missing)
 		lock.Unlock()
 		if err != nil && !retryable(err) {
 			return err
@@ -340,18 +338,28 @@ func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ct
 	}
 }
 
-// copyMissing gives each node a copy of oid unless it got one meanwhile.
-func (g *Gateway) copyMissing(ctx context.Context, oid uint64, nodes []cluster.Node) error {
+// copyMissing gives each node a copy of oid unless it got one meanwhile
+// or is no longer a replica of oid: the epoch may have changed while the
+// exclusive lock was awaited (writes to a node that stopped answering
+// hold it until the epoch change drops that node), and a node that left
+// the placement must not be waited for.
+func (g *Gateway) copyMissing(ctx context.Context, oid uint64, copies int, nodes []cluster.Node) error {
 	rv, err := g.current()
 	if err != nil {
 		return err
 	}
+	scope, cancel := g.scoped(ctx, rv.epoch, roundTimeout)
+	defer cancel()
+	current := rv.replicasOf(oid, copies)
 	for _, node := range nodes {
-		if _, err := g.replicas.Stat(ctx, node, rv.epoch, oid); err == nil {
+		if !slices.ContainsFunc(current, func(n cluster.Node) bool { return n.ID == node.ID }) {
 			continue
 		}
-		if err := g.copyObject(ctx, oid, node, rv); err != nil {
-			return err
+		if _, err := g.replicas.Stat(scope, node, rv.epoch, oid); err == nil {
+			continue
+		}
+		if err := g.copyObject(scope, oid, node, rv); err != nil {
+			return unanswered(ctx, scope, err)
 		}
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/herd-storage/herd/internal/cluster"
 	"math/rand"
 	"runtime"
 	"strings"
@@ -536,5 +537,41 @@ func TestCheckAndRepair(t *testing.T) {
 	report, err = g.Check(ctx, "disk", false)
 	if err != nil || report.Consistent != 4 {
 		t.Fatalf("after repair: %+v %v", report, err)
+	}
+}
+
+// A node that answered "not found" in one epoch and left the placement
+// before the copy could start (it was paused, and writes stuck on it held
+// the object's lock until the epoch change) must not get a copy: CI saw
+// the copy wait 30 s on a paused node and fail fio with EIO.
+func TestCopyMissingSkipsNodesThatLeftThePlacement(t *testing.T) {
+	w := newWorld(t, 5, 3)
+	w.cluster.addVDI("disk", 1, objectSize)
+	g := w.gateway("node00")
+	e := open(t, g, "disk")
+	ctx := context.Background()
+	if err := e.WriteAt(ctx, pattern(1, 4096), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	oid := DataOID(1, 0)
+	rv, _ := g.current()
+	victim := rv.replicasOf(oid, 3)[0]
+	w.replicas.mu.Lock()
+	delete(w.replicas.objects[victim.ID], oid)
+	w.replicas.mu.Unlock()
+	var alive []string
+	for i := 0; i < 5; i++ {
+		if id := fmt.Sprintf("node%02d", i); id != victim.ID {
+			alive = append(alive, id)
+		}
+	}
+	w.cluster.setNodes(alive...)
+	if err := g.copyMissing(ctx, oid, 3, []cluster.Node{victim}); err != nil {
+		t.Fatalf("copyMissing: %v", err)
+	}
+	for _, h := range w.replicas.holders(oid) {
+		if h == victim.ID {
+			t.Fatalf("%s left the placement but was given a copy", victim.ID)
+		}
 	}
 }
