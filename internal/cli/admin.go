@@ -355,10 +355,13 @@ func vdiCommand(g *globals) *cobra.Command {
 				for _, p := range r.Problems {
 					fmt.Fprintln(w, p)
 				}
-				fmt.Fprintf(w, "%s: %d objects, %d consistent, %d replicas differing, %d missing, %d repaired\n",
-					r.VDI, r.Objects, r.Consistent, r.Mismatched, r.Missing, r.Repaired)
+				fmt.Fprintf(w, "%s: %d objects, %d consistent, %d replicas differing, %d missing, %d unavailable, %d repaired\n",
+					r.VDI, r.Objects, r.Consistent, r.Mismatched, r.Missing, r.Unavailable, r.Repaired)
 			}); err != nil {
 				return err
+			}
+			if r.Unavailable > 0 {
+				return fmt.Errorf("vdi %s has %d objects whose newest copies may be on nodes that are down: they are refused until one of those nodes returns", a[0], r.Unavailable)
 			}
 			if r.Mismatched+r.Missing > r.Repaired {
 				return fmt.Errorf("vdi %s has replicas that differ or are missing (run with --repair once it is closed)", a[0])

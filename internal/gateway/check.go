@@ -12,13 +12,16 @@ import (
 
 // CheckReport is what `herd vdi check` prints.
 type CheckReport struct {
-	VDI        string   `json:"vdi"`
-	Objects    int      `json:"objects"`
-	Consistent int      `json:"consistent"`
-	Mismatched int      `json:"mismatched"` // replicas with different content
-	Missing    int      `json:"missing"`    // replicas without the object
-	Repaired   int      `json:"repaired"`
-	Problems   []string `json:"problems,omitempty"`
+	VDI        string `json:"vdi"`
+	Objects    int    `json:"objects"`
+	Consistent int    `json:"consistent"`
+	Mismatched int    `json:"mismatched"` // replicas with different content
+	Missing    int    `json:"missing"`    // replicas without the object
+	// Unavailable objects have no provably current copy reachable: the
+	// newest may be on nodes that are down (never served old).
+	Unavailable int      `json:"unavailable"`
+	Repaired    int      `json:"repaired"`
+	Problems    []string `json:"problems,omitempty"`
 }
 
 // Check compares every replica of every object a VDI owns (its data
@@ -87,7 +90,7 @@ func (g *Gateway) checkObject(ctx context.Context, oid uint64, vdi cluster.VDI, 
 	var copies []replicaCopy
 	for _, node := range rv.replicasOf(oid, vdi.Copies) {
 		c := replicaCopy{node: node, data: make([]byte, vdi.ObjectSize)}
-		c.stamp, err = g.replicas.Read(ctx, node, rv.epoch, oid, c.data, 0)
+		c.stamp, err = g.replicas.Fetch(ctx, node, rv.epoch, oid, c.data)
 		switch {
 		case err == nil:
 			c.found, c.sum = true, sha256.Sum256(c.data)
@@ -113,6 +116,16 @@ func (g *Gateway) checkObject(ctx context.Context, oid uint64, vdi cluster.VDI, 
 		return nil
 	}
 	report.Objects++
+	stamps, answered := g.survey(ctx, rv, oid)
+	var newest uint64
+	for _, stamp := range stamps {
+		newest = max(newest, stamp)
+	}
+	if err := g.proveCurrent(oid, vdi.Copies, rv.epoch, newest, answered); err != nil {
+		report.Unavailable++
+		report.Problems = append(report.Problems, err.Error())
+		return nil
+	}
 	// The reference: newest stamp, then the content most replicas share.
 	best := present[0]
 	votes := map[[32]byte]int{}
@@ -138,6 +151,11 @@ func (g *Gateway) checkObject(ctx context.Context, oid uint64, vdi cluster.VDI, 
 		}
 		bad++
 		if repair {
+			// Made current first (restamped, or fetched if missing), so
+			// that the replica admits the write.
+			if err := g.replicas.Recover(ctx, c.node, rv.epoch, oid); err != nil {
+				return fmt.Errorf("repairing object %016x on node %s: %w", oid, c.node.ID, err)
+			}
 			if err := g.replicas.Write(ctx, c.node, rv.epoch, oid, best.data, 0, WriteFlags{Create: true, Sync: true}); err != nil {
 				return fmt.Errorf("repairing object %016x on node %s: %w", oid, c.node.ID, err)
 			}

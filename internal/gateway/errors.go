@@ -7,10 +7,16 @@ import (
 
 // Errors a Replicas implementation returns, and the gateway's own.
 var (
-	ErrNotFound     = errors.New("gateway: object not found on replica")
-	ErrStaleEpoch   = errors.New("gateway: stale epoch")
-	ErrUnavailable  = errors.New("gateway: replica unavailable")
-	ErrNoCopy       = errors.New("gateway: no reachable copy of object")
+	ErrNotFound    = errors.New("gateway: object not found on replica")
+	ErrStaleEpoch  = errors.New("gateway: stale epoch")
+	ErrUnavailable = errors.New("gateway: replica unavailable")
+	ErrNoCopy      = errors.New("gateway: no provably current copy of object is reachable")
+	// ErrNoObject: no reachable node holds the object, and none that is
+	// down can hold a newer copy: it was never written (or was deleted).
+	ErrNoObject = errors.New("gateway: object does not exist")
+	// ErrNotRecovered: the replica's copy was not written or recovered
+	// in this epoch, so it may be stale; RECOVER it first.
+	ErrNotRecovered = errors.New("gateway: copy not recovered in this epoch")
 	ErrNotFormatted = errors.New("gateway: cluster is not formatted")
 	ErrTimeout      = errors.New("gateway: gave up waiting for the cluster")
 )

@@ -361,3 +361,39 @@ func (m *memoryReplicas) holders(oid uint64) []string {
 	sort.Strings(out)
 	return out
 }
+
+func (m *memoryReplicas) Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte) (uint64, error) {
+	return m.Read(ctx, node, epoch, oid, p, 0)
+}
+
+// Recover gives node the copy with the newest stamp, restamped: the fake
+// keeps no history, so there is no proof to make (fence.go's proof has
+// its own tests and the end-to-end Fig. 4 test).
+func (m *memoryReplicas) Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.check(node, epoch); err != nil {
+		return err
+	}
+	var best []byte
+	var bestStamp uint64
+	found := false
+	for id, objects := range m.objects {
+		if m.unavailable[id] {
+			continue
+		}
+		if data, ok := objects[oid]; ok && (!found || m.stamps[id][oid] > bestStamp) {
+			best, bestStamp, found = data, m.stamps[id][oid], true
+		}
+	}
+	if !found {
+		return ErrNotFound
+	}
+	if m.objects[node.ID] == nil {
+		m.objects[node.ID] = map[uint64][]byte{}
+		m.stamps[node.ID] = map[uint64]uint64{}
+	}
+	m.objects[node.ID][oid] = append([]byte(nil), best...)
+	m.stamps[node.ID][oid] = epoch
+	return nil
+}

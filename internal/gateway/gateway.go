@@ -3,7 +3,10 @@
 // serves the VDIs opened through it: a request is split into object
 // pieces, each piece goes to all replicas of its object in parallel,
 // stamped with the current epoch, and the client is answered only when
-// every replica acknowledged. A replica in another epoch refuses; the
+// every replica acknowledged. A replica serves only copies written or
+// recovered in the current epoch (see Recovery for the proof that makes
+// a copy current); the gateway asks it to recover the object when it
+// refuses. A replica in another epoch refuses; the
 // gateway then waits for the next epoch and retries on the new placement,
 // so a write is never lost or wrongly acknowledged across an epoch change.
 // Reads go to one replica, the local one when there is one, with failover.
@@ -60,6 +63,13 @@ type Replicas interface {
 	Remove(ctx context.Context, node cluster.Node, epoch, oid uint64) error
 	Flush(ctx context.Context, node cluster.Node, epoch uint64) error
 	Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (stamp uint64, err error)
+	// Fetch reads the whole copy (len(p) bytes) whatever its stamp, for
+	// recovery from a source it proved current and for checks.
+	Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte) (stamp uint64, err error)
+	// Recover has node make its copy of oid current in epoch: ErrNoCopy
+	// if no reachable copy is provably current, ErrNotFound if no
+	// reachable node holds the object.
+	Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error
 }
 
 // Options tune the gateway.
@@ -77,9 +87,10 @@ type Gateway struct {
 	options  Options
 	session  string // this gateway's lock session
 
-	mu   sync.Mutex // guards open and ring
+	mu   sync.Mutex // guards open, ring and past
 	open map[string]*vdiState
 	ring *ringView
+	past map[uint64]*ringView // placements of past epochs, for proveCurrent
 
 	dirtyMu sync.Mutex      // guards dirty
 	dirty   map[string]bool // nodes written through this gateway since its last flush
@@ -96,7 +107,7 @@ func New(c Cluster, replicas Replicas, logger *slog.Logger, options Options) *Ga
 	if options.RetryTimeout == 0 {
 		options.RetryTimeout = 30 * time.Second
 	}
-	return &Gateway{cluster: c, replicas: replicas, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, dirty: map[string]bool{}}
+	return &Gateway{cluster: c, replicas: replicas, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, past: map[uint64]*ringView{}, dirty: map[string]bool{}}
 }
 
 // ringView is the placement of one epoch.
@@ -299,10 +310,10 @@ func (g *Gateway) objectLock(oid uint64) *sync.RWMutex {
 
 // mutate runs a change on every replica of oid. A replica that should
 // hold the object but lacks it (the placement moved and recovery has not
-// copied it yet) first gets a whole copy, from the copy with the newest
-// epoch stamp, under the object's exclusive lock so that no write to the
-// object runs during the copy; then the change is applied again on every
-// replica (changes are idempotent).
+// copied it yet), or holds a copy not yet proven current in this epoch,
+// is first asked to recover it, under the object's exclusive lock so
+// that no write to the object runs meanwhile; then the change is applied
+// again on every replica (changes are idempotent).
 func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *ringView) error) error {
 	lock := g.objectLock(oid)
 	deadline := time.Now().Add(g.options.RetryTimeout)
@@ -312,7 +323,7 @@ func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ct
 		lock.RLock()
 		err := g.replicate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *ringView) error {
 			err := op(ctx, node, rv)
-			if errors.Is(err, ErrNotFound) {
+			if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotRecovered) {
 				mu.Lock()
 				missing = append(missing, node)
 				mu.Unlock()
@@ -325,7 +336,7 @@ func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ct
 			return err
 		}
 		lock.Lock()
-		err = g.copyMissing(ctx, oid, copies, missing)
+		err = g.recoverMissing(ctx, oid, copies, missing)
 		lock.Unlock()
 		if err != nil && !retryable(err) {
 			return err
@@ -338,12 +349,14 @@ func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ct
 	}
 }
 
-// copyMissing gives each node a copy of oid unless it got one meanwhile
-// or is no longer a replica of oid: the epoch may have changed while the
-// exclusive lock was awaited (writes to a node that stopped answering
-// hold it until the epoch change drops that node), and a node that left
-// the placement must not be waited for.
-func (g *Gateway) copyMissing(ctx context.Context, oid uint64, copies int, nodes []cluster.Node) error {
+// recoverMissing asks each node that lacks oid, or holds a copy not yet
+// proven current in this epoch, to recover it (RECOVER: it proves the
+// newest reachable copy current and restamps or fetches it). Nodes that
+// are no longer replicas of oid are skipped: the epoch may have changed
+// while the exclusive lock was awaited (writes stuck on a node that
+// stopped answering hold it until the epoch change drops that node), and
+// a node that left the placement must not be waited for.
+func (g *Gateway) recoverMissing(ctx context.Context, oid uint64, copies int, nodes []cluster.Node) error {
 	rv, err := g.current()
 	if err != nil {
 		return err
@@ -355,90 +368,35 @@ func (g *Gateway) copyMissing(ctx context.Context, oid uint64, copies int, nodes
 		if !slices.ContainsFunc(current, func(n cluster.Node) bool { return n.ID == node.ID }) {
 			continue
 		}
-		if _, err := g.replicas.Stat(scope, node, rv.epoch, oid); err == nil {
-			continue
-		}
-		if err := g.copyObject(scope, oid, node, rv); err != nil {
+		if err := g.recoverOn(scope, node, rv, oid); err != nil {
 			return unanswered(ctx, scope, err)
 		}
 	}
 	return nil
 }
 
-// sources lists the alive nodes that may hold a copy of oid: its replicas
-// in this epoch, then in earlier epochs, newest first.
-func (g *Gateway) sources(oid uint64, copies int, rv *ringView) []cluster.Node {
-	var out []cluster.Node
-	seen := map[string]bool{}
-	add := func(n cluster.Node) {
-		if !seen[n.ID] {
-			if alive, ok := rv.nodes[n.ID]; ok {
-				seen[n.ID] = true
-				out = append(out, alive)
-			}
-		}
+// recoverOn has node make its copy of oid current in rv's epoch. "Not
+// found" from RECOVER means no node holds the object and none that is
+// down can (ErrNoObject): a map object never written reads as zeros, a
+// data object the map says exists is lost.
+func (g *Gateway) recoverOn(ctx context.Context, node cluster.Node, rv *ringView, oid uint64) error {
+	err := g.replicas.Recover(ctx, node, rv.epoch, oid)
+	if errors.Is(err, ErrNotFound) {
+		return &ReplicaError{Node: node.ID, OID: oid, Err: fmt.Errorf("%w: %v", ErrNoObject, err)}
 	}
-	for _, n := range rv.replicasOf(oid, copies) {
-		add(n)
+	if err != nil {
+		return &ReplicaError{Node: node.ID, OID: oid, Err: err}
 	}
-	epochs := g.cluster.Epochs()
-	for i := len(epochs) - 1; i >= 0 && i >= len(epochs)-32; i-- {
-		var members []cluster.Node
-		for _, id := range epochs[i].Nodes {
-			if n, ok := g.cluster.Node(id); ok {
-				members = append(members, n)
-			}
-		}
-		ring, err := ringFor(members)
-		if err != nil {
-			continue
-		}
-		old := &ringView{ring: ring, nodes: map[string]cluster.Node{}}
-		for _, n := range members {
-			old.nodes[n.ID] = n
-		}
-		for _, n := range old.replicasOf(oid, copies) {
-			add(n)
-		}
-	}
-	return out
+	g.logger.Debug("gateway: replica recovered object on demand", "object", fmt.Sprintf("%016x", oid), "node", node.ID, "epoch", rv.epoch)
+	return nil
 }
 
-// copyObject copies a whole object to target from the copy with the
-// newest epoch stamp among the nodes that may hold one.
-func (g *Gateway) copyObject(ctx context.Context, oid uint64, target cluster.Node, rv *ringView) error {
-	var best cluster.Node
-	var bestStamp uint64
-	found := false
-	for _, n := range g.sources(oid, rv.format.Copies, rv) {
-		if n.ID == target.ID {
-			continue
-		}
-		stamp, err := g.replicas.Stat(ctx, n, rv.epoch, oid)
-		if err != nil {
-			if errors.Is(err, ErrStaleEpoch) {
-				return err
-			}
-			continue
-		}
-		if !found || stamp > bestStamp {
-			best, bestStamp, found = n, stamp, true
-		}
-	}
-	if !found {
-		return fmt.Errorf("%w: %016x", ErrNoCopy, oid)
-	}
-	buffer := make([]byte, rv.format.ObjectSize)
-	if _, err := g.replicas.Read(ctx, best, rv.epoch, oid, buffer, 0); err != nil {
-		return err
-	}
-	g.logger.Info("gateway: copied object to a new replica", "object", fmt.Sprintf("%016x", oid), "from", best.ID, "to", target.ID, "epoch", rv.epoch)
-	return g.replicas.Write(ctx, target, rv.epoch, oid, buffer, 0, WriteFlags{Create: true})
-}
-
-// read reads a piece from one replica, preferring the local one, failing
-// over to the others and, if none of this epoch's replicas has the object
-// yet, to its holders in earlier epochs.
+// read reads a piece from one replica, preferring the local one and
+// failing over to the others. A replica that lacks the object, or whose
+// copy is not yet proven current in this epoch, recovers it first (on
+// demand, ahead of background recovery); if no copy is provably current
+// (the newest may be on nodes that are down) the read fails rather than
+// return older data.
 func (g *Gateway) read(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error {
 	deadline := time.Now().Add(g.options.RetryTimeout)
 	self := g.cluster.ID()
@@ -452,34 +410,20 @@ func (g *Gateway) read(ctx context.Context, oid uint64, copies int, p []byte, of
 			candidates[0], candidates[i] = candidates[i], candidates[0]
 		}
 		var retry, hard error
-		notFound := 0
 		for _, node := range candidates {
-			scope, cancel := g.scoped(ctx, rv.epoch, readTimeout)
-			_, err := g.replicas.Read(scope, node, rv.epoch, oid, p, offset)
-			err = unanswered(ctx, scope, err)
-			cancel()
+			err := g.readFrom(ctx, node, rv, oid, p, offset)
 			if err == nil {
 				return nil
 			}
+			if errors.Is(err, ErrNoCopy) || errors.Is(err, ErrNoObject) {
+				return err // the same on every replica: the proof is global
+			}
 			err = &ReplicaError{Node: node.ID, OID: oid, Err: err}
-			switch {
-			case errors.Is(err, ErrNotFound):
-				notFound++
-			case retryable(err):
+			if retryable(err) {
 				retry = err
-			default:
+			} else {
 				hard = err
 			}
-		}
-		if notFound == len(candidates) {
-			// Every current replica lacks it: the placement moved before
-			// recovery copied it. Read it from an earlier holder.
-			for _, node := range g.sources(oid, copies, rv)[len(candidates):] {
-				if _, err := g.replicas.Read(ctx, node, rv.epoch, oid, p, offset); err == nil {
-					return nil
-				}
-			}
-			return fmt.Errorf("%w: %016x", ErrNoCopy, oid)
 		}
 		if retry == nil {
 			return hard
@@ -491,6 +435,20 @@ func (g *Gateway) read(ctx context.Context, oid uint64, copies int, p []byte, of
 			return err
 		}
 	}
+}
+
+// readFrom reads from one replica, recovering its copy first if needed.
+func (g *Gateway) readFrom(ctx context.Context, node cluster.Node, rv *ringView, oid uint64, p []byte, offset uint32) error {
+	scope, cancel := g.scoped(ctx, rv.epoch, readTimeout)
+	defer cancel()
+	_, err := g.replicas.Read(scope, node, rv.epoch, oid, p, offset)
+	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotRecovered) {
+		if err := g.recoverOn(scope, node, rv, oid); err != nil {
+			return unanswered(ctx, scope, err)
+		}
+		_, err = g.replicas.Read(scope, node, rv.epoch, oid, p, offset)
+	}
+	return unanswered(ctx, scope, err)
 }
 
 func (g *Gateway) markDirty(nodes []cluster.Node) {

@@ -392,7 +392,7 @@ func TestSnapshotCutsBetweenWrites(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for gen := byte(1); ; gen++ {
+			for gen := byte(1); gen != 0; gen++ { // stops at 255: generations must not wrap
 				select {
 				case <-done:
 					return
@@ -566,8 +566,8 @@ func TestCopyMissingSkipsNodesThatLeftThePlacement(t *testing.T) {
 		}
 	}
 	w.cluster.setNodes(alive...)
-	if err := g.copyMissing(ctx, oid, 3, []cluster.Node{victim}); err != nil {
-		t.Fatalf("copyMissing: %v", err)
+	if err := g.recoverMissing(ctx, oid, 3, []cluster.Node{victim}); err != nil {
+		t.Fatalf("recoverMissing: %v", err)
 	}
 	for _, h := range w.replicas.holders(oid) {
 		if h == victim.ID {

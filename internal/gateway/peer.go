@@ -39,6 +39,10 @@ func fromPeer(err error) error {
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	case errors.Is(err, peer.ErrNoSpace):
 		return fmt.Errorf("%w: %v", ErrNoSpace, err)
+	case errors.Is(err, peer.ErrNotRecovered):
+		return fmt.Errorf("%w: %v", ErrNotRecovered, err)
+	case errors.Is(err, peer.ErrNoCopy):
+		return fmt.Errorf("%w: %v", ErrNoCopy, err)
 	}
 	return err
 }
@@ -128,6 +132,33 @@ func (p *PeerReplicas) Stat(ctx context.Context, node cluster.Node, epoch, oid u
 	return response.ObjectEpoch, err
 }
 
+// Fetch implements Replicas.
+func (p *PeerReplicas) Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, buffer []byte) (uint64, error) {
+	if node.ID == p.Self {
+		return p.Local.Fetch(ctx, epoch, oid, buffer)
+	}
+	response, body, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRead, Flags: peer.ObjectFlagAnyStamp, Epoch: epoch, OID: oid, Length: uint32(len(buffer))}, nil, buffer)
+	if err != nil {
+		return 0, err
+	}
+	if len(body) != len(buffer) {
+		return 0, fmt.Errorf("%w: node %s returned %d bytes for a %d-byte read", ErrUnavailable, node.ID, len(body), len(buffer))
+	}
+	if &body[0] != &buffer[0] {
+		copy(buffer, body)
+	}
+	return response.ObjectEpoch, nil
+}
+
+// Recover implements Replicas.
+func (p *PeerReplicas) Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
+	if node.ID == p.Self {
+		return p.Local.Recover(ctx, epoch, oid)
+	}
+	_, _, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRecover, Epoch: epoch, OID: oid}, nil, nil)
+	return err
+}
+
 // List returns every object copy a node holds, with its epoch stamp.
 func (p *PeerReplicas) List(ctx context.Context, node cluster.Node, epoch uint64) (map[uint64]uint64, error) {
 	out := map[uint64]uint64{}
@@ -171,7 +202,11 @@ func (r *Replica) ServeObject(ctx context.Context, request *peer.ObjectRequest, 
 	switch request.Opcode {
 	case peer.ObjectRead:
 		buffer := peer.GetObjectBuffer(int(request.Length))
-		stamp, err := r.Read(ctx, request.Epoch, request.OID, buffer.Bytes, request.Offset)
+		read := r.Read
+		if request.Flags&peer.ObjectFlagAnyStamp != 0 {
+			read = r.readAny
+		}
+		stamp, err := read(ctx, request.Epoch, request.OID, buffer.Bytes, request.Offset)
 		if err != nil {
 			buffer.Release()
 			return fail(err)
@@ -231,6 +266,10 @@ func (r *Replica) ServeObject(ctx context.Context, request *peer.ObjectRequest, 
 			body = peer.AppendObjectListEntry(body, e)
 		}
 		return peer.ObjectResponse{Epoch: epoch}, body
+	case peer.ObjectRecover:
+		if err := r.Recover(ctx, request.Epoch, request.OID); err != nil {
+			return fail(err)
+		}
 	case peer.ObjectPing:
 	default:
 		return fail(fmt.Errorf("%w: opcode %v", peer.ErrUnknownObjectOpcode, request.Opcode))
@@ -250,6 +289,10 @@ func toPeer(err error) error {
 		return fmt.Errorf("%w: %v", peer.ErrShuttingDown, err)
 	case errors.Is(err, ErrNoSpace):
 		return fmt.Errorf("%w: %v", peer.ErrNoSpace, err)
+	case errors.Is(err, ErrNotRecovered):
+		return fmt.Errorf("%w: %v", peer.ErrNotRecovered, err)
+	case errors.Is(err, ErrNoCopy):
+		return fmt.Errorf("%w: %v", peer.ErrNoCopy, err)
 	}
 	return err
 }

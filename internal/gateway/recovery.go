@@ -13,15 +13,21 @@ import (
 )
 
 // Recovery makes this node hold, after every epoch change, every object
-// it must hold in the new epoch (DESIGN.md "Recovery"): it lists the
-// objects of every node of the epoch, and pulls each object placed on
-// this node that it lacks, or holds only an older copy of, from the node
-// with the newest copy. A newer epoch arriving mid-way cancels the run and
-// starts the next one, which skips what is already current.
+// it must hold in the new epoch, as a copy proven current (DESIGN.md
+// "Recovery"; the paper's Fig. 4). It lists the objects of every node of
+// the epoch and, for each object placed on this node, proves the newest
+// listed copy current (see Gateway.proveCurrent), then restamps its own
+// copy with the epoch when it is that copy, or fetches that copy
+// otherwise. A replica serves only copies stamped with the current epoch
+// (Replica.fence); the gateway asks for an object's recovery on demand
+// (RecoverObject) when it meets one that is not, so I/O never waits for
+// the background pass. An object whose newest copies may be on nodes
+// that are down is left unrecovered: it is refused, never served old,
+// until one of them returns. A newer epoch arriving mid-way cancels the
+// run and starts the next one, which skips what is already current.
 //
 // Not done yet (issue 5): removing copies no longer needed once the whole
-// cluster has recovered an epoch, throttling by bandwidth, and proving a
-// copy current before serving a read.
+// cluster has recovered an epoch, and throttling by bandwidth.
 type Recovery struct {
 	gateway     *Gateway
 	local       *Replica
@@ -41,20 +47,25 @@ type Lister interface {
 
 // RecoveryStatus is what `herd node recovery` shows for one node.
 type RecoveryStatus struct {
-	Epoch     uint64    `json:"epoch"`
-	State     string    `json:"state"` // idle, listing, pulling, done, retrying
-	Objects   int       `json:"objects"`
-	Copied    int       `json:"copied"`
-	Remaining int       `json:"remaining"`
-	Bytes     uint64    `json:"bytes"`
-	Started   time.Time `json:"started,omitzero"`
-	Finished  time.Time `json:"finished,omitzero"`
-	LastError string    `json:"last_error,omitempty"`
+	Epoch     uint64 `json:"epoch"`
+	State     string `json:"state"` // idle, listing, pulling, done, retrying
+	Objects   int    `json:"objects"`
+	Copied    int    `json:"copied"`
+	Remaining int    `json:"remaining"`
+	Bytes     uint64 `json:"bytes"`
+	// Unavailable counts objects placed here whose newest copies may be
+	// on nodes that are down: refused until one returns.
+	Unavailable int       `json:"unavailable,omitempty"`
+	Started     time.Time `json:"started,omitzero"`
+	Finished    time.Time `json:"finished,omitzero"`
+	LastError   string    `json:"last_error,omitempty"`
 }
 
 // NewRecovery returns the recovery of this node.
 func NewRecovery(g *Gateway, local *Replica, lister Lister, self string, logger *slog.Logger) *Recovery {
-	return &Recovery{gateway: g, local: local, lister: lister, self: self, logger: logger, concurrency: 4, status: RecoveryStatus{State: "idle"}}
+	r := &Recovery{gateway: g, local: local, lister: lister, self: self, logger: logger, concurrency: 4, status: RecoveryStatus{State: "idle"}}
+	local.SetRecoverer(r.RecoverObject)
+	return r
 }
 
 // Status returns the current recovery state.
@@ -154,9 +165,13 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 	}
 	sort.Slice(mine, func(i, j int) bool { return mine[i] < mine[j] })
 	r.update(func(s *RecoveryStatus) { s.State, s.Objects, s.Remaining = "pulling", len(mine), len(mine) })
+	// Every node of the epoch answered the listing; no other node did.
+	answered := func(id string) bool { _, ok := rv.nodes[id]; return ok }
 	work := make(chan uint64)
 	var failed error
 	var failedOnce sync.Once
+	var unavailable []uint64
+	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for w := 0; w < r.concurrency; w++ {
 		wg.Add(1)
@@ -164,15 +179,12 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 			defer wg.Done()
 			for oid := range work {
 				b := newest[oid]
-				copied, err := r.local.Recover(oid, b.stamp, epoch, func() ([]byte, error) {
-					if b.holder.ID == r.self {
-						return nil, fmt.Errorf("object %016x: the newest copy is this node's own", oid)
-					}
-					data := make([]byte, rv.format.ObjectSize)
-					_, err := r.gateway.replicas.Read(ctx, b.holder, epoch, oid, data, 0)
-					return data, err
-				})
-				if err != nil {
+				copied, err := r.makeCurrent(ctx, rv, oid, b.stamp, []cluster.Node{b.holder}, answered)
+				if errors.Is(err, ErrNoCopy) {
+					mu.Lock()
+					unavailable = append(unavailable, oid)
+					mu.Unlock()
+				} else if err != nil {
 					failedOnce.Do(func() { failed = fmt.Errorf("object %016x: %w", oid, err) })
 				}
 				r.update(func(s *RecoveryStatus) {
@@ -202,10 +214,97 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
+	if len(unavailable) > 0 {
+		sort.Slice(unavailable, func(i, j int) bool { return unavailable[i] < unavailable[j] })
+		r.update(func(s *RecoveryStatus) { s.Unavailable = len(unavailable) })
+		r.logger.Warn("recovery: objects whose newest copies may be on nodes that are down are unavailable until one returns",
+			"epoch", epoch, "objects", len(unavailable), "first", fmt.Sprintf("%016x", unavailable[0]))
+	}
 	status := r.Status()
 	r.update(func(s *RecoveryStatus) { s.State, s.Finished = "done", time.Now() })
 	if status.Copied > 0 {
 		r.logger.Info("recovery: done", "epoch", epoch, "objects", status.Objects, "copied", status.Copied, "took", time.Since(started).Round(time.Millisecond))
 	}
 	return nil
+}
+
+// RecoverObject makes this node's copy of oid current in epoch, on
+// demand (a gateway met a missing or unproven copy here): it asks every
+// node of the epoch for its stamp of the object and proceeds as the
+// background pass does. ErrNoCopy if no reachable copy is provably
+// current, ErrNotFound if no node holds the object.
+func (r *Recovery) RecoverObject(ctx context.Context, epoch, oid uint64) error {
+	rv, err := r.gateway.current()
+	if err != nil {
+		return err
+	}
+	if rv.epoch != epoch {
+		return &StaleEpochError{Current: rv.epoch}
+	}
+	if stamp, err := r.local.store.Epoch(oid); err == nil && stamp >= epoch {
+		return nil // recovered meanwhile
+	}
+	stamps, answered := r.gateway.survey(ctx, rv, oid)
+	var newest uint64
+	var holders []cluster.Node
+	for id, stamp := range stamps {
+		switch {
+		case stamp > newest:
+			newest, holders = stamp, []cluster.Node{rv.nodes[id]}
+		case stamp == newest:
+			holders = append(holders, rv.nodes[id])
+		}
+	}
+	if len(holders) == 0 {
+		if err := r.gateway.proveCurrent(oid, rv.format.Copies, epoch, 0, answered); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: object %016x: no node of epoch %d holds it", ErrNotFound, oid, epoch)
+	}
+	copied, err := r.makeCurrent(ctx, rv, oid, newest, holders, answered)
+	if copied {
+		r.logger.Info("recovery: recovered object on demand", "object", fmt.Sprintf("%016x", oid), "epoch", epoch, "stamp", newest)
+	}
+	return err
+}
+
+// makeCurrent makes this node's copy of oid current in rv's epoch, given
+// the newest stamp any answering node holds and nodes holding it: it
+// proves that copy current, then restamps its own copy if that is one,
+// or fetches the object from a holder. Under the object's exclusive
+// lock. Reports whether it copied data.
+func (r *Recovery) makeCurrent(ctx context.Context, rv *ringView, oid, newest uint64, holders []cluster.Node, answered func(string) bool) (bool, error) {
+	copied := false
+	err := r.local.exclusive(oid, func(stamp uint64, found bool) error {
+		if found && stamp >= rv.epoch {
+			return nil // written or recovered in this epoch meanwhile
+		}
+		if found && stamp > newest {
+			newest, holders = stamp, []cluster.Node{rv.nodes[r.self]}
+		}
+		if err := r.gateway.proveCurrent(oid, rv.format.Copies, rv.epoch, newest, answered); err != nil {
+			return err
+		}
+		if found && stamp == newest {
+			return r.local.store.SetEpoch(oid, rv.epoch)
+		}
+		var last error
+		for _, h := range holders {
+			if h.ID == r.self {
+				continue
+			}
+			data := make([]byte, rv.format.ObjectSize)
+			if _, err := r.gateway.replicas.Fetch(ctx, h, rv.epoch, oid, data); err != nil {
+				last = fmt.Errorf("fetching from node %s: %w", h.ID, err)
+				continue
+			}
+			copied = true
+			return r.local.store.Write(oid, data, 0, rv.epoch, WriteFlags{Create: true})
+		}
+		if last == nil {
+			last = fmt.Errorf("%w: object %016x: no holder of the newest copy (epoch %d) answered", ErrUnavailable, oid, newest)
+		}
+		return last
+	})
+	return copied, err
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
@@ -18,6 +19,8 @@ type ObjectStore interface {
 	Zero(oid uint64, offset, length uint32, epoch uint64, flags WriteFlags) error
 	Remove(oid uint64) error
 	Stat(oid uint64) (stamp uint64, err error)
+	Epoch(oid uint64) (stamp uint64, err error) // Stat without the file size: cheap
+	SetEpoch(oid, epoch uint64) error
 	Flush() error
 }
 
@@ -45,35 +48,60 @@ type Replica struct {
 	// changes hold the object's lock shared, a pull exclusively. Striped
 	// by object id.
 	locks [1024]sync.RWMutex
+	// recoverer serves RECOVER requests.
+	recoverer atomic.Pointer[func(ctx context.Context, epoch, oid uint64) error]
 }
 
 func (r *Replica) lock(oid uint64) *sync.RWMutex {
 	return &r.locks[(oid^oid>>32)%uint64(len(r.locks))]
 }
 
-// Recover makes this node's copy of oid current: unless it was written in
-// this epoch or is at least as new as newest (the newest stamp any node
-// listed), fetch returns the whole object from the node holding the
-// newest copy and it replaces this one. Under the object's exclusive
-// lock, so no write to it on this node interleaves: a gateway write that
-// came first stamped it with this epoch (skip), one that comes later is
-// applied after the copy. Reports whether it copied.
-func (r *Replica) Recover(oid, newest, epoch uint64, fetch func() ([]byte, error)) (bool, error) {
+// exclusive runs fn with the object's exclusive lock held and its copy's
+// stamp (found false when this node has no copy): no write to the object
+// on this node interleaves with a recovery of it.
+func (r *Replica) exclusive(oid uint64, fn func(stamp uint64, found bool) error) error {
 	l := r.lock(oid)
 	l.Lock()
 	defer l.Unlock()
-	stamp, err := r.store.Stat(oid)
-	switch {
-	case err == nil && (stamp >= epoch || stamp >= newest):
-		return false, nil
-	case err != nil && !errors.Is(err, ErrNotFound):
-		return false, err
+	stamp, err := r.store.Epoch(oid)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return err
 	}
-	data, err := fetch()
+	return fn(stamp, err == nil)
+}
+
+// fence admits a request to the object's copy only if the copy was
+// written or recovered in epoch: a copy from an earlier epoch may have
+// missed writes made while this node was not its replica (the paper's
+// Fig. 4), so it is not served until recovery proves it current. A
+// missing copy passes (ErrNotFound is the caller's to report).
+func (r *Replica) fence(oid, epoch uint64) error {
+	stamp, err := r.store.Epoch(oid)
 	if err != nil {
-		return false, err
+		return err
 	}
-	return true, r.store.Write(oid, data, 0, epoch, WriteFlags{Create: true})
+	if stamp < epoch {
+		return fmt.Errorf("%w: object %016x on this node is from epoch %d, now %d", ErrNotRecovered, oid, stamp, epoch)
+	}
+	return nil
+}
+
+// SetRecoverer installs what serves RECOVER (the node's Recovery).
+func (r *Replica) SetRecoverer(fn func(ctx context.Context, epoch, oid uint64) error) {
+	r.recoverer.Store(&fn)
+}
+
+// Recover makes this node's copy of oid current in epoch (see
+// Recovery.RecoverObject).
+func (r *Replica) Recover(ctx context.Context, epoch, oid uint64) error {
+	if err := r.Check(ctx, epoch); err != nil {
+		return err
+	}
+	fn := r.recoverer.Load()
+	if fn == nil {
+		return fmt.Errorf("%w: recovery is not running on this node yet", ErrUnavailable)
+	}
+	return (*fn)(ctx, epoch, oid)
 }
 
 // List calls fn for every object copy on this node with its epoch stamp.
@@ -110,6 +138,22 @@ func (r *Replica) Read(ctx context.Context, epoch, oid uint64, p []byte, offset 
 	if err := r.Check(ctx, epoch); err != nil {
 		return 0, err
 	}
+	if err := r.fence(oid, epoch); err != nil {
+		return 0, err
+	}
+	return r.store.Read(oid, p, offset)
+}
+
+// Fetch reads the whole copy whatever its stamp: recovery reading a
+// source it proved current, and checks.
+func (r *Replica) Fetch(ctx context.Context, epoch, oid uint64, p []byte) (uint64, error) {
+	return r.readAny(ctx, epoch, oid, p, 0)
+}
+
+func (r *Replica) readAny(ctx context.Context, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
+	if err := r.Check(ctx, epoch); err != nil {
+		return 0, err
+	}
 	return r.store.Read(oid, p, offset)
 }
 
@@ -121,6 +165,9 @@ func (r *Replica) Write(ctx context.Context, epoch, oid uint64, p []byte, offset
 	l := r.lock(oid)
 	l.RLock()
 	defer l.RUnlock()
+	if err := r.fence(oid, epoch); err != nil && !(flags.Create && errors.Is(err, ErrNotFound)) {
+		return err
+	}
 	return r.store.Write(oid, p, offset, epoch, flags)
 }
 
@@ -132,6 +179,9 @@ func (r *Replica) Zero(ctx context.Context, epoch, oid uint64, offset, length ui
 	l := r.lock(oid)
 	l.RLock()
 	defer l.RUnlock()
+	if err := r.fence(oid, epoch); err != nil && !(flags.Create && errors.Is(err, ErrNotFound)) {
+		return err
+	}
 	return r.store.Zero(oid, offset, length, epoch, flags)
 }
 
@@ -146,7 +196,7 @@ func (r *Replica) Remove(ctx context.Context, epoch, oid uint64) error {
 	return r.store.Remove(oid)
 }
 
-// Stat returns the epoch stamp of this node's copy.
+// Stat returns the epoch stamp of this node's copy, proven current or not.
 func (r *Replica) Stat(ctx context.Context, epoch, oid uint64) (uint64, error) {
 	if err := r.Check(ctx, epoch); err != nil {
 		return 0, err

@@ -29,7 +29,7 @@ func (g *Gateway) loadMap(ctx context.Context, v cluster.VDI) ([]uint32, error) 
 		count := min(perMap, objects-k*perMap)
 		raw := make([]byte, count*mapEntryBytes)
 		err := g.read(ctx, MapOID(v.ID, uint32(k)), v.Copies, raw, 0)
-		if errors.Is(err, ErrNoCopy) {
+		if errors.Is(err, ErrNoObject) {
 			continue
 		}
 		if err != nil {

@@ -66,4 +66,11 @@ func (l LocalStore) Stat(oid uint64) (uint64, error) {
 	return info.Epoch, fromStore(err)
 }
 
+func (l LocalStore) Epoch(oid uint64) (uint64, error) {
+	epoch, err := l.Store.Epoch(oid)
+	return epoch, fromStore(err)
+}
+
+func (l LocalStore) SetEpoch(oid, epoch uint64) error { return fromStore(l.Store.SetEpoch(oid, epoch)) }
+
 func (l LocalStore) Flush() error { return fromStore(l.Store.Flush()) }

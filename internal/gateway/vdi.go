@@ -286,7 +286,7 @@ func (g *Gateway) loadPage(ctx context.Context, vdi cluster.VDI, id, page uint32
 	k, offset := mapLocation(first, vdi.ObjectSize)
 	raw := make([]byte, pageEntries*mapEntryBytes)
 	err := g.read(ctx, MapOID(id, k), vdi.Copies, raw, offset)
-	if errors.Is(err, ErrNoCopy) {
+	if errors.Is(err, ErrNoObject) {
 		err = nil // never written
 		clear(raw)
 	}
@@ -308,7 +308,7 @@ func (g *Gateway) setEntry(ctx context.Context, state *vdiState, vdi cluster.VDI
 	// whole copy of the map object, not start an empty one holding only
 	// this entry. Only a map object that exists nowhere is created.
 	err := g.write(ctx, MapOID(id, k), vdi.Copies, raw, offset, WriteFlags{Sync: sync})
-	if errors.Is(err, ErrNoCopy) {
+	if errors.Is(err, ErrNoObject) {
 		err = g.write(ctx, MapOID(id, k), vdi.Copies, raw, offset, WriteFlags{Create: true, Sync: sync})
 	}
 	if err != nil {
@@ -362,7 +362,7 @@ func (g *Gateway) CollectGarbage(ctx context.Context, garbage cluster.Garbage) e
 		count := min(perMap, objects-k*perMap)
 		raw := make([]byte, count*mapEntryBytes)
 		err := g.read(ctx, MapOID(vdi.ID, uint32(k)), vdi.Copies, raw, 0)
-		if errors.Is(err, ErrNoCopy) {
+		if errors.Is(err, ErrNoObject) {
 			continue
 		}
 		if err != nil {

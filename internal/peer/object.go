@@ -137,6 +137,10 @@ const (
 	ObjectStat        ObjectOpcode = 7 // the object's epoch stamp, size and allocation
 	ObjectList        ObjectOpcode = 8 // the objects this node holds, paged
 	ObjectPing        ObjectOpcode = 9 // liveness and the responder's epoch
+	// ObjectRecover asks the responder to make its copy of the object
+	// current in the request's epoch: prove the newest reachable copy
+	// current and restamp or fetch it (issue 5, the paper's Fig. 4).
+	ObjectRecover ObjectOpcode = 10
 )
 
 var objectOpcodeNames = [...]string{
@@ -149,6 +153,7 @@ var objectOpcodeNames = [...]string{
 	ObjectStat:        "STAT",
 	ObjectList:        "LIST",
 	ObjectPing:        "PING",
+	ObjectRecover:     "RECOVER",
 }
 
 func (o ObjectOpcode) String() string {
@@ -160,7 +165,7 @@ func (o ObjectOpcode) String() string {
 
 // known reports whether o is an opcode of this version.
 func (o ObjectOpcode) known() bool {
-	return o >= ObjectRead && o <= ObjectPing
+	return o >= ObjectRead && o <= ObjectRecover
 }
 
 // ObjectFlags modify a request.
@@ -178,11 +183,17 @@ const (
 	ObjectFlagCreate ObjectFlags = 1 << 1
 	// ObjectFlagNoHole: WRITE_ZEROES must leave the range allocated.
 	ObjectFlagNoHole ObjectFlags = 1 << 2
+	// ObjectFlagAnyStamp: READ the copy whatever its epoch stamp, even
+	// one not yet proven current in this epoch. For recovery reading a
+	// source it proved current, and for `herd vdi check`; never for
+	// serving a client.
+	ObjectFlagAnyStamp ObjectFlags = 1 << 3
 )
 
 // allowedObjectFlags are the flags each opcode accepts; any other bit makes
 // the request INVALID.
 var allowedObjectFlags = [...]ObjectFlags{
+	ObjectRead:        ObjectFlagAnyStamp,
 	ObjectWrite:       ObjectFlagForceUnitAccess | ObjectFlagCreate,
 	ObjectWriteZeroes: ObjectFlagForceUnitAccess | ObjectFlagCreate | ObjectFlagNoHole,
 	ObjectTrim:        ObjectFlagForceUnitAccess,
@@ -198,7 +209,7 @@ func (f ObjectFlags) String() string {
 	for _, flag := range []struct {
 		bit  ObjectFlags
 		name string
-	}{{ObjectFlagForceUnitAccess, "FUA"}, {ObjectFlagCreate, "CREATE"}, {ObjectFlagNoHole, "NOHOLE"}} {
+	}{{ObjectFlagForceUnitAccess, "FUA"}, {ObjectFlagCreate, "CREATE"}, {ObjectFlagNoHole, "NOHOLE"}, {ObjectFlagAnyStamp, "ANY_STAMP"}} {
 		if f&flag.bit != 0 {
 			names = append(names, flag.name)
 			f &^= flag.bit
@@ -239,8 +250,15 @@ const (
 	ObjectStatusUnknownOpcode ObjectStatus = 8
 	// ObjectStatusTooLarge: the request's Length exceeds MaxPayload.
 	ObjectStatusTooLarge ObjectStatus = 9
+	// ObjectStatusNotRecovered: the responder's copy is not (yet) proven
+	// current in this epoch; the requester sends RECOVER and retries.
+	ObjectStatusNotRecovered ObjectStatus = 10
+	// ObjectStatusNoCopy: RECOVER found no copy that is provably current:
+	// the newest copies may be on nodes that are down. The object is
+	// unavailable until one of them returns.
+	ObjectStatusNoCopy ObjectStatus = 11
 
-	objectStatusCount = 10
+	objectStatusCount = 12
 )
 
 var objectStatusNames = [objectStatusCount]string{
@@ -254,6 +272,8 @@ var objectStatusNames = [objectStatusCount]string{
 	ObjectStatusShuttingDown:  "SHUTTING_DOWN",
 	ObjectStatusUnknownOpcode: "UNKNOWN_OPCODE",
 	ObjectStatusTooLarge:      "TOO_LARGE",
+	ObjectStatusNotRecovered:  "NOT_RECOVERED",
+	ObjectStatusNoCopy:        "NO_COPY",
 }
 
 func (s ObjectStatus) String() string {
@@ -426,7 +446,7 @@ func ValidateObjectRequest(r *ObjectRequest) (ObjectStatus, string) {
 		return validateObjectRange(r)
 	case ObjectWriteZeroes, ObjectTrim:
 		return validateObjectRange(r)
-	case ObjectRemove, ObjectStat:
+	case ObjectRemove, ObjectStat, ObjectRecover:
 		if r.Offset != 0 || r.Length != 0 {
 			return ObjectStatusInvalid, fmt.Sprintf("%s takes no range (offset %d, length %d)", r.Opcode, r.Offset, r.Length)
 		}

@@ -141,7 +141,7 @@ func TestObjectValidateRequest(t *testing.T) {
 		{ObjectRequest{Opcode: ObjectList, OID: 3, Offset: 0xFFFFFFFF, Length: MaxObjectListEntries}, ObjectStatusOK},
 		{ObjectRequest{Opcode: ObjectPing, Epoch: 99}, ObjectStatusOK},
 		{ObjectRequest{Opcode: ObjectPing, Length: 1}, ObjectStatusInvalid},
-		{ObjectRequest{Opcode: ObjectPing + 1}, ObjectStatusUnknownOpcode},
+		{ObjectRequest{Opcode: ObjectRecover + 1}, ObjectStatusUnknownOpcode},
 		{ObjectRequest{Opcode: 255}, ObjectStatusUnknownOpcode},
 	} {
 		status, message := ValidateObjectRequest(&test.request)

@@ -39,6 +39,11 @@ var (
 	// ErrObjectProtocol: a header could not be trusted (bad magic, version
 	// or CRC) or a response broke the protocol; the connection is closed.
 	ErrObjectProtocol = errors.New("peer: object protocol violation")
+	// ErrNotRecovered: the replica's copy is not yet proven current in
+	// this epoch; RECOVER it, then retry.
+	ErrNotRecovered = errors.New("peer: copy not recovered in this epoch")
+	// ErrNoCopy: no reachable copy of the object is provably current.
+	ErrNoCopy = errors.New("peer: no provably current copy reachable")
 	// ErrObjectServerClosed is returned by ObjectServer.Serve after Close.
 	ErrObjectServerClosed = errors.New("peer: object server closed")
 	// ErrObjectClientClosed is returned by ObjectClient.Do after Close.
@@ -81,6 +86,8 @@ var objectStatusErrors = [objectStatusCount]error{
 	ObjectStatusShuttingDown:  ErrShuttingDown,
 	ObjectStatusUnknownOpcode: ErrUnknownObjectOpcode,
 	ObjectStatusTooLarge:      ErrObjectTooLarge,
+	ObjectStatusNotRecovered:  ErrNotRecovered,
+	ObjectStatusNoCopy:        ErrNoCopy,
 }
 
 // ObjectStatusOf returns the status that reports err to a requester: the

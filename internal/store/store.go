@@ -391,6 +391,17 @@ func (s *Store) SetEpoch(oid uint64, epoch uint64) error {
 	})
 }
 
+// Epoch returns the copy's epoch stamp: ErrNotFound if missing. Cheaper
+// than Stat (no fstat), for the replica's per-request check.
+func (s *Store) Epoch(oid uint64) (uint64, error) {
+	var epoch uint64
+	err := s.with("epoch", oid, accessExisting, 0, func(h *handle) error {
+		epoch = h.epoch.Load()
+		return nil
+	})
+	return epoch, err
+}
+
 // Sync makes the object's completed writes durable: its data, header and
 // directory entries.
 func (s *Store) Sync(oid uint64) error {

@@ -145,6 +145,12 @@ func TestEpochStampsPersist(t *testing.T) {
 		if err != nil || stat.Epoch != want {
 			t.Errorf("object %d: Stat %+v, %v", oid, stat, err)
 		}
+		if epoch, err := s.Epoch(oid); err != nil || epoch != want {
+			t.Errorf("object %d: Epoch %d, %v", oid, epoch, err)
+		}
+	}
+	if _, err := s.Epoch(9); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Epoch of a missing object: %v", err)
 	}
 }
 
