@@ -9,6 +9,7 @@ require (
 	github.com/hashicorp/raft-boltdb/v2 v2.3.1
 	github.com/spf13/cobra v1.10.2
 	golang.org/x/sys v0.38.0
+	golang.org/x/time v0.16.0
 )
 
 require (

@@ -86,12 +86,21 @@ type DataPath interface {
 	Space(ctx context.Context) (map[uint32]gateway.Space, error)
 	Usage() (Usage, error)
 	Recovery() gateway.RecoveryStatus
+	RecoveryLimits() gateway.RecoveryLimits
+	SetRecoveryLimits(gateway.RecoveryLimits) error
 	Check(ctx context.Context, name string, repair bool) (gateway.CheckReport, error)
 }
 
 // CheckRequest asks for a replica comparison of a VDI.
 type CheckRequest struct {
 	Repair bool `json:"repair"`
+}
+
+// RecoveryLimitsRequest changes recovery limits; absent fields keep their
+// value. MaxRate is in bytes per second, 0 for unlimited.
+type RecoveryLimitsRequest struct {
+	MaxRate     *uint64 `json:"max_rate,omitempty"`
+	Concurrency *int    `json:"concurrency,omitempty"`
 }
 
 // RecoveryEntry is one node's recovery state.
@@ -134,6 +143,30 @@ func NewServer(c *cluster.Cluster, data DataPath, token string, logger *slog.Log
 	s.handle(mux, "GET /v1/local/usage", func(r *http.Request) (any, error) { return data.Usage() })
 	s.handle(mux, "GET /v1/local/recovery", func(r *http.Request) (any, error) { return data.Recovery(), nil })
 	s.handle(mux, "GET /v1/recovery", func(r *http.Request) (any, error) { return s.recovery(r.Context()), nil })
+	s.handle(mux, "PUT /v1/local/recovery/limits", func(r *http.Request) (any, error) {
+		var req RecoveryLimitsRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		limits := data.RecoveryLimits()
+		if req.MaxRate != nil {
+			limits.MaxRate = *req.MaxRate
+		}
+		if req.Concurrency != nil {
+			limits.Concurrency = *req.Concurrency
+		}
+		if err := data.SetRecoveryLimits(limits); err != nil {
+			return nil, fmt.Errorf("%w: %v", cluster.ErrInvalid, err)
+		}
+		return data.Recovery(), nil
+	})
+	s.handle(mux, "PUT /v1/recovery/limits", func(r *http.Request) (any, error) {
+		var req RecoveryLimitsRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return s.setRecoveryLimits(r.Context(), req)
+	})
 	s.handle(mux, "POST /v1/vdis/{name}/snapshot", func(r *http.Request) (any, error) {
 		var req SnapshotRequest
 		if err := decodeBody(r, &req); err != nil {
@@ -320,6 +353,38 @@ func (s *Server) nodes(ctx context.Context) []NodeEntry {
 	}
 	wg.Wait()
 	return out
+}
+
+// setRecoveryLimits applies new limits on every alive node; a node that
+// refuses or cannot be reached is reported in its entry.
+func (s *Server) setRecoveryLimits(ctx context.Context, req RecoveryLimitsRequest) ([]RecoveryEntry, error) {
+	var out []RecoveryEntry
+	for _, n := range s.cluster.Nodes() {
+		if n.State == cluster.NodeAlive {
+			out = append(out, RecoveryEntry{Node: n.ID, Address: n.Address})
+		}
+	}
+	errs := make([]error, len(out))
+	var wg sync.WaitGroup
+	for i := range out {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, _ := s.cluster.Node(out[i].Node)
+			ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			if err := NewClient(n.AdminAddr, s.token).Do(ctx, http.MethodPut, "/v1/local/recovery/limits", req, &out[i].Status); err != nil {
+				out[i].Error, errs[i] = err.Error(), err
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range out {
+		if errs[i] != nil && errors.Is(errs[i], cluster.ErrInvalid) {
+			return out, errs[i] // the same limits are refused everywhere
+		}
+	}
+	return out, nil
 }
 
 // recovery asks every alive node for its recovery state.

@@ -179,6 +179,12 @@ func (c *Client) Tree(ctx context.Context) ([]TreeEntry, error) {
 	return v, c.Do(ctx, http.MethodGet, "/v1/tree", nil, &v)
 }
 
+// SetRecoveryLimits changes the recovery limits of every alive node.
+func (c *Client) SetRecoveryLimits(ctx context.Context, req RecoveryLimitsRequest) ([]RecoveryEntry, error) {
+	var v []RecoveryEntry
+	return v, c.Do(ctx, http.MethodPut, "/v1/recovery/limits", req, &v)
+}
+
 func (c *Client) Recovery(ctx context.Context) ([]RecoveryEntry, error) {
 	var v []RecoveryEntry
 	return v, c.Do(ctx, http.MethodGet, "/v1/recovery", nil, &v)

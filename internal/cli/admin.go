@@ -150,30 +150,64 @@ func nodeCommand(g *globals) *cobra.Command {
 			})
 		},
 	}
+	var maxRate string
+	var concurrency int
 	recovery := &cobra.Command{
-		Use:   "recovery",
-		Short: "per-node recovery after the last epoch change: objects, copied, remaining",
-		Args:  args(0, ""),
+		Use:   "recovery [--max-rate RATE] [--concurrency N]",
+		Short: "per-node recovery after the last epoch change: progress, rate, ETA; --max-rate and --concurrency change its limits live on every node",
+		Args:  args(0, "[--max-rate RATE] [--concurrency N]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, cancel := g.context()
 			defer cancel()
-			entries, err := g.client().Recovery(ctx)
+			var req api.RecoveryLimitsRequest
+			if cmd.Flags().Changed("max-rate") {
+				rate, err := parseRate(maxRate)
+				if err != nil {
+					return err
+				}
+				req.MaxRate = &rate
+			}
+			if cmd.Flags().Changed("concurrency") {
+				req.Concurrency = &concurrency
+			}
+			var entries []api.RecoveryEntry
+			var err error
+			if req.MaxRate != nil || req.Concurrency != nil {
+				entries, err = g.client().SetRecoveryLimits(ctx, req)
+			} else {
+				entries, err = g.client().Recovery(ctx)
+			}
 			if err != nil {
 				return err
 			}
 			return g.output(entries, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "NODE\tADDRESS\tEPOCH\tSTATE\tOBJECTS\tCOPIED\tREMAINING\tBYTES COPIED\tNOTE")
+				fmt.Fprintln(w, "NODE\tADDRESS\tEPOCH\tSTATE\tOBJECTS\tCOPIED\tREMAINING\tBYTES COPIED\tBYTES LEFT\tRATE\tETA\tSURPLUS\tLIMITS\tNOTE")
 				for _, e := range entries {
+					st := e.Status
 					note := e.Error
 					if note == "" {
-						note = e.Status.LastError
+						note = st.LastError
 					}
-					fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\n", e.Node, e.Address, e.Status.Epoch, e.Status.State,
-						e.Status.Objects, e.Status.Copied, e.Status.Remaining, size.Format(e.Status.Bytes), note)
+					if note == "" && st.Unavailable > 0 {
+						note = fmt.Sprintf("%d objects unavailable until nodes holding their newest copies return", st.Unavailable)
+					}
+					rate, eta := "-", "-"
+					if st.Rate > 0 {
+						rate = size.Format(st.Rate) + "/s"
+						eta = (time.Duration(st.ETASeconds) * time.Second).String()
+					}
+					limit := "unlimited"
+					if st.Limits.MaxRate > 0 {
+						limit = size.Format(st.Limits.MaxRate) + "/s"
+					}
+					fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%s x%d\t%s\n", e.Node, e.Address, st.Epoch, st.State,
+						st.Objects, st.Copied, st.Remaining, size.Format(st.Bytes), size.Format(st.BytesRemaining), rate, eta, st.Surplus, limit, st.Limits.Concurrency, note)
 				}
 			})
 		},
 	}
+	recovery.Flags().StringVar(&maxRate, "max-rate", "", "copy at most RATE per node (e.g. 100MiB or 100MiB/s; 0 = unlimited)")
+	recovery.Flags().IntVar(&concurrency, "concurrency", 0, "recover at most N objects at once per node (1-64)")
 	cmd.AddCommand(list, recovery)
 	return cmd
 }
@@ -184,6 +218,9 @@ func vdiCommand(g *globals) *cobra.Command {
 		return g.output(v, func(w *tabwriter.Writer) {
 			fmt.Fprintf(w, "Name:\t%s\nID:\t%d\nSize:\t%s (%d bytes)\nCopies:\t%d\nObject size:\t%s\nCreated:\t%s\n",
 				v.FullName(), v.ID, size.Format(v.Size), v.Size, v.Copies, size.Format(v.ObjectSize), v.Created.Local().Format(time.DateTime))
+			if v.Unclean {
+				fmt.Fprintf(w, "Unclean:\tits writer's node died; replicas are made identical when it is next opened for writing (or by vdi check --repair)\n")
+			}
 			if v.Snapshot {
 				fmt.Fprintf(w, "Snapshot:\t%s, taken %s (read-only; export %s)\n", v.Tag, v.SnapshotTime.Local().Format(time.DateTime), v.FullName())
 			}
@@ -436,4 +473,17 @@ func printTree(w *tabwriter.Writer, entries []api.TreeEntry) {
 	for _, r := range roots {
 		walk(r, 0)
 	}
+}
+
+// parseRate reads a bandwidth: a size per second ("100MiB", "100MiB/s",
+// "1G/s"), or 0 / "unlimited".
+func parseRate(text string) (uint64, error) {
+	if text == "0" || text == "unlimited" {
+		return 0, nil
+	}
+	n, err := size.Parse(strings.TrimSuffix(text, "/s"))
+	if err != nil {
+		return 0, fmt.Errorf("--max-rate %q: %v (a size per second such as 100MiB/s, or 0 for unlimited)", text, err)
+	}
+	return n, nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,6 +32,7 @@ const (
 	commandVDIClone    commandType = 10
 	commandVDIRollback commandType = 11
 	commandGarbageDone commandType = 12
+	commandVDIRepaired commandType = 13
 )
 
 // Command payloads. Time is stamped by the proposer so that Apply stays
@@ -56,6 +58,9 @@ type (
 		Time time.Time `json:"time"`
 	}
 	vdiDeleteCommand struct {
+		Name string `json:"name"`
+	}
+	vdiRepairedCommand struct {
 		Name string `json:"name"`
 	}
 	vdiResizeCommand struct {
@@ -135,6 +140,7 @@ var commands = map[commandType]applyFunc{
 	commandVDIClone:    applyVDIClone,
 	commandVDIRollback: applyVDIRollback,
 	commandGarbageDone: applyGarbageDone,
+	commandVDIRepaired: applyVDIRepaired,
 }
 
 // FSM is the replicated state machine. Apply must be deterministic and
@@ -421,12 +427,34 @@ func newEpoch(s *State, at time.Time, reason string) {
 	s.Epochs = append(s.Epochs, Epoch{Number: s.Epoch() + 1, Nodes: s.AliveNodes(), Time: at, Reason: reason})
 }
 
+// releaseLocks drops the locks of a node that left or restarted. A VDI
+// whose writer lock goes this way is marked unclean: its writer may have
+// died in the middle of writes, leaving replicas that differ, and the
+// next writer repairs it before serving (issue 5 item 5).
 func releaseLocks(s *State, match func(*Lock) bool) {
 	for key, l := range s.Locks {
 		if match(l) {
 			delete(s.Locks, key)
+			if name, ok := strings.CutPrefix(key, vdiLockKey("")); ok {
+				if v, ok := s.VDIs[name]; ok {
+					v.Unclean = true
+				}
+			}
 		}
 	}
+}
+
+func applyVDIRepaired(s *State, data []byte) (any, error) {
+	var c vdiRepairedCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	v, ok := s.VDIs[c.Name]
+	if !ok {
+		return nil, fmt.Errorf("vdi %q: %w", c.Name, ErrNotFound)
+	}
+	v.Unclean = false
+	return *v, nil
 }
 
 func applyVDICreate(s *State, data []byte) (any, error) {

@@ -266,6 +266,13 @@ func (c *Cluster) DeleteVDI(ctx context.Context, name string) error {
 	return err
 }
 
+// MarkVDIRepaired clears a VDI's unclean mark once its replicas were made
+// identical.
+func (c *Cluster) MarkVDIRepaired(ctx context.Context, name string) error {
+	_, err := c.propose(ctx, commandVDIRepaired, vdiRepairedCommand{Name: name})
+	return err
+}
+
 // ResizeVDI grows a VDI.
 func (c *Cluster) ResizeVDI(ctx context.Context, name string, size uint64) (VDI, error) {
 	var v VDI

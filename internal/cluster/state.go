@@ -66,6 +66,10 @@ type VDI struct {
 	Tag          string    `json:"tag,omitempty"`
 	SnapshotTime time.Time `json:"snapshot_time,omitzero"`
 	Deleted      bool      `json:"deleted,omitempty"`
+	// Unclean: the node holding the VDI's writer lock died; replicas of
+	// objects it was writing may differ until the next writer (or `herd
+	// vdi check --repair`) makes them identical.
+	Unclean bool `json:"unclean,omitempty"`
 }
 
 // FullName is NAME for a writable VDI and NAME@TAG for a snapshot.

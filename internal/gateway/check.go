@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
 )
@@ -40,6 +41,17 @@ func (g *Gateway) Check(ctx context.Context, name string, repair bool) (CheckRep
 			return report, fmt.Errorf("%w: vdi %q is open for writing through node %s; repair it once it is closed", cluster.ErrBusy, vdi.Name, holder)
 		}
 	}
+	report, err = g.checkVDI(ctx, vdi, repair)
+	if err == nil && repair && vdi.Unclean && report.Unavailable == 0 {
+		err = g.cluster.MarkVDIRepaired(ctx, vdi.Name)
+	}
+	return report, err
+}
+
+// checkVDI is Check without the lock test: the caller is the next writer
+// of an unclean VDI, holding its lock, or nobody holds it.
+func (g *Gateway) checkVDI(ctx context.Context, vdi cluster.VDI, repair bool) (CheckReport, error) {
+	report := CheckReport{VDI: vdi.FullName()}
 	entries, err := g.loadMap(ctx, vdi)
 	if err != nil {
 		return report, err
@@ -165,5 +177,25 @@ func (g *Gateway) checkObject(ctx context.Context, oid uint64, vdi cluster.VDI, 
 	if bad == 0 {
 		report.Consistent++
 	}
+	return nil
+}
+
+// repairUnclean makes every replica of an unclean VDI identical before
+// its new writer serves it: its previous writer's node died, perhaps in
+// the middle of writes that reached some replicas only. Old or new data
+// wins per object, but the same on every replica.
+func (g *Gateway) repairUnclean(ctx context.Context, vdi cluster.VDI) error {
+	started := time.Now()
+	report, err := g.checkVDI(ctx, vdi, true)
+	if err != nil {
+		return err
+	}
+	if report.Unavailable > 0 {
+		return fmt.Errorf("%d objects are unavailable (their newest copies may be on nodes that are down)", report.Unavailable)
+	}
+	if err := g.cluster.MarkVDIRepaired(ctx, vdi.Name); err != nil {
+		return err
+	}
+	g.logger.Info("gateway: repaired vdi whose writer died", "vdi", vdi.Name, "objects", report.Objects, "repaired", report.Repaired, "took", time.Since(started).Round(time.Millisecond))
 	return nil
 }

@@ -397,3 +397,15 @@ func (m *memoryReplicas) Recover(ctx context.Context, node cluster.Node, epoch, 
 	m.stamps[node.ID][oid] = epoch
 	return nil
 }
+
+func (c *fakeCluster) MarkVDIRepaired(ctx context.Context, name string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.vdis[name]
+	if !ok {
+		return cluster.ErrNotFound
+	}
+	v.Unclean = false
+	c.vdis[name] = v
+	return nil
+}

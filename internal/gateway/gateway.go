@@ -42,6 +42,7 @@ type Cluster interface {
 	SnapshotVDI(ctx context.Context, name, tag, holder string) (cluster.SnapshotResult, error)
 	AcquireLock(ctx context.Context, key, session string) (cluster.Lock, error)
 	ReleaseLock(ctx context.Context, key, session string) error
+	MarkVDIRepaired(ctx context.Context, name string) error
 }
 
 // WriteFlags qualify a replica write.

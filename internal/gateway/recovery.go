@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -26,15 +27,16 @@ import (
 // until one of them returns. A newer epoch arriving mid-way cancels the
 // run and starts the next one, which skips what is already current.
 //
-// Not done yet (issue 5): removing copies no longer needed once the whole
-// cluster has recovered an epoch, and throttling by bandwidth.
+// Copies this node holds but the epoch places elsewhere are deleted once
+// every replica of their object holds a current, durable copy
+// (removeSurplus).
 type Recovery struct {
-	gateway     *Gateway
-	local       *Replica
-	lister      Lister
-	self        string
-	logger      *slog.Logger
-	concurrency int
+	gateway  *Gateway
+	local    *Replica
+	lister   Lister
+	self     string
+	logger   *slog.Logger
+	throttle *throttle
 
 	mu     sync.Mutex // guards status
 	status RecoveryStatus
@@ -55,15 +57,30 @@ type RecoveryStatus struct {
 	Bytes     uint64 `json:"bytes"`
 	// Unavailable counts objects placed here whose newest copies may be
 	// on nodes that are down: refused until one returns.
-	Unavailable int       `json:"unavailable,omitempty"`
-	Started     time.Time `json:"started,omitzero"`
-	Finished    time.Time `json:"finished,omitzero"`
-	LastError   string    `json:"last_error,omitempty"`
+	Unavailable int `json:"unavailable,omitempty"`
+	// Surplus counts copies held here that this epoch places elsewhere
+	// and that are not deleted yet: each waits until every replica of its
+	// object holds a current, durable copy. Removed counts those deleted.
+	Surplus int `json:"surplus"`
+	Removed int `json:"removed"`
+	// Progress of the pass in bytes: the copy rate so far, an estimate of
+	// the bytes left (objects left times the share of objects that needed
+	// a copy so far) and of the time left at that rate.
+	Rate           uint64  `json:"rate_bytes_per_second"`
+	BytesRemaining uint64  `json:"bytes_remaining"`
+	ETASeconds     float64 `json:"eta_seconds"`
+	// The limits in force (`herd node recovery --max-rate --concurrency`).
+	Limits RecoveryLimits `json:"limits"`
+
+	objectSize uint64
+	Started    time.Time `json:"started,omitzero"`
+	Finished   time.Time `json:"finished,omitzero"`
+	LastError  string    `json:"last_error,omitempty"`
 }
 
 // NewRecovery returns the recovery of this node.
 func NewRecovery(g *Gateway, local *Replica, lister Lister, self string, logger *slog.Logger) *Recovery {
-	r := &Recovery{gateway: g, local: local, lister: lister, self: self, logger: logger, concurrency: 4, status: RecoveryStatus{State: "idle"}}
+	r := &Recovery{gateway: g, local: local, lister: lister, self: self, logger: logger, throttle: newThrottle(defaultRecoveryConcurrency, 0), status: RecoveryStatus{State: "idle"}}
 	local.SetRecoverer(r.RecoverObject)
 	return r
 }
@@ -71,8 +88,23 @@ func NewRecovery(g *Gateway, local *Replica, lister Lister, self string, logger 
 // Status returns the current recovery state.
 func (r *Recovery) Status() RecoveryStatus {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.status
+	s := r.status
+	r.mu.Unlock()
+	s.Limits = r.throttle.limits()
+	if s.State == "pulling" || s.State == "retrying" {
+		if elapsed := time.Since(s.Started).Seconds(); elapsed > 0 {
+			s.Rate = uint64(float64(s.Bytes) / elapsed)
+		}
+		share := 1.0
+		if done := s.Objects - s.Remaining; done > 0 {
+			share = float64(s.Copied) / float64(done)
+		}
+		s.BytesRemaining = uint64(float64(s.Remaining) * float64(s.objectSize) * share)
+		if s.Rate > 0 {
+			s.ETASeconds = float64(s.BytesRemaining) / float64(s.Rate)
+		}
+	}
+	return s
 }
 
 func (r *Recovery) update(fn func(s *RecoveryStatus)) {
@@ -108,6 +140,7 @@ func (r *Recovery) Run(ctx context.Context) {
 			case <-time.After(time.Duration(min(attempt+1, 10)) * time.Second):
 			}
 		}
+		r.removeSurplus(run, epoch)
 		cancel()
 	}
 }
@@ -164,7 +197,9 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 		}
 	}
 	sort.Slice(mine, func(i, j int) bool { return mine[i] < mine[j] })
-	r.update(func(s *RecoveryStatus) { s.State, s.Objects, s.Remaining = "pulling", len(mine), len(mine) })
+	r.update(func(s *RecoveryStatus) {
+		s.State, s.Objects, s.Remaining, s.objectSize = "pulling", len(mine), len(mine), rv.format.ObjectSize
+	})
 	// Every node of the epoch answered the listing; no other node did.
 	answered := func(id string) bool { _, ok := rv.nodes[id]; return ok }
 	work := make(chan uint64)
@@ -172,19 +207,29 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 	var failedOnce sync.Once
 	var unavailable []uint64
 	var mu sync.Mutex
+	var noSpace int
 	var wg sync.WaitGroup
-	for w := 0; w < r.concurrency; w++ {
+	for w := 0; w < maxRecoveryConcurrency; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for oid := range work {
+				if err := r.throttle.enter(ctx); err != nil {
+					continue
+				}
 				b := newest[oid]
-				copied, err := r.makeCurrent(ctx, rv, oid, b.stamp, []cluster.Node{b.holder}, answered)
-				if errors.Is(err, ErrNoCopy) {
+				copied, err := r.makeCurrent(ctx, rv, oid, b.stamp, []cluster.Node{b.holder}, answered, r.throttle.wait)
+				r.throttle.leave()
+				switch {
+				case errors.Is(err, ErrNoCopy):
 					mu.Lock()
 					unavailable = append(unavailable, oid)
 					mu.Unlock()
-				} else if err != nil {
+				case isNoSpace(err):
+					mu.Lock()
+					noSpace++
+					mu.Unlock()
+				case err != nil:
 					failedOnce.Do(func() { failed = fmt.Errorf("object %016x: %w", oid, err) })
 				}
 				r.update(func(s *RecoveryStatus) {
@@ -208,6 +253,11 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 	}
 	close(work)
 	wg.Wait()
+	if noSpace > 0 {
+		// The copies elsewhere stay (removeSurplus waits for this node's
+		// copy): nothing is lost, redundancy waits for space.
+		return fmt.Errorf("%w: this node's disk is full: %d objects placed here could not be copied; their other copies are kept until space is freed", ErrNoSpace, noSpace)
+	}
 	if failed != nil {
 		return failed
 	}
@@ -219,6 +269,11 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 		r.update(func(s *RecoveryStatus) { s.Unavailable = len(unavailable) })
 		r.logger.Warn("recovery: objects whose newest copies may be on nodes that are down are unavailable until one returns",
 			"epoch", epoch, "objects", len(unavailable), "first", fmt.Sprintf("%016x", unavailable[0]))
+	}
+	// Recovered copies are durable before this node says it is done, so
+	// that other nodes may delete the copies they replace.
+	if err := r.local.store.Flush(); err != nil {
+		return fmt.Errorf("flushing recovered copies: %w", err)
 	}
 	status := r.Status()
 	r.update(func(s *RecoveryStatus) { s.State, s.Finished = "done", time.Now() })
@@ -261,7 +316,7 @@ func (r *Recovery) RecoverObject(ctx context.Context, epoch, oid uint64) error {
 		}
 		return fmt.Errorf("%w: object %016x: no node of epoch %d holds it", ErrNotFound, oid, epoch)
 	}
-	copied, err := r.makeCurrent(ctx, rv, oid, newest, holders, answered)
+	copied, err := r.makeCurrent(ctx, rv, oid, newest, holders, answered, nil) // I/O waits: never throttled
 	if copied {
 		r.logger.Info("recovery: recovered object on demand", "object", fmt.Sprintf("%016x", oid), "epoch", epoch, "stamp", newest)
 	}
@@ -273,7 +328,7 @@ func (r *Recovery) RecoverObject(ctx context.Context, epoch, oid uint64) error {
 // proves that copy current, then restamps its own copy if that is one,
 // or fetches the object from a holder. Under the object's exclusive
 // lock. Reports whether it copied data.
-func (r *Recovery) makeCurrent(ctx context.Context, rv *ringView, oid, newest uint64, holders []cluster.Node, answered func(string) bool) (bool, error) {
+func (r *Recovery) makeCurrent(ctx context.Context, rv *ringView, oid, newest uint64, holders []cluster.Node, answered func(string) bool, throttle func(ctx context.Context, bytes uint64) error) (bool, error) {
 	copied := false
 	err := r.local.exclusive(oid, func(stamp uint64, found bool) error {
 		if found && stamp >= rv.epoch {
@@ -293,6 +348,11 @@ func (r *Recovery) makeCurrent(ctx context.Context, rv *ringView, oid, newest ui
 			if h.ID == r.self {
 				continue
 			}
+			if throttle != nil {
+				if err := throttle(ctx, rv.format.ObjectSize); err != nil {
+					return err
+				}
+			}
 			data := make([]byte, rv.format.ObjectSize)
 			if _, err := r.gateway.replicas.Fetch(ctx, h, rv.epoch, oid, data); err != nil {
 				last = fmt.Errorf("fetching from node %s: %w", h.ID, err)
@@ -307,4 +367,104 @@ func (r *Recovery) makeCurrent(ctx context.Context, rv *ringView, oid, newest ui
 		return last
 	})
 	return copied, err
+}
+
+// removeSurplus deletes the copies this node holds but epoch places on
+// other nodes, once they are no longer needed: every replica of the
+// object in epoch holds a copy written or recovered in epoch (so proven
+// current), made durable by a flush of that replica. Until then the copy
+// stays, so no copy is deleted before its replacement exists. Repeats,
+// backing off, until none is left or the epoch changes.
+func (r *Recovery) removeSurplus(ctx context.Context, epoch uint64) {
+	for delay := time.Second; ctx.Err() == nil; delay = min(2*delay, 30*time.Second) {
+		left, err := r.removeSurplusOnce(ctx, epoch)
+		if err != nil && ctx.Err() == nil {
+			r.logger.Warn("recovery: removing surplus copies", "epoch", epoch, "err", err)
+		}
+		if err == nil && left == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+		}
+	}
+}
+
+func (r *Recovery) removeSurplusOnce(ctx context.Context, epoch uint64) (int, error) {
+	rv, err := r.gateway.current()
+	if err != nil {
+		return 0, err
+	}
+	if rv.epoch != epoch {
+		return 0, nil
+	}
+	if _, member := rv.nodes[r.self]; !member {
+		return 0, nil
+	}
+	copies := rv.format.Copies
+	var surplus []uint64
+	err = r.local.List(func(oid, stamp uint64) error {
+		if !slices.ContainsFunc(rv.replicasOf(oid, copies), func(n cluster.Node) bool { return n.ID == r.self }) {
+			surplus = append(surplus, oid)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	r.update(func(s *RecoveryStatus) { s.Surplus = len(surplus) })
+	if len(surplus) == 0 {
+		return 0, nil
+	}
+	// Which copies are replaced: every replica current in this epoch.
+	var replaced []uint64
+	flush := map[string]cluster.Node{}
+	for _, oid := range surplus {
+		targets := rv.replicasOf(oid, copies)
+		ok := true
+		for _, n := range targets {
+			stamp, err := r.gateway.replicas.Stat(ctx, n, epoch, oid)
+			if err != nil || stamp < epoch {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			replaced = append(replaced, oid)
+			for _, n := range targets {
+				flush[n.ID] = n
+			}
+		}
+		if ctx.Err() != nil {
+			return len(surplus), ctx.Err()
+		}
+	}
+	for _, n := range flush {
+		if err := r.gateway.replicas.Flush(ctx, n, epoch); err != nil {
+			return len(surplus), fmt.Errorf("flushing node %s before removing copies it replaces: %w", n.ID, err)
+		}
+	}
+	removed := 0
+	for _, oid := range replaced {
+		err := r.local.exclusive(oid, func(uint64, bool) error {
+			if r.gateway.cluster.Epoch() != epoch {
+				return context.Canceled // placement may have changed
+			}
+			return r.local.store.Remove(oid)
+		})
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return len(surplus) - removed, err
+		}
+		removed++
+	}
+	if err := r.local.store.Flush(); err != nil {
+		return len(surplus) - removed, err
+	}
+	left := len(surplus) - removed
+	r.update(func(s *RecoveryStatus) { s.Surplus, s.Removed = left, s.Removed+removed })
+	if removed > 0 {
+		r.logger.Info("recovery: removed copies placed elsewhere", "epoch", epoch, "removed", removed, "left", left)
+	}
+	return left, nil
 }

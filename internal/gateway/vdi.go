@@ -151,6 +151,12 @@ func (g *Gateway) acquireWriter(ctx context.Context, state *vdiState) error {
 			g.cluster.ReleaseLock(ctx, cluster.VDILockKey(name), g.session)
 			return fmt.Errorf("%w: %v", nbd.ErrUnknownExport, err)
 		}
+		if vdi.Unclean {
+			if err := g.repairUnclean(ctx, vdi); err != nil {
+				g.cluster.ReleaseLock(ctx, cluster.VDILockKey(name), g.session)
+				return fmt.Errorf("%w: vdi %q: the node of its previous writer died, and making its replicas identical failed: %v", nbd.ErrNotReady, name, err)
+			}
+		}
 		state.mu.Lock()
 		state.vdi, state.chain, state.pages = vdi, g.cluster.Chain(vdi.ID), map[uint64][]uint32{}
 		state.mu.Unlock()

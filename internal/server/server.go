@@ -338,6 +338,10 @@ type dataPath struct {
 
 func (d dataPath) Recovery() gateway.RecoveryStatus { return d.recovery.Status() }
 
+func (d dataPath) RecoveryLimits() gateway.RecoveryLimits { return d.recovery.Limits() }
+
+func (d dataPath) SetRecoveryLimits(l gateway.RecoveryLimits) error { return d.recovery.SetLimits(l) }
+
 func (d dataPath) Check(ctx context.Context, name string, repair bool) (gateway.CheckReport, error) {
 	return d.gateway.Check(ctx, name, repair)
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -94,10 +95,11 @@ func checkReplicasOn(t *testing.T, c *testcluster.Cluster, copies int, nodes []i
 }
 
 // TestNodeJoinRebalances: a 5th node joins a 4-node cluster holding data
-// while fio writes and verifies: I/O goes on without errors and recovery
-// gives the new node its share of the objects. (Removing the copies the
-// old nodes no longer need is issue 5's next step, so counts are not
-// checked.)
+// while fio writes and verifies: I/O goes on without errors, recovery
+// gives the new node its share of the objects, and the copies the old
+// nodes no longer need are deleted, leaving exactly 3 identical replicas
+// of every object. Then the 5th node is killed: its share is re-created
+// on the other four, again exactly 3 copies each.
 func TestNodeJoinRebalances(t *testing.T) {
 	need(t, "fio", "nbdcopy")
 	c := dataCluster(t, 4, 3, "disk", "512M")
@@ -111,6 +113,7 @@ func TestNodeJoinRebalances(t *testing.T) {
 		t.Fatalf("fio while a node joined: %v\n%s", err, lastLines(out.String(), 30))
 	}
 	waitRecovered(t, c, 5)
+	waitExactCopies(t, c, 3, all)
 	nodes, err := client(c, 0).Nodes(ctx(t))
 	if err != nil {
 		t.Fatal(err)
@@ -127,9 +130,35 @@ func TestNodeJoinRebalances(t *testing.T) {
 	if float64(mine) < share*0.7 || float64(mine) > share*1.3 {
 		t.Fatalf("new node holds %d copies, want about %.0f", mine, share)
 	}
+	checkReplicasOn(t, c, 3, all)
 	if report := herd(t, c, 4, "vdi", "check", "disk"); !strings.Contains(report, "0 replicas differing, 0 missing") {
 		t.Fatalf("vdi check after rebalancing:\n%s", report)
 	}
+
+	// Remove it again.
+	joined.Kill()
+	four := []int{0, 1, 2, 3}
+	waitAgreement(t, c, four, time.Minute)
+	waitRecovered(t, c, 4)
+	waitExactCopies(t, c, 3, four)
+	checkReplicasOn(t, c, 3, four)
+	if out, err := qemuIO(t, c.Node(2).NBDURI("disk"), "read 0 512M"); err != nil {
+		t.Fatalf("reading the disk after the 5th node left: %v\n%s", err, out)
+	}
+}
+
+// waitExactCopies waits until every object on the given nodes has
+// exactly `copies` copies among them (surplus copies deleted).
+func waitExactCopies(t *testing.T, c *testcluster.Cluster, copies int, nodes []int) {
+	t.Helper()
+	testcluster.WaitFor(t, 2*time.Minute, fmt.Sprintf("exactly %d copies of every object", copies), func() (bool, error) {
+		for oid, holders := range objectFiles(t, c, nodes...) {
+			if len(holders) != copies {
+				return false, fmt.Errorf("object %s has %d copies", oid, len(holders))
+			}
+		}
+		return true, nil
+	})
 }
 
 // TestNodePausedDuringIO: SIGSTOP one node of 4 while fio writes and
@@ -158,4 +187,52 @@ func TestNodePausedDuringIO(t *testing.T) {
 	if report := herd(t, c, 3, "vdi", "check", "disk"); !strings.Contains(report, "0 replicas differing, 0 missing") {
 		t.Fatalf("vdi check after the paused node came back:\n%s", report)
 	}
+}
+
+// TestWriterNodeKilledMidWrite: the node serving a VDI's only writer is
+// killed -9 in the middle of writes. The VDI is marked unclean; when it
+// is opened for writing through another node, that node first makes
+// every object's replicas identical, and `herd vdi check` is clean.
+func TestWriterNodeKilledMidWrite(t *testing.T) {
+	need(t, "fio", "qemu-io")
+	c := dataCluster(t, 4, 3, "disk", "256M")
+	fio, out := startFio(t, "writer", c.Node(1).NBDURI("disk"), "rw=randwrite\nbs=4k-256k\niodepth=32\nsize=256M\ntime_based=1\nruntime=600\n")
+	waitObjectCopies(t, c, 120)
+	c.Node(1).Kill()
+	fio.Wait()
+	t.Logf("fio, cut off: %s", lastLines(out.String(), 2))
+	three := []int{0, 2, 3}
+	waitAgreement(t, c, three, time.Minute)
+	testcluster.WaitFor(t, 30*time.Second, "the vdi to be marked unclean", func() (bool, error) {
+		v, err := client(c, 0).VDI(ctx(t), "disk")
+		return err == nil && v.Unclean, fmt.Errorf("%+v %v", v, err)
+	})
+	// Opening it for writing elsewhere repairs it first.
+	if out, err := qemuIO(t, c.Node(2).NBDURI("disk"), "write -P 0x5a 0 4096", "flush"); err != nil {
+		t.Fatalf("writing through node 2: %v\n%s", err, out)
+	}
+	v, err := client(c, 0).VDI(ctx(t), "disk")
+	if err != nil || v.Unclean {
+		t.Fatalf("vdi still unclean after a writer opened it: %+v %v", v, err)
+	}
+	logged, _ := os.ReadFile(c.Node(2).LogPath())
+	if !strings.Contains(string(logged), "repaired vdi whose writer died") {
+		t.Fatalf("node 2 did not repair the vdi before serving it; its log:\n%s", lastLines(string(logged), 20))
+	}
+	t.Logf("%s", lastLines(grepLines(string(logged), "repaired vdi"), 1))
+	report := herd(t, c, 3, "vdi", "check", "disk")
+	if !strings.Contains(report, "0 replicas differing, 0 missing, 0 unavailable") {
+		t.Fatalf("vdi check after the repair:\n%s", report)
+	}
+	t.Logf("%s", strings.TrimSpace(report))
+}
+
+func grepLines(text, substring string) string {
+	var out []string
+	for _, line := range strings.Split(text, "\n") {
+		if strings.Contains(line, substring) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -1,0 +1,669 @@
+// Package robustness runs herd under a nemesis (issue 5, "Must show"):
+// NBD clients write and read-verify on a 5-node cluster with 3 copies
+// while nodes are killed -9, paused, restarted and partitioned away, at
+// most copies-1 of them faulty at once. Every client records its history
+// of block writes and reads and checks each read against a model: a read
+// returns the last acknowledged write to that block, or a write whose
+// outcome the client does not know (it got an error). At the end every
+// block is read back, every object must have 3 identical replicas, and a
+// summary is printed.
+//
+// In CI it runs for a short while (the default); for long runs:
+//
+//	bench/robustness.sh 30m
+package robustness
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"hash/crc32"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/herd-storage/herd/internal/api"
+	"github.com/herd-storage/herd/internal/nbdclient"
+	"github.com/herd-storage/herd/internal/testcluster"
+)
+
+var (
+	duration = flag.Duration("robustness.duration", 75*time.Second, "how long clients run under the nemesis")
+	seedFlag = flag.Uint64("robustness.seed", 0, "random seed for clients and nemesis (0: from the clock)")
+)
+
+const (
+	nodes     = 5
+	copies    = 3
+	clients   = 3
+	vdiSize   = 64 << 20
+	blockSize = 4096
+	blocks    = vdiSize / blockSize
+	inFlight  = 8 // operations per client at once, on distinct blocks
+)
+
+// The nemesis never touches nodes 0 and 1: the clients' NBD connections
+// go through them (a VM whose host dies dies with it).
+var targets = []int{2, 3, 4}
+
+func TestRobustness(t *testing.T) {
+	seed := *seedFlag
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	t.Logf("seed %d (rerun with -robustness.seed=%d), duration %v", seed, seed, *duration)
+	c := testcluster.Start(t, testcluster.Options{Nodes: nodes, Namespaces: true})
+	all := []int{0, 1, 2, 3, 4}
+	waitHealthy(t, c, all)
+	herd(t, c, "cluster", "format", "--copies", fmt.Sprint(copies))
+	for k := 0; k < clients; k++ {
+		herd(t, c, "vdi", "create", fmt.Sprintf("rob%d", k), fmt.Sprint(vdiSize))
+	}
+
+	ctx, stop := context.WithCancel(t.Context())
+	defer stop()
+	var wg sync.WaitGroup
+	workers := make([]*worker, clients)
+	for k := range workers {
+		w := &worker{id: uint32(k + 1), node: c.Node(k % 2), vdi: fmt.Sprintf("rob%d", k), random: rand.New(rand.NewPCG(seed, uint64(k))), acked: make([]uint64, blocks), uncertain: map[int][]uint64{}}
+		workers[k] = w
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.run(ctx)
+		}()
+	}
+
+	rec := &recoveryLog{times: map[string]time.Duration{}}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rec.poll(ctx, c)
+	}()
+	nem := &nemesis{t: t, c: c, random: rand.New(rand.NewPCG(seed, 99)), state: map[int]string{}}
+	started := time.Now()
+	for time.Since(started) < *duration {
+		nem.step()
+		select {
+		case <-time.After(time.Duration(2000+nem.random.IntN(4000)) * time.Millisecond):
+		case <-t.Context().Done():
+		}
+	}
+	stop()
+	wg.Wait()
+	nem.healAll()
+
+	// Every node back, agreed, recovered, surplus removed.
+	waitHealthy(t, c, all)
+	recoveredAt := time.Now()
+	waitRecovered(t, c, nodes)
+	t.Logf("recovery after the last heal took %v", time.Since(recoveredAt).Round(time.Millisecond))
+
+	// The final state: every block holds its last acknowledged write (or
+	// a write of unknown outcome).
+	var lost, verifyFailures, ops, errs, flushes int64
+	for _, w := range workers {
+		w.finalCheck(t)
+		lost += w.lost.Load()
+		verifyFailures += w.badReads.Load()
+		ops += w.ops.Load()
+		errs += w.errors.Load()
+		flushes += w.flushes.Load()
+	}
+	exact := waitExactCopies(t, c)
+
+	t.Logf("summary: %d operations (%d flushes) by %d clients in %v; faults injected: %s; client errors: %d; verification failures: %d; acknowledged writes lost: %d; %d objects with %d identical replicas each",
+		ops, flushes, clients, duration.Round(time.Second), nem.summary(), errs, verifyFailures, lost, exact, copies)
+	rec.report(t)
+	if verifyFailures > 0 || lost > 0 {
+		for _, w := range workers {
+			for _, f := range w.failures() {
+				t.Errorf("client %d: %s", w.id, f)
+			}
+		}
+		t.Fatalf("%d verification failures, %d acknowledged writes lost", verifyFailures, lost)
+	}
+	if errs > 0 {
+		for _, w := range workers {
+			for _, e := range w.errorLog() {
+				t.Logf("client %d: %s", w.id, e)
+			}
+		}
+		t.Fatalf("clients saw %d I/O errors with at most %d of %d nodes faulty", errs, copies-1, nodes)
+	}
+	if ops < 1000 {
+		t.Fatalf("only %d operations: the clients hardly ran", ops)
+	}
+}
+
+// worker is one NBD client with its model of the disk.
+type worker struct {
+	id     uint32
+	node   *testcluster.Node
+	vdi    string
+	random *rand.Rand
+
+	mu        sync.Mutex
+	conn      *nbdclient.Conn
+	seq       uint64
+	busy      map[int]bool
+	acked     []uint64         // per block: last acknowledged write (0: never written)
+	uncertain map[int][]uint64 // per block: writes that failed (outcome unknown)
+	problems  []string
+	errs      []string
+
+	ops, errors, badReads, lost, flushes atomic.Int64
+}
+
+// content is what write seq puts in block: a header naming client, block
+// and seq, then bytes derived from them, with a CRC over it all.
+func content(client uint32, block int, seq uint64) []byte {
+	p := make([]byte, blockSize)
+	binary.BigEndian.PutUint32(p[0:], client)
+	binary.BigEndian.PutUint32(p[4:], uint32(block))
+	binary.BigEndian.PutUint64(p[8:], seq)
+	x := seq*0x9E3779B97F4A7C15 ^ uint64(block)
+	for i := 16; i < blockSize-4; i += 8 {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		binary.LittleEndian.PutUint64(p[i:], x)
+	}
+	binary.BigEndian.PutUint32(p[blockSize-4:], crc32.ChecksumIEEE(p[:blockSize-4]))
+	return p
+}
+
+// decode returns the seq a block holds (0 for zeros), or an error when
+// it is neither zeros nor an intact write of this client to this block.
+func decode(client uint32, block int, p []byte) (uint64, error) {
+	if bytes.Count(p, []byte{0}) == len(p) {
+		return 0, nil
+	}
+	seq := binary.BigEndian.Uint64(p[8:])
+	if binary.BigEndian.Uint32(p[0:]) != client || binary.BigEndian.Uint32(p[4:]) != uint32(block) || !bytes.Equal(p, content(client, block, seq)) {
+		return 0, fmt.Errorf("block %d holds neither zeros nor an intact write (header %x)", block, p[:16])
+	}
+	return seq, nil
+}
+
+func (w *worker) connect(ctx context.Context) (*nbdclient.Conn, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.conn != nil {
+		return w.conn, nil
+	}
+	dial, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := nbdclient.Dial(dial, w.node.NBDAddr(), w.vdi)
+	if err != nil {
+		return nil, err
+	}
+	w.conn = conn
+	return conn, nil
+}
+
+func (w *worker) dropConn(conn *nbdclient.Conn) {
+	w.mu.Lock()
+	if w.conn == conn {
+		w.conn = nil
+	}
+	w.mu.Unlock()
+	conn.Close()
+}
+
+func (w *worker) run(ctx context.Context) {
+	w.busy = map[int]bool{}
+	sem := make(chan struct{}, inFlight)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for ctx.Err() == nil {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		w.mu.Lock()
+		block := w.random.IntN(blocks)
+		for w.busy[block] {
+			block = w.random.IntN(blocks)
+		}
+		w.busy[block] = true
+		roll := w.random.IntN(100)
+		w.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			defer func() { w.mu.Lock(); delete(w.busy, block); w.mu.Unlock() }()
+			switch {
+			case roll < 50:
+				w.write(ctx, block, roll < 5)
+			case roll < 95:
+				w.read(ctx, block)
+			default:
+				w.flush(ctx)
+			}
+		}()
+	}
+}
+
+// opTimeout bounds one operation: herd retries internally for at most
+// 30 s before it fails a request.
+const opTimeout = 2 * time.Minute
+
+func (w *worker) recordError(what string, err error) {
+	w.errors.Add(1)
+	w.mu.Lock()
+	if len(w.errs) < 20 {
+		w.errs = append(w.errs, fmt.Sprintf("%s %s: %v", time.Now().Format("15:04:05.000"), what, err))
+	}
+	w.mu.Unlock()
+}
+
+func (w *worker) problem(format string, args ...any) {
+	w.mu.Lock()
+	if len(w.problems) < 20 {
+		w.problems = append(w.problems, fmt.Sprintf(format, args...))
+	}
+	w.mu.Unlock()
+}
+
+func (w *worker) write(ctx context.Context, block int, fua bool) {
+	w.mu.Lock()
+	w.seq++
+	seq := w.seq
+	w.mu.Unlock()
+	conn, err := w.connect(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.recordError("connect", err)
+		}
+		return
+	}
+	var flags nbdclient.Flag
+	if fua {
+		flags = nbdclient.FUA
+	}
+	opCtx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	err = conn.WriteAt(opCtx, content(w.id, block, seq), uint64(block)*blockSize, flags)
+	w.ops.Add(1)
+	if err != nil {
+		w.mu.Lock()
+		w.uncertain[block] = append(w.uncertain[block], seq)
+		w.mu.Unlock()
+		if ctx.Err() == nil {
+			w.recordError(fmt.Sprintf("write block %d", block), err)
+		}
+		if !isCommandError(err) {
+			w.dropConn(conn)
+		}
+		return
+	}
+	w.mu.Lock()
+	w.acked[block] = seq
+	w.mu.Unlock()
+}
+
+func isCommandError(err error) bool {
+	var e *nbdclient.Error
+	return errors.As(err, &e)
+}
+
+func (w *worker) read(ctx context.Context, block int) {
+	conn, err := w.connect(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.recordError("connect", err)
+		}
+		return
+	}
+	p := make([]byte, blockSize)
+	opCtx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	err = conn.ReadAt(opCtx, p, uint64(block)*blockSize)
+	w.ops.Add(1)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.recordError(fmt.Sprintf("read block %d", block), err)
+		}
+		if !isCommandError(err) {
+			w.dropConn(conn)
+		}
+		return
+	}
+	w.check(block, p, false)
+}
+
+// check compares a read of block with the model.
+func (w *worker) check(block int, p []byte, final bool) {
+	got, err := decode(w.id, block, p)
+	w.mu.Lock()
+	want := w.acked[block]
+	possible := got == want || slices.Contains(w.uncertain[block], got)
+	w.mu.Unlock()
+	switch {
+	case err != nil:
+		w.badReads.Add(1)
+		w.problem("block %d: %v (final=%v)", block, err, final)
+	case possible:
+	case got < want && final:
+		w.lost.Add(1)
+		w.problem("block %d: holds write #%d at the end, but write #%d was acknowledged", block, got, want)
+	case got < want:
+		w.badReads.Add(1)
+		w.problem("block %d: read write #%d, but write #%d was acknowledged", block, got, want)
+	default:
+		w.badReads.Add(1)
+		w.problem("block %d: read write #%d, never attempted before the read (last acknowledged #%d, final=%v)", block, got, want, final)
+	}
+}
+
+func (w *worker) flush(ctx context.Context) {
+	conn, err := w.connect(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.recordError("connect", err)
+		}
+		return
+	}
+	opCtx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	err = conn.Flush(opCtx)
+	w.ops.Add(1)
+	w.flushes.Add(1)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.recordError("flush", err)
+		}
+		if !isCommandError(err) {
+			w.dropConn(conn)
+		}
+	}
+}
+
+// finalCheck reads every block through a new connection.
+func (w *worker) finalCheck(t *testing.T) {
+	w.mu.Lock()
+	if w.conn != nil {
+		w.conn.Close()
+		w.conn = nil
+	}
+	w.mu.Unlock()
+	conn, err := w.connect(t.Context())
+	if err != nil {
+		t.Fatalf("client %d: reconnecting for the final check: %v", w.id, err)
+	}
+	defer conn.Close()
+	const chunk = 1 << 20
+	p := make([]byte, chunk)
+	for offset := 0; offset < vdiSize; offset += chunk {
+		if err := conn.ReadAt(t.Context(), p, uint64(offset)); err != nil {
+			t.Fatalf("client %d: final read at %d: %v", w.id, offset, err)
+		}
+		for i := 0; i < chunk; i += blockSize {
+			w.check((offset+i)/blockSize, p[i:i+blockSize], true)
+		}
+	}
+}
+
+func (w *worker) failures() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.problems)
+}
+
+func (w *worker) errorLog() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.errs)
+}
+
+// nemesis injects one fault, or heals one, per step.
+type nemesis struct {
+	t          *testing.T
+	c          *testcluster.Cluster
+	random     *rand.Rand
+	state      map[int]string // faulty node -> "killed", "paused", "partitioned"
+	counts     map[string]int
+}
+
+func (n *nemesis) step() {
+	if n.counts == nil {
+		n.counts = map[string]int{}
+	}
+	faulty := n.faulty()
+	if len(faulty) > 0 && (len(faulty) == copies-1 || n.random.IntN(2) == 0) {
+		n.heal(faulty[n.random.IntN(len(faulty))])
+		return
+	}
+	var healthy []int
+	for _, i := range targets {
+		if n.state[i] == "" {
+			healthy = append(healthy, i)
+		}
+	}
+	victim := healthy[n.random.IntN(len(healthy))]
+	kinds := []string{"kill", "pause", "partition"}
+	for _, s := range n.state {
+		if s == "partitioned" {
+			kinds = kinds[:2] // one partition at a time
+		}
+	}
+	switch kind := kinds[n.random.IntN(len(kinds))]; kind {
+	case "kill":
+		n.c.Node(victim).Kill()
+		n.state[victim] = "killed"
+	case "pause":
+		n.c.Node(victim).Pause()
+		n.state[victim] = "paused"
+	case "partition":
+		var rest []int
+		for i := 0; i < nodes; i++ {
+			if i != victim {
+				rest = append(rest, i)
+			}
+		}
+		n.c.Partition([]int{victim}, rest)
+		n.state[victim] = "partitioned"
+	}
+	n.counts[n.state[victim]]++
+}
+
+func (n *nemesis) faulty() []int {
+	var out []int
+	for i := range n.state {
+		if n.state[i] != "" {
+			out = append(out, i)
+		}
+	}
+	sort.Ints(out)
+	return out
+}
+
+func (n *nemesis) heal(i int) {
+	switch n.state[i] {
+	case "killed":
+		n.c.Node(i).Restart()
+	case "paused":
+		n.c.Node(i).Resume()
+	case "partitioned":
+		n.c.Heal()
+	}
+	n.counts["healed"]++
+	delete(n.state, i)
+}
+
+func (n *nemesis) healAll() {
+	for _, i := range n.faulty() {
+		n.heal(i)
+	}
+}
+
+func (n *nemesis) summary() string {
+	return fmt.Sprintf("%d kills, %d pauses, %d partitions, %d heals", n.counts["killed"], n.counts["paused"], n.counts["partitioned"], n.counts["healed"])
+}
+
+func client(c *testcluster.Cluster, i int) *api.Client {
+	return api.NewClient(c.Node(i).AdminAddr(), c.Token())
+}
+
+func herd(t *testing.T, c *testcluster.Cluster, args ...string) {
+	t.Helper()
+	if _, stderr, err := c.Herd(t.Context(), 0, args...); err != nil {
+		t.Fatalf("herd %s: %v %s", strings.Join(args, " "), err, stderr)
+	}
+}
+
+// waitHealthy waits until every listed node is alive in the latest epoch
+// as every one of them sees it, with quorum.
+func waitHealthy(t *testing.T, c *testcluster.Cluster, list []int) {
+	t.Helper()
+	testcluster.WaitFor(t, 2*time.Minute, "every node alive, with quorum, in one epoch", func() (bool, error) {
+		var epoch uint64
+		for _, i := range list {
+			ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+			info, err := client(c, i).Info(ctx)
+			cancel()
+			if err != nil {
+				return false, fmt.Errorf("node %d: %v", i, err)
+			}
+			if !info.Quorum || info.NodesAlive != len(list) {
+				return false, fmt.Errorf("node %d: quorum %v, %d alive", i, info.Quorum, info.NodesAlive)
+			}
+			if epoch != 0 && info.Epoch != epoch {
+				return false, fmt.Errorf("node %d at epoch %d, another at %d", i, info.Epoch, epoch)
+			}
+			epoch = info.Epoch
+		}
+		return true, nil
+	})
+}
+
+func waitRecovered(t *testing.T, c *testcluster.Cluster, alive int) {
+	t.Helper()
+	testcluster.WaitFor(t, 5*time.Minute, "recovery to finish on every node", func() (bool, error) {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		entries, err := client(c, 0).Recovery(ctx)
+		if err != nil {
+			return false, err
+		}
+		info, err := client(c, 0).Info(ctx)
+		if err != nil {
+			return false, err
+		}
+		for _, e := range entries {
+			if e.Status.State != "done" || e.Status.Epoch != info.Epoch {
+				return false, fmt.Errorf("node %s: %+v %s", e.Node, e.Status, e.Error)
+			}
+		}
+		return len(entries) == alive, fmt.Errorf("%d nodes report", len(entries))
+	})
+}
+
+// waitExactCopies waits until every object has exactly `copies` copies,
+// identical, and returns the number of objects.
+func waitExactCopies(t *testing.T, c *testcluster.Cluster) int {
+	t.Helper()
+	var count int
+	testcluster.WaitFor(t, 3*time.Minute, fmt.Sprintf("exactly %d identical copies of every object", copies), func() (bool, error) {
+		objects := map[string]map[int][]byte{}
+		for _, n := range c.Nodes() {
+			root := filepath.Join(n.DataDir(), "objects")
+			err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+				if err != nil || d.IsDir() || len(d.Name()) != 16 {
+					return nil
+				}
+				data, err := os.ReadFile(path)
+				if err != nil {
+					return nil // removed meanwhile
+				}
+				if len(data) < 4096 {
+					return fmt.Errorf("object file %s is shorter than its header", path)
+				}
+				if objects[d.Name()] == nil {
+					objects[d.Name()] = map[int][]byte{}
+				}
+				objects[d.Name()][n.Index()] = bytes.TrimRight(data[4096:], "\x00")
+				return nil
+			})
+			if err != nil {
+				return false, err
+			}
+		}
+		for oid, holders := range objects {
+			if len(holders) != copies {
+				return false, fmt.Errorf("object %s has %d copies", oid, len(holders))
+			}
+			var first []byte
+			n := 0
+			for node, data := range holders {
+				if n == 0 {
+					first = data
+				} else if !bytes.Equal(first, data) {
+					return false, fmt.Errorf("object %s differs on node %d", oid, node)
+				}
+				n++
+			}
+		}
+		count = len(objects)
+		return true, nil
+	})
+	return count
+}
+
+// recoveryLog records how long each node's recovery of each epoch took,
+// polling node 0 (never faulted).
+type recoveryLog struct {
+	mu    sync.Mutex
+	times map[string]time.Duration // "node@epoch" -> duration
+}
+
+func (r *recoveryLog) poll(ctx context.Context, c *testcluster.Cluster) {
+	for ctx.Err() == nil {
+		ask, cancel := context.WithTimeout(ctx, 3*time.Second)
+		entries, err := client(c, 0).Recovery(ask)
+		cancel()
+		if err == nil {
+			r.mu.Lock()
+			for _, e := range entries {
+				if e.Status.State == "done" && !e.Status.Finished.IsZero() && e.Status.Copied > 0 {
+					r.times[fmt.Sprintf("%s@%d", e.Node, e.Status.Epoch)] = e.Status.Finished.Sub(e.Status.Started)
+				}
+			}
+			r.mu.Unlock()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func (r *recoveryLog) report(t *testing.T) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var all []time.Duration
+	for _, d := range r.times {
+		all = append(all, d)
+	}
+	if len(all) == 0 {
+		t.Logf("recovery times: no recovery that copied data was observed")
+		return
+	}
+	slices.Sort(all)
+	t.Logf("recovery times (per node and epoch, those that copied data): %d runs, median %v, max %v",
+		len(all), all[len(all)/2].Round(time.Millisecond), all[len(all)-1].Round(time.Millisecond))
+}
