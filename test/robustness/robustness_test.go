@@ -432,11 +432,11 @@ func (w *worker) errorLog() []string {
 
 // nemesis injects one fault, or heals one, per step.
 type nemesis struct {
-	t          *testing.T
-	c          *testcluster.Cluster
-	random     *rand.Rand
-	state      map[int]string // faulty node -> "killed", "paused", "partitioned"
-	counts     map[string]int
+	t      *testing.T
+	c      *testcluster.Cluster
+	random *rand.Rand
+	state  map[int]string // faulty node -> "killed", "paused", "partitioned"
+	counts map[string]int
 }
 
 func (n *nemesis) step() {
