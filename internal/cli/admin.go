@@ -145,7 +145,11 @@ func nodeCommand(g *globals) *cobra.Command {
 					if n.State != "alive" || n.UsageError != "" {
 						used, free, objects = "-", "-", "-"
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.Address, zone, size.Format(n.Capacity), used, free, objects, n.Role, n.State)
+					state := string(n.State)
+					if n.Full {
+						state += ", FULL: takes no objects"
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.Address, zone, size.Format(n.Capacity), used, free, objects, n.Role, state)
 				}
 			})
 		},

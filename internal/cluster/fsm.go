@@ -33,6 +33,7 @@ const (
 	commandVDIRollback commandType = 11
 	commandGarbageDone commandType = 12
 	commandVDIRepaired commandType = 13
+	commandNodeSpace   commandType = 14
 )
 
 // Command payloads. Time is stamped by the proposer so that Apply stays
@@ -62,6 +63,11 @@ type (
 	}
 	vdiRepairedCommand struct {
 		Name string `json:"name"`
+	}
+	nodeSpaceCommand struct {
+		ID   string    `json:"id"`
+		Full bool      `json:"full"`
+		Time time.Time `json:"time"`
 	}
 	vdiResizeCommand struct {
 		Name string `json:"name"`
@@ -141,6 +147,7 @@ var commands = map[commandType]applyFunc{
 	commandVDIRollback: applyVDIRollback,
 	commandGarbageDone: applyGarbageDone,
 	commandVDIRepaired: applyVDIRepaired,
+	commandNodeSpace:   applyNodeSpace,
 }
 
 // FSM is the replicated state machine. Apply must be deterministic and
@@ -388,6 +395,9 @@ func applyNodeJoin(s *State, data []byte) (any, error) {
 		releaseLocks(s, func(l *Lock) bool { return l.Node == n.ID && l.Incarnation != n.Incarnation })
 	}
 	wasAlive := existed && old.State == NodeAlive
+	if existed {
+		n.Full = old.Full // the node clears it itself, with a new epoch
+	}
 	n.State = NodeAlive
 	n.Since = c.Time
 	if wasAlive {
@@ -424,7 +434,39 @@ func applyNodeLeave(s *State, data []byte) (any, error) {
 }
 
 func newEpoch(s *State, at time.Time, reason string) {
-	s.Epochs = append(s.Epochs, Epoch{Number: s.Epoch() + 1, Nodes: s.AliveNodes(), Time: at, Reason: reason})
+	alive := s.AliveNodes()
+	var full []string
+	for _, id := range alive {
+		if s.Nodes[id].Full {
+			full = append(full, id)
+		}
+	}
+	s.Epochs = append(s.Epochs, Epoch{Number: s.Epoch() + 1, Nodes: alive, Full: full, Time: at, Reason: reason})
+}
+
+// applyNodeSpace marks a node full or not; a change is a new epoch, since
+// it changes the placement.
+func applyNodeSpace(s *State, data []byte) (any, error) {
+	var c nodeSpaceCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	n, ok := s.Nodes[c.ID]
+	if !ok {
+		return nil, fmt.Errorf("node %s: %w", c.ID, ErrNotFound)
+	}
+	if n.Full == c.Full {
+		return s.Epoch(), nil
+	}
+	n.Full = c.Full
+	if n.State == NodeAlive {
+		reason := "node " + c.ID + " is full: it takes no objects"
+		if !c.Full {
+			reason = "node " + c.ID + " has space again"
+		}
+		newEpoch(s, c.Time, reason)
+	}
+	return s.Epoch(), nil
 }
 
 // releaseLocks drops the locks of a node that left or restarted. A VDI

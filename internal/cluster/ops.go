@@ -266,6 +266,12 @@ func (c *Cluster) DeleteVDI(ctx context.Context, name string) error {
 	return err
 }
 
+// SetFull marks this node full (it takes no objects) or not.
+func (c *Cluster) SetFull(ctx context.Context, full bool) error {
+	_, err := c.propose(ctx, commandNodeSpace, nodeSpaceCommand{ID: c.ID(), Full: full, Time: time.Now().UTC()})
+	return err
+}
+
 // MarkVDIRepaired clears a VDI's unclean mark once its replicas were made
 // identical.
 func (c *Cluster) MarkVDIRepaired(ctx context.Context, name string) error {
@@ -501,7 +507,8 @@ func (w *gossipLogWriter) Write(p []byte) (int, error) {
 // needs it: placement is a function of exactly this.
 type EpochView struct {
 	Number uint64
-	Nodes  []Node // the epoch's nodes, sorted by id
+	Nodes  []Node   // the epoch's nodes, sorted by id
+	Placed []string // those that hold objects (Epoch.Placed)
 	Format *Format
 }
 
@@ -518,6 +525,7 @@ func (c *Cluster) View() EpochView {
 		}
 		last := s.Epochs[len(s.Epochs)-1]
 		v.Number = last.Number
+		v.Placed = last.Placed()
 		for _, id := range last.Nodes {
 			if n, ok := s.Nodes[id]; ok {
 				v.Nodes = append(v.Nodes, *n)

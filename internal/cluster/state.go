@@ -3,6 +3,7 @@ package cluster
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -28,7 +29,11 @@ type Node struct {
 	Capacity    uint64    `json:"capacity"`
 	State       NodeState `json:"state"`
 	Incarnation string    `json:"incarnation"` // changes on every process start
-	Since       time.Time `json:"since"`       // when State last changed
+	// Full: the node's disks are nearly full. It stays a member but the
+	// placement gives it no objects, so its copies move to other nodes
+	// (issue 5 item 7). Set and cleared by the node itself.
+	Full  bool      `json:"full,omitempty"`
+	Since time.Time `json:"since"` // when State last changed
 }
 
 // Epoch is one entry of the epoch history: the set of alive nodes from
@@ -38,6 +43,23 @@ type Epoch struct {
 	Nodes  []string  `json:"nodes"` // sorted node ids
 	Time   time.Time `json:"time"`
 	Reason string    `json:"reason"`
+	// Full lists the epoch's nodes that take no objects (disks full).
+	Full []string `json:"full,omitempty"`
+}
+
+// Placed returns the epoch's nodes that hold objects: all but the full
+// ones, unless every node is full.
+func (e Epoch) Placed() []string {
+	if len(e.Full) == 0 || len(e.Full) >= len(e.Nodes) {
+		return e.Nodes
+	}
+	var out []string
+	for _, id := range e.Nodes {
+		if !slices.Contains(e.Full, id) {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // Format is the cluster-wide configuration fixed by `herd cluster format`.

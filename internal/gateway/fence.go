@@ -103,7 +103,7 @@ func (g *Gateway) ringAt(e cluster.Epoch) *ringView {
 	}
 	g.mu.Unlock()
 	var members []cluster.Node
-	for _, id := range e.Nodes {
+	for _, id := range e.Placed() {
 		if n, ok := g.cluster.Node(id); ok {
 			members = append(members, n)
 		}

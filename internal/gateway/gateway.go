@@ -131,6 +131,21 @@ func ringFor(nodes []cluster.Node) (*placement.Ring, error) {
 	return placement.New(members)
 }
 
+// placed keeps the nodes that hold objects (nil ids: all of them); a
+// full node stays a member of the epoch without a share.
+func placed(nodes []cluster.Node, ids []string) []cluster.Node {
+	if ids == nil {
+		return nodes
+	}
+	var out []cluster.Node
+	for _, n := range nodes {
+		if slices.Contains(ids, n.ID) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // current returns the placement of the latest epoch this node applied.
 func (g *Gateway) current() (*ringView, error) {
 	// The hot path: the epoch number is cheap, the view copies the node
@@ -155,7 +170,7 @@ func (g *Gateway) current() (*ringView, error) {
 	if len(view.Nodes) == 0 {
 		return nil, fmt.Errorf("%w: no nodes in epoch %d", ErrUnavailable, view.Number)
 	}
-	ring, err := ringFor(view.Nodes)
+	ring, err := ringFor(placed(view.Nodes, view.Placed))
 	if err != nil {
 		return nil, err
 	}

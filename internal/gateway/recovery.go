@@ -358,8 +358,17 @@ func (r *Recovery) makeCurrent(ctx context.Context, rv *ringView, oid, newest ui
 				last = fmt.Errorf("fetching from node %s: %w", h.ID, err)
 				continue
 			}
+			// Written stamped 0, the oldest possible, and stamped with the
+			// epoch only once complete: a copy cut short (disk full, or
+			// this process killed) never passes for the newest.
+			if err := r.local.store.Write(oid, data, 0, 0, WriteFlags{Create: true}); err != nil {
+				if rerr := r.local.store.Remove(oid); rerr != nil && !errors.Is(rerr, ErrNotFound) {
+					r.logger.Warn("recovery: removing a partial copy", "object", fmt.Sprintf("%016x", oid), "err", rerr)
+				}
+				return err
+			}
 			copied = true
-			return r.local.store.Write(oid, data, 0, rv.epoch, WriteFlags{Create: true})
+			return r.local.store.SetEpoch(oid, rv.epoch)
 		}
 		if last == nil {
 			last = fmt.Errorf("%w: object %016x: no holder of the newest copy (epoch %d) answered", ErrUnavailable, oid, newest)

@@ -16,7 +16,7 @@ import (
 const (
 	defaultRecoveryConcurrency = 4
 	maxRecoveryConcurrency     = 64
-	throttleBurst              = 64 << 20
+	throttleBurst              = 4 << 20 // one default object: no head start beyond it
 )
 
 // RecoveryLimits are a node's recovery limits; zero MaxRate is unlimited.

@@ -487,6 +487,21 @@ func (s *Store) Usage() (used, capacity uint64, err error) {
 	return used, capacity, nil
 }
 
+// Pressure sums the disks' free space (to the store), total size and
+// reserve (the free space below which a disk takes no new objects).
+func (s *Store) Pressure() (free, total, reserve uint64, err error) {
+	for _, d := range s.disks {
+		space, err := s.space(d.root)
+		if err != nil {
+			return 0, 0, 0, fmt.Errorf("store: disk %s: %w", d.root, &classifiedError{kind: classify(err), err: err})
+		}
+		free += min(space.FreeBytes, space.TotalBytes)
+		total += space.TotalBytes
+		reserve += s.reserveFor(space.TotalBytes)
+	}
+	return free, total, reserve, nil
+}
+
 // reserveFor is the reserve of a disk of total bytes.
 func (s *Store) reserveFor(total uint64) uint64 {
 	switch {

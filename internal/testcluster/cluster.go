@@ -43,6 +43,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -200,6 +201,13 @@ func (c *Cluster) Token() string {
 // running at that moment, and returns it once it answers GET /v1/health.
 func (c *Cluster) AddNode() *Node {
 	c.t.Helper()
+	return c.AddNodeWith()
+}
+
+// AddNodeWith is AddNode with extra `herd server` arguments for this node
+// only (after Options.ExtraArgs), e.g. a small --disk.
+func (c *Cluster) AddNodeWith(extra ...string) *Node {
+	c.t.Helper()
 	var join []string
 	for _, node := range c.Nodes() {
 		if node.Running() {
@@ -215,7 +223,7 @@ func (c *Cluster) AddNode() *Node {
 			c.t.Fatalf("testcluster: AddNode: %v", err)
 		}
 	}
-	return c.startNode(join)
+	return c.startNode(join, extra...)
 }
 
 // Partition cuts the network between nodes in different groups, in both
@@ -297,7 +305,7 @@ func (c *Cluster) HerdJSON(ctx context.Context, index int, v any, args ...string
 
 // startNode creates the next node, starts it with --join when join is not
 // empty, and waits until it is healthy.
-func (c *Cluster) startNode(join []string) *Node {
+func (c *Cluster) startNode(join []string, extra ...string) *Node {
 	c.t.Helper()
 	c.mu.Lock()
 	index, token := len(c.nodes), c.token
@@ -322,7 +330,7 @@ func (c *Cluster) startNode(join []string) *Node {
 	if len(c.options.Zones) > 0 {
 		zone = c.options.Zones[index%len(c.options.Zones)]
 	}
-	node.arguments = serverArguments(node.dataDirectory, node.address, join, token, zone, c.options.Capacity, c.options.ExtraArgs)
+	node.arguments = serverArguments(node.dataDirectory, node.address, join, token, zone, c.options.Capacity, append(slices.Clone(c.options.ExtraArgs), extra...))
 	c.mu.Lock()
 	c.nodes = append(c.nodes, node)
 	c.mu.Unlock()

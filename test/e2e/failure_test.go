@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -235,4 +236,61 @@ func grepLines(text, substring string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestNodeDiskFullDuringRecovery: a node joins with a disk far too small
+// for the share its (overstated) capacity gives it. Recovery fills it to
+// its reserve; the node says it is full and the cluster gives it no
+// objects; recovery completes on the other nodes; no copy is lost: every
+// object ends with exactly 2 identical copies and the disk reads back.
+func TestNodeDiskFullDuringRecovery(t *testing.T) {
+	need(t, "qemu-io", "mount", "umount")
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a small tmpfs")
+	}
+	// Mounted before the cluster starts, so that it is unmounted after
+	// the nodes were killed (cleanups run in reverse order).
+	small := t.TempDir()
+	mustRun(t, time.Minute, "mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", small)
+	t.Cleanup(func() {
+		// t.Context() is over by now: not run().
+		if out, err := exec.Command("umount", small).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v %s", small, err, out)
+		}
+	})
+	c := dataCluster(t, 3, 2, "disk", "160M")
+	if out, err := qemuIO(t, c.Node(0).NBDURI("disk"), "write -P 0x33 0 160M", "flush"); err != nil {
+		t.Fatalf("writing: %v\n%s", err, out)
+	}
+	full := c.AddNodeWith("--disk", small, "--capacity", "1T")
+	fullID := nodeID(t, c, full.Index())
+	testcluster.WaitFor(t, 2*time.Minute, "the small node to say it is full", func() (bool, error) {
+		nodes, err := client(c, 0).Nodes(ctx(t))
+		if err != nil {
+			return false, err
+		}
+		for _, n := range nodes {
+			if n.ID == fullID {
+				return n.Full, fmt.Errorf("full=%v, %d objects", n.Full, n.Objects)
+			}
+		}
+		return false, fmt.Errorf("node %s not listed", fullID)
+	})
+	logged, _ := os.ReadFile(full.LogPath())
+	if !strings.Contains(string(logged), "disks are nearly full") {
+		t.Fatalf("the full node did not say so in its log:\n%s", lastLines(string(logged), 20))
+	}
+	list := herd(t, c, 0, "node", "list")
+	if !strings.Contains(list, "FULL") {
+		t.Fatalf("node list does not show the full node:\n%s", list)
+	}
+	t.Logf("%s", strings.TrimSpace(list))
+	waitRecovered(t, c, 4)
+	waitExactCopies(t, c, 2, []int{0, 1, 2, 3})
+	checkReplicasOn(t, c, 2, []int{0, 1, 2, 3})
+	for _, i := range []int{0, 3} {
+		if out, err := qemuIO(t, c.Node(i).NBDURI("disk"), "read -P 0x33 0 160M"); err != nil {
+			t.Fatalf("reading through node %d: %v\n%s", i, err, lastLines(out, 5))
+		}
+	}
 }
