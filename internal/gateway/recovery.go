@@ -329,6 +329,21 @@ func (r *Recovery) RecoverObject(ctx context.Context, epoch, oid uint64) error {
 // or fetches the object from a holder. Under the object's exclusive
 // lock. Reports whether it copied data.
 func (r *Recovery) makeCurrent(ctx context.Context, rv *ringView, oid, newest uint64, holders []cluster.Node, answered func(string) bool, throttle func(ctx context.Context, bytes uint64) error) (bool, error) {
+	copied, err := r.makeCurrentLocked(ctx, rv, oid, newest, holders, answered, throttle != nil)
+	if errors.Is(err, errNeedTokens) {
+		if err := throttle(ctx, rv.format.ObjectSize); err != nil {
+			return false, err
+		}
+		copied, err = r.makeCurrentLocked(ctx, rv, oid, newest, holders, answered, false)
+	}
+	return copied, err
+}
+
+// errNeedTokens: makeCurrentLocked found it must copy, and the copy is
+// rate-limited.
+var errNeedTokens = errors.New("recovery: copy waits for the rate limit")
+
+func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *ringView, oid, newest uint64, holders []cluster.Node, answered func(string) bool, throttle bool) (bool, error) {
 	copied := false
 	err := r.local.exclusive(oid, func(stamp uint64, found bool) error {
 		if found && stamp >= rv.epoch {
@@ -348,10 +363,10 @@ func (r *Recovery) makeCurrent(ctx context.Context, rv *ringView, oid, newest ui
 			if h.ID == r.self {
 				continue
 			}
-			if throttle != nil {
-				if err := throttle(ctx, rv.format.ObjectSize); err != nil {
-					return err
-				}
+			if throttle {
+				// Wait for the rate limit without the object's lock: a
+				// client needing the object recovers it meanwhile.
+				return errNeedTokens
 			}
 			data := make([]byte, rv.format.ObjectSize)
 			if _, err := r.gateway.replicas.Fetch(ctx, h, rv.epoch, oid, data); err != nil {

@@ -294,3 +294,67 @@ func TestNodeDiskFullDuringRecovery(t *testing.T) {
 		}
 	}
 }
+
+// TestRecoveryLimits: `herd node recovery --max-rate --concurrency`
+// changes every node's limits live, refuses bad values with a clear
+// message, and bounds the copy rate: recovery after a node dies cannot
+// finish sooner than its bytes at that rate allow, while a client reading
+// the whole disk meanwhile is served (objects it needs are recovered on
+// demand, unthrottled).
+func TestRecoveryLimits(t *testing.T) {
+	need(t, "qemu-io")
+	c := dataCluster(t, 4, 2, "disk", "96M")
+	if out, err := qemuIO(t, c.Node(0).NBDURI("disk"), "write -P 0x44 0 96M", "flush"); err != nil {
+		t.Fatalf("writing: %v\n%s", err, out)
+	}
+	for _, bad := range [][]string{{"--max-rate", "lots"}, {"--max-rate", "100K"}, {"--concurrency", "0"}, {"--concurrency", "65"}} {
+		_, stderr, err := c.Herd(ctx(t), 0, append([]string{"node", "recovery"}, bad...)...)
+		if err == nil || !strings.Contains(stderr, "rate") && !strings.Contains(stderr, "concurrency") {
+			t.Fatalf("node recovery %v: %v %q", bad, err, stderr)
+		}
+		t.Logf("node recovery %v: %s", bad, strings.TrimSpace(stderr))
+	}
+	const rate = 2 << 20
+	out := herd(t, c, 1, "node", "recovery", "--max-rate", "2MiB/s", "--concurrency", "2")
+	if strings.Count(out, "2 MiB/s x2") != 4 {
+		t.Fatalf("limits not shown on all 4 nodes:\n%s", out)
+	}
+	before, err := client(c, 0).Info(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Node(3).Kill()
+	killed := time.Now()
+	testcluster.WaitFor(t, failoverDeadline, "an epoch without node 3", func() (bool, error) {
+		info, err := client(c, 0).Info(ctx(t))
+		return err == nil && info.Epoch > before.Epoch && info.NodesAlive == 3, fmt.Errorf("%+v %v", info, err)
+	})
+	if out, err := qemuIO(t, c.Node(1).NBDURI("disk"), "read -P 0x44 0 96M"); err != nil {
+		t.Fatalf("reading during throttled recovery: %v\n%s", err, lastLines(out, 5))
+	}
+	t.Logf("whole disk read during throttled recovery, %v after the kill", time.Since(killed).Round(time.Millisecond))
+	waitRecovered(t, c, 3)
+	elapsed := time.Since(killed)
+	entries, err := client(c, 0).Recovery(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var most uint64
+	for _, e := range entries {
+		most = max(most, e.Status.Bytes)
+		if e.Status.Limits.MaxRate != rate || e.Status.Limits.Concurrency != 2 {
+			t.Fatalf("node %s limits %+v", e.Node, e.Status.Limits)
+		}
+	}
+	// The bucket starts with one object's worth of tokens.
+	floor := time.Duration(float64(most-min(most, 4<<20)) / rate * float64(time.Second))
+	t.Logf("recovery copied at most %d bytes on one node in %v; at 2 MiB/s it needs at least %v", most, elapsed.Round(time.Millisecond), floor)
+	if most < 8<<20 {
+		t.Fatalf("recovery copied only %d bytes on the busiest node: the test needs more", most)
+	}
+	if elapsed < floor {
+		t.Fatalf("recovery finished in %v, faster than the rate limit allows (%v)", elapsed, floor)
+	}
+	herd(t, c, 0, "node", "recovery", "--max-rate", "0")
+	checkReplicasOn(t, c, 2, []int{0, 1, 2})
+}
