@@ -87,11 +87,12 @@ func (g *Gateway) lockHolder(name string) (string, bool) {
 }
 
 type replicaCopy struct {
-	node  cluster.Node
-	stamp uint64
-	data  []byte
-	sum   [32]byte
-	found bool
+	node   cluster.Node
+	stamp  uint64
+	data   []byte
+	sum    [32]byte
+	found  bool
+	damage error // the copy cannot be read: bad header, EIO
 }
 
 func (g *Gateway) checkObject(ctx context.Context, oid uint64, vdi cluster.VDI, repair bool, report *CheckReport) error {
@@ -107,6 +108,8 @@ func (g *Gateway) checkObject(ctx context.Context, oid uint64, vdi cluster.VDI, 
 		case err == nil:
 			c.found, c.sum = true, sha256.Sum256(c.data)
 		case errors.Is(err, ErrNotFound):
+		case isDamaged(err):
+			c.damage = err
 		default:
 			return fmt.Errorf("object %016x on node %s: %w", oid, node.ID, err)
 		}
@@ -152,6 +155,9 @@ func (g *Gateway) checkObject(ctx context.Context, oid uint64, vdi cluster.VDI, 
 	bad := 0
 	for _, c := range copies {
 		switch {
+		case c.damage != nil:
+			report.Missing++
+			report.Problems = append(report.Problems, fmt.Sprintf("object %016x: damaged on node %s: %v", oid, c.node.ID, c.damage))
 		case !c.found:
 			report.Missing++
 			report.Problems = append(report.Problems, fmt.Sprintf("object %016x: missing on node %s", oid, c.node.ID))
@@ -163,8 +169,13 @@ func (g *Gateway) checkObject(ctx context.Context, oid uint64, vdi cluster.VDI, 
 		}
 		bad++
 		if repair {
-			// Made current first (restamped, or fetched if missing), so
-			// that the replica admits the write.
+			// Made current first (restamped, or fetched if missing or
+			// damaged), so that the replica admits the write.
+			if c.damage != nil {
+				if err := g.replicas.Remove(ctx, c.node, rv.epoch, oid); err != nil && !errors.Is(err, ErrNotFound) {
+					return fmt.Errorf("removing damaged object %016x on node %s: %w", oid, c.node.ID, err)
+				}
+			}
 			if err := g.replicas.Recover(ctx, c.node, rv.epoch, oid); err != nil {
 				return fmt.Errorf("repairing object %016x on node %s: %w", oid, c.node.ID, err)
 			}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/store"
 )
 
 // fakeCluster is an in-memory cluster log: nodes, epochs, VDIs, locks.
@@ -250,13 +251,14 @@ type memoryReplicas struct {
 	objects     map[string]map[uint64][]byte
 	stamps      map[string]map[uint64]uint64
 	unavailable map[string]bool
+	damaged     map[string]bool // reads of these nodes' copies fail as corrupt, until removed
 	flushes     map[string]int
 	// beforeWrite, when set, runs before every write (fault injection).
 	beforeWrite func(node string, oid uint64)
 }
 
 func newMemoryReplicas(c *fakeCluster) *memoryReplicas {
-	return &memoryReplicas{cluster: c, objects: map[string]map[uint64][]byte{}, stamps: map[string]map[uint64]uint64{}, unavailable: map[string]bool{}, flushes: map[string]int{}}
+	return &memoryReplicas{cluster: c, objects: map[string]map[uint64][]byte{}, stamps: map[string]map[uint64]uint64{}, unavailable: map[string]bool{}, damaged: map[string]bool{}, flushes: map[string]int{}}
 }
 
 func (m *memoryReplicas) check(node cluster.Node, epoch uint64) error {
@@ -278,6 +280,9 @@ func (m *memoryReplicas) Read(ctx context.Context, node cluster.Node, epoch, oid
 	data, ok := m.objects[node.ID][oid]
 	if !ok {
 		return 0, ErrNotFound
+	}
+	if m.damaged[node.ID] {
+		return 0, fmt.Errorf("%w: header checksum mismatch", store.ErrCorrupt)
 	}
 	clear(p)
 	if int(offset) < len(data) {
@@ -323,6 +328,7 @@ func (m *memoryReplicas) Remove(ctx context.Context, node cluster.Node, epoch, o
 		return err
 	}
 	delete(m.objects[node.ID], oid)
+	delete(m.damaged, node.ID)
 	return nil
 }
 

@@ -24,7 +24,9 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/peer"
 	"github.com/herd-storage/herd/internal/placement"
+	"github.com/herd-storage/herd/internal/store"
 )
 
 // Cluster is what the gateway needs from the cluster log.
@@ -339,6 +341,13 @@ func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ct
 		lock.RLock()
 		err := g.replicate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *ringView) error {
 			err := op(ctx, node, rv)
+			if isDamaged(err) {
+				// A damaged copy is replaced like a missing one.
+				if rerr := g.replicas.Remove(ctx, node, rv.epoch, oid); rerr == nil || errors.Is(rerr, ErrNotFound) {
+					g.logger.Warn("gateway: removed a damaged copy; recovering it", "object", fmt.Sprintf("%016x", oid), "node", node.ID, "err", err)
+					err = ErrNotFound
+				}
+			}
 			if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotRecovered) {
 				mu.Lock()
 				missing = append(missing, node)
@@ -426,10 +435,17 @@ func (g *Gateway) read(ctx context.Context, oid uint64, copies int, p []byte, of
 			candidates[0], candidates[i] = candidates[i], candidates[0]
 		}
 		var retry, hard error
+		var damaged []cluster.Node
 		for _, node := range candidates {
 			err := g.readFrom(ctx, node, rv, oid, p, offset)
 			if err == nil {
+				for _, bad := range damaged {
+					go g.repairDamaged(bad, rv.epoch, oid)
+				}
 				return nil
+			}
+			if isDamaged(err) {
+				damaged = append(damaged, node)
 			}
 			if errors.Is(err, ErrNoCopy) || errors.Is(err, ErrNoObject) {
 				return err // the same on every replica: the proof is global
@@ -451,6 +467,34 @@ func (g *Gateway) read(ctx context.Context, oid uint64, copies int, p []byte, of
 			return err
 		}
 	}
+}
+
+// isDamaged says whether a replica's error means its copy (or its disk)
+// failed: a bad header or checksum, or EIO.
+func isDamaged(err error) bool {
+	return errors.Is(err, store.ErrCorrupt) || errors.Is(err, store.ErrIO) ||
+		errors.Is(err, peer.ErrCorrupt) || errors.Is(err, peer.ErrObjectIO)
+}
+
+// repairDamaged replaces a replica's damaged copy of oid, after another
+// replica served the read: the bad copy is removed and the replica
+// recovers the object from a proven current copy.
+func (g *Gateway) repairDamaged(node cluster.Node, epoch, oid uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), roundTimeout)
+	defer cancel()
+	rv, err := g.current()
+	if err != nil || rv.epoch != epoch {
+		return // the next epoch's recovery sees the damage again
+	}
+	err = g.replicas.Remove(ctx, node, epoch, oid)
+	if err == nil || errors.Is(err, ErrNotFound) {
+		err = g.recoverOn(ctx, node, rv, oid)
+	}
+	if err != nil {
+		g.logger.Warn("gateway: repairing a damaged copy failed", "object", fmt.Sprintf("%016x", oid), "node", node.ID, "err", err)
+		return
+	}
+	g.logger.Info("gateway: repaired a damaged copy from another replica", "object", fmt.Sprintf("%016x", oid), "node", node.ID, "epoch", epoch)
 }
 
 // readFrom reads from one replica, recovering its copy first if needed.

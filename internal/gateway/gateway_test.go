@@ -575,3 +575,42 @@ func TestCopyMissingSkipsNodesThatLeftThePlacement(t *testing.T) {
 		}
 	}
 }
+
+// A replica whose copy is damaged (bad header, EIO) does not fail a
+// read: another replica serves it, and the damaged copy is replaced.
+func TestDamagedCopyServedElsewhereAndReplaced(t *testing.T) {
+	w := newWorld(t, 3, 3)
+	w.cluster.addVDI("disk", 1, objectSize)
+	g := w.gateway("node00")
+	e := open(t, g, "disk")
+	ctx := context.Background()
+	data := pattern(7, 8192)
+	if err := e.WriteAt(ctx, data, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	w.replicas.mu.Lock()
+	w.replicas.damaged["node00"] = true // the local replica, read first
+	w.replicas.mu.Unlock()
+	got := make([]byte, len(data))
+	if err := e.ReadAt(ctx, got, 0); err != nil {
+		t.Fatalf("read with a damaged local copy: %v", err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("read returned wrong data")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		w.replicas.mu.Lock()
+		damaged := w.replicas.damaged["node00"]
+		copy := w.replicas.objects["node00"][DataOID(1, 0)]
+		copyOK := len(copy) >= len(data) && bytes.Equal(copy[:len(data)], data)
+		w.replicas.mu.Unlock()
+		if !damaged && copyOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("damaged copy not replaced (damaged %v, content ok %v)", damaged, copyOK)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/peer"
+	"github.com/herd-storage/herd/internal/store"
 )
 
 // PeerReplicas reaches replicas: this node's through the local Replica
@@ -291,6 +292,8 @@ func toPeer(err error) error {
 		return fmt.Errorf("%w: %v", peer.ErrNoSpace, err)
 	case errors.Is(err, ErrNotRecovered):
 		return fmt.Errorf("%w: %v", peer.ErrNotRecovered, err)
+	case errors.Is(err, store.ErrCorrupt):
+		return fmt.Errorf("%w: %v", peer.ErrCorrupt, err)
 	case errors.Is(err, ErrNoCopy):
 		return fmt.Errorf("%w: %v", peer.ErrNoCopy, err)
 	}

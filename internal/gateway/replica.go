@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/store"
 )
 
 // ObjectStore is the local store as the replica side uses it.
@@ -64,6 +65,13 @@ func (r *Replica) exclusive(oid uint64, fn func(stamp uint64, found bool) error)
 	l.Lock()
 	defer l.Unlock()
 	stamp, err := r.store.Epoch(oid)
+	if errors.Is(err, store.ErrCorrupt) {
+		// A copy that cannot be trusted is recovered like a missing one.
+		if err := r.store.Remove(oid); err != nil && !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		err = fmt.Errorf("%w: removed a damaged copy", ErrNotFound)
+	}
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return err
 	}
