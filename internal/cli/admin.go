@@ -62,13 +62,33 @@ func clusterCommand(g *globals) *cobra.Command {
 				space.Free += n.FreeBytes
 				space.Objects += n.Objects
 			}
+			// Recovery, summed over the nodes.
+			recovery, recoveryErr := g.client().Recovery(ctx)
+			var rec struct {
+				Recovering, Objects int
+				Bytes, Rate         uint64
+				ETA                 float64
+				Unavailable         int
+			}
+			for _, e := range recovery {
+				st := e.Status
+				if st.State == "pulling" || st.State == "retrying" || st.State == "listing" {
+					rec.Recovering++
+					rec.Objects += st.Remaining
+					rec.Bytes += st.BytesRemaining
+					rec.Rate += st.Rate
+					rec.ETA = max(rec.ETA, st.ETASeconds)
+				}
+				rec.Unavailable += st.Unavailable
+			}
 			type infoWithSpace struct {
 				cluster.Info
-				UsedBytes uint64 `json:"used_bytes"`
-				FreeBytes uint64 `json:"free_bytes"`
-				Objects   uint64 `json:"objects"`
+				UsedBytes uint64              `json:"used_bytes"`
+				FreeBytes uint64              `json:"free_bytes"`
+				Objects   uint64              `json:"objects"`
+				Recovery  []api.RecoveryEntry `json:"recovery,omitempty"`
 			}
-			out := infoWithSpace{Info: info, UsedBytes: space.Used, FreeBytes: space.Free, Objects: space.Objects}
+			out := infoWithSpace{Info: info, UsedBytes: space.Used, FreeBytes: space.Free, Objects: space.Objects, Recovery: recovery}
 			return g.output(out, func(w *tabwriter.Writer) {
 				if info.Format != nil {
 					fmt.Fprintf(w, "Format:\t%d copies, %s objects, since %s\n", info.Format.Copies, size.Format(info.Format.ObjectSize), info.Format.Created.Local().Format(time.DateTime))
@@ -93,6 +113,18 @@ func clusterCommand(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "VDIs:\t%d\n", info.VDIs)
 				if nodesErr == nil {
 					fmt.Fprintf(w, "Space:\t%s used by %d object copies, %s free\n", size.Format(space.Used), space.Objects, size.Format(space.Free))
+				}
+				if recoveryErr == nil {
+					switch {
+					case rec.Recovering > 0:
+						fmt.Fprintf(w, "Recovery:\t%d nodes recovering: %d objects, %s left, %s/s, ETA %v (herd node recovery)\n",
+							rec.Recovering, rec.Objects, size.Format(rec.Bytes), size.Format(rec.Rate), (time.Duration(rec.ETA) * time.Second).String())
+					default:
+						fmt.Fprintf(w, "Recovery:\tidle: every node recovered the current epoch\n")
+					}
+					if rec.Unavailable > 0 {
+						fmt.Fprintf(w, "Unavailable:\t%d objects whose newest copies may be on nodes that are down\n", rec.Unavailable)
+					}
 				}
 				fmt.Fprintf(w, "This node:\t%s\n", info.NodeID)
 			})
