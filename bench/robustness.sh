@@ -12,24 +12,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=${1:-10m}
 seed=${2:-0}
-seconds=$(go run - "$duration" <<'GO'
-package main
-
-import (
-	"fmt"
-	"os"
-	"time"
-)
-
-func main() {
-	d, err := time.ParseDuration(os.Args[1])
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
-	}
-	fmt.Println(int(d.Seconds()))
-}
-GO
+seconds=$(python3 - "$duration" <<'PY'
+import re, sys
+text = sys.argv[1]
+parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", text)
+if not text or not parts:
+    sys.exit("duration %r: use a Go duration such as 90s, 30m or 1h30m" % text)
+h, m, s = (int(x or 0) for x in parts.groups())
+print(h * 3600 + m * 60 + s)
+PY
 )
 timeout=$((seconds + 1800))s
 exec go test -count=1 -v -timeout "$timeout" -run '^TestRobustness$' ./test/robustness \
