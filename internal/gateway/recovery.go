@@ -37,6 +37,7 @@ type Recovery struct {
 	self     string
 	logger   *slog.Logger
 	throttle *throttle
+	kick     chan struct{} // Kick: another pass over the current epoch
 
 	mu     sync.Mutex // guards status
 	status RecoveryStatus
@@ -80,7 +81,7 @@ type RecoveryStatus struct {
 
 // NewRecovery returns the recovery of this node.
 func NewRecovery(g *Gateway, local *Replica, lister Lister, self string, logger *slog.Logger) *Recovery {
-	r := &Recovery{gateway: g, local: local, lister: lister, self: self, logger: logger, throttle: newThrottle(defaultRecoveryConcurrency, 0), status: RecoveryStatus{State: "idle"}}
+	r := &Recovery{gateway: g, local: local, lister: lister, self: self, logger: logger, throttle: newThrottle(defaultRecoveryConcurrency, 0), kick: make(chan struct{}, 1), status: RecoveryStatus{State: "idle"}}
 	local.SetRecoverer(r.RecoverObject)
 	return r
 }
@@ -113,11 +114,38 @@ func (r *Recovery) update(fn func(s *RecoveryStatus)) {
 	r.mu.Unlock()
 }
 
+// Kick asks for another pass over the current epoch: this node lost
+// copies without an epoch change (a disk was taken out of service).
+func (r *Recovery) Kick() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// waitWork waits for an epoch after epoch, or for a Kick.
+func (r *Recovery) waitWork(ctx context.Context, epoch uint64) (cluster.EpochView, error) {
+	wait, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-r.kick:
+			cancel()
+		case <-wait.Done():
+		}
+	}()
+	view, err := r.gateway.cluster.WaitEpoch(wait, epoch)
+	if err != nil && ctx.Err() == nil {
+		return r.gateway.cluster.View(), nil // kicked
+	}
+	return view, err
+}
+
 // Run recovers every epoch until ctx ends.
 func (r *Recovery) Run(ctx context.Context) {
 	var epoch uint64
 	for ctx.Err() == nil {
-		view, err := r.gateway.cluster.WaitEpoch(ctx, epoch)
+		view, err := r.waitWork(ctx, epoch)
 		if err != nil {
 			return
 		}

@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -103,7 +104,15 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	objects, err := store.Open(store.Options{Disks: disks, Logger: logger})
+	// A disk taken out of service loses its copies without an epoch
+	// change: recovery makes another pass to re-create them.
+	var recoveryKick atomic.Pointer[func()]
+	onDiskFailure := func(path string, cause error) {
+		if kick := recoveryKick.Load(); kick != nil {
+			(*kick)()
+		}
+	}
+	objects, err := store.Open(store.Options{Disks: disks, Logger: logger, OnDiskFailure: onDiskFailure})
 	if err != nil {
 		return fmt.Errorf("object store: %w", err)
 	}
@@ -172,6 +181,8 @@ func Run(ctx context.Context, o Options) error {
 	replicas := &gateway.PeerReplicas{Self: id, Local: replica, Client: objectClient}
 	gw := gateway.New(c, replicas, logger, gateway.Options{})
 	recovery := gateway.NewRecovery(gw, replica, replicas, id, logger)
+	kick := recovery.Kick
+	recoveryKick.Store(&kick)
 	go recovery.Run(ctx)
 	nbdServer := &nbd.Server{Backend: gw, Logger: logger}
 	go nbdServer.Serve(context.Background(), nbdListener)

@@ -269,7 +269,14 @@ func (s *Store) closeHandles(handles []*handle) {
 func (s *Store) open(h *handle, mode access, epoch uint64) error {
 	var orderArray [8]*diskState
 	order := probeOrder(s.disks, h.oid, orderArray[:0])
+	var create *diskState // the first disk in service, in probe order
 	for i, d := range order {
+		if d.failed.Load() {
+			continue
+		}
+		if create == nil {
+			create = d
+		}
 		path := d.objectPath(h.oid)
 		f, err := os.OpenFile(path, os.O_RDWR, 0)
 		if err == nil {
@@ -280,13 +287,21 @@ func (s *Store) open(h *handle, mode access, epoch uint64) error {
 			return s.attach(h, d, path, f)
 		}
 		if !errors.Is(err, os.ErrNotExist) {
-			return objectError("open", h.oid, path, err)
+			err = objectError("open", h.oid, path, err)
+			if errors.Is(err, ErrIO) {
+				s.failDisk(d, err)
+				continue
+			}
+			return err
 		}
 	}
 	if mode != accessCreate {
 		return &ObjectError{Op: "open", OID: h.oid, Kind: ErrNotFound}
 	}
-	return s.create(h, order[0], epoch)
+	if create == nil {
+		return &ObjectError{Op: "create", OID: h.oid, Kind: ErrIO, Err: errors.New("no disk of this node is in service")}
+	}
+	return s.create(h, create, epoch)
 }
 
 // attach reads and checks the header of an existing object file and fills h.

@@ -32,6 +32,9 @@ type diskState struct {
 	// must be fsynced.
 	objectsDir dirState
 	fanout     [fanoutCount]dirState
+
+	// failed: taken out of service after an EIO (Store.failDisk).
+	failed atomic.Bool
 }
 
 // dirState counts the changes to a directory's entries and how many of

@@ -272,6 +272,9 @@ func (s *Store) flushRound() error {
 	}
 	var dirs []dirTask
 	for _, d := range s.disks {
+		if d.failed.Load() {
+			continue
+		}
 		for i := range d.fanout {
 			if d.fanout[i].needsSync(d.fanout[i].changed.Load()) {
 				dirs = append(dirs, dirTask{&d.fanout[i], d.fanoutPath(i)})
@@ -285,6 +288,14 @@ func (s *Store) flushRound() error {
 	var errs errorList
 	parallel(len(handles)+len(dirs), func(i int) {
 		if i < len(handles) {
+			if h := handles[i]; h.disk != nil && h.disk.failed.Load() {
+				// Reported by this flush, once: the copy is gone with its
+				// disk and will be recovered from another replica.
+				h.inDirty.Store(false)
+				errs.add(&ObjectError{Op: "sync", OID: h.oid, Path: h.path, Kind: ErrIO, Err: fmt.Errorf("disk %s failed: written data lost on this node", h.disk.root)})
+				s.drop(h)
+				return
+			}
 			errs.add(s.flushHandle(handles[i]))
 			return
 		}

@@ -22,6 +22,9 @@ func (s *Store) List(fn func(oid uint64, info Info) error) error {
 		return ErrClosed
 	}
 	for _, d := range s.disks {
+		if d.failed.Load() {
+			continue
+		}
 		for i := 0; i < fanoutCount; i++ {
 			dir := d.fanoutPath(i)
 			names, err := readNames(dir)

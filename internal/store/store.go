@@ -48,6 +48,10 @@ type Options struct {
 	// DiskSpace reports a disk's free and total space; nil uses statfs(2).
 	// Tests inject a full disk with it.
 	DiskSpace func(path string) (Space, error)
+	// OnDiskFailure, if set, is called (in its own goroutine) when a disk
+	// is taken out of service after an EIO: its copies are then missing,
+	// to be recovered from other nodes onto the remaining disks.
+	OnDiskFailure func(path string, cause error)
 }
 
 // WriteFlags qualify a write, WriteZeroes or Trim.
@@ -94,6 +98,8 @@ type Store struct {
 	space              func(string) (Space, error)
 	reserveBytes       int64
 	writebackThreshold int
+	onDiskFailure      func(path string, cause error)
+	readFault          func(path string) error // tests: a failing disk
 
 	shards     []cacheShard
 	openFiles  atomic.Int64 // object files open now
@@ -154,6 +160,7 @@ func Open(options Options) (*Store, error) {
 		logger:             options.Logger,
 		space:              options.DiskSpace,
 		reserveBytes:       options.ReserveBytes,
+		onDiskFailure:      options.OnDiskFailure,
 		writebackThreshold: max(options.OpenFiles/2, 1),
 		shards:             make([]cacheShard, shardCount),
 		dirty:              make([]dirtyShard, shardCount),
@@ -230,14 +237,53 @@ func (s *Store) with(op string, oid uint64, mode access, epoch uint64, fn func(h
 			s.release(h)
 			continue
 		}
+		if h.disk != nil && h.disk.failed.Load() {
+			// Its disk was taken out of service: the copy is gone. Look
+			// again (the object is missing, or created on another disk).
+			h.life.RUnlock()
+			s.drop(h)
+			s.release(h)
+			continue
+		}
 		err = h.usable()
 		if err == nil {
 			err = fn(h)
 		}
 		h.life.RUnlock()
 		s.release(h)
+		if err != nil && errors.Is(err, ErrIO) && !errors.Is(err, ErrCorrupt) && h.disk != nil {
+			// EIO reading or writing (a failed sync only damages the copy:
+			// see flush.go).
+			s.failDisk(h.disk, err)
+		}
 		return err
 	}
+}
+
+// failDisk takes a disk out of service after an EIO: its copies count as
+// missing from now on (List skips it, lookups do not find them, new
+// objects go to the other disks), so the node recovers them from other
+// replicas; writes it acknowledged but had not synced are reported lost
+// by the next Flush (never swallowed).
+func (s *Store) failDisk(d *diskState, cause error) {
+	if !d.failed.CompareAndSwap(false, true) {
+		return
+	}
+	s.logger.Error("store: disk failed: taken out of service; its object copies will be recovered from other nodes", "disk", d.root, "err", cause)
+	if s.onDiskFailure != nil {
+		go s.onDiskFailure(d.root, cause)
+	}
+}
+
+// FailedDisks lists the disks taken out of service.
+func (s *Store) FailedDisks() []string {
+	var out []string
+	for _, d := range s.disks {
+		if d.failed.Load() {
+			out = append(out, d.root)
+		}
+	}
+	return out
 }
 
 // Read fills p with the object's bytes at offset: holes and bytes beyond
@@ -252,6 +298,11 @@ func (s *Store) Read(oid uint64, p []byte, offset uint32) (Info, error) {
 	err := s.with("read", oid, accessExisting, 0, func(h *handle) error {
 		info.Epoch = h.epoch.Load()
 		n, err := h.file.ReadAt(p, headerSize+int64(offset))
+		if s.readFault != nil {
+			if fault := s.readFault(h.path); fault != nil {
+				n, err = 0, fault
+			}
+		}
 		if err != nil && !errors.Is(err, io.EOF) {
 			return objectError("read", oid, h.path, err)
 		}
@@ -477,6 +528,9 @@ func (s *Store) Remove(oid uint64) error {
 // be separate file systems; two disks on one file system count it twice.
 func (s *Store) Usage() (used, capacity uint64, err error) {
 	for _, d := range s.disks {
+		if d.failed.Load() {
+			continue
+		}
 		space, err := s.space(d.root)
 		if err != nil {
 			return 0, 0, fmt.Errorf("store: disk %s: %w", d.root, &classifiedError{kind: classify(err), err: err})
@@ -491,6 +545,9 @@ func (s *Store) Usage() (used, capacity uint64, err error) {
 // reserve (the free space below which a disk takes no new objects).
 func (s *Store) Pressure() (free, total, reserve uint64, err error) {
 	for _, d := range s.disks {
+		if d.failed.Load() {
+			continue
+		}
 		space, err := s.space(d.root)
 		if err != nil {
 			return 0, 0, 0, fmt.Errorf("store: disk %s: %w", d.root, &classifiedError{kind: classify(err), err: err})

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // TestWriteReadUnaligned compares random writes and reads at unaligned
@@ -546,4 +548,77 @@ func TestClassify(t *testing.T) {
 	if err := objectError("write", 1, "f", syscall.EPERM); errors.Is(err, ErrIO) || !errors.Is(err, syscall.EPERM) {
 		t.Errorf("EPERM classified as %v", err)
 	}
+}
+
+// A disk that returns EIO is taken out of service: its copies count as
+// missing (lookups, List), new objects go to the other disk, usage
+// leaves it out, and OnDiskFailure is told.
+func TestFailedDiskTakenOutOfService(t *testing.T) {
+	good, bad := t.TempDir(), t.TempDir()
+	failed := make(chan string, 1)
+	s := openTest(t, Options{Disks: []Disk{{Path: good}, {Path: bad}}, OnDiskFailure: func(path string, cause error) { failed <- path }})
+	var onBad, onGood []uint64
+	for oid := uint64(1); len(onBad) < 3 || len(onGood) < 3; oid++ {
+		mustWrite(t, s, oid, []byte("data"), 0, 1, Create)
+		if h := s.peek(oid); h != nil {
+			if h.disk.root == filepath.Clean(bad) {
+				onBad = append(onBad, oid)
+			} else {
+				onGood = append(onGood, oid)
+			}
+			s.release(h)
+		}
+	}
+	s.readFault = func(path string) error {
+		if strings.HasPrefix(path, filepath.Clean(bad)) {
+			return &os.PathError{Op: "read", Path: path, Err: syscall.EIO}
+		}
+		return nil
+	}
+	_, err := s.Read(onBad[0], make([]byte, 4), 0)
+	wantErr(t, "Read from the failing disk", err, ErrIO)
+	select {
+	case path := <-failed:
+		if path != filepath.Clean(bad) {
+			t.Fatalf("OnDiskFailure(%q), want %q", path, bad)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("OnDiskFailure not called")
+	}
+	if got := s.FailedDisks(); len(got) != 1 || got[0] != filepath.Clean(bad) {
+		t.Fatalf("FailedDisks %v", got)
+	}
+	for _, oid := range onBad {
+		_, err := s.Read(oid, make([]byte, 4), 0)
+		wantErr(t, "Read of a copy on the failed disk", err, ErrNotFound)
+	}
+	listed := listAll(t, s)
+	for _, oid := range onBad {
+		if _, ok := listed[oid]; ok {
+			t.Fatalf("List reports object %d of the failed disk", oid)
+		}
+	}
+	for _, oid := range onGood {
+		if _, ok := listed[oid]; !ok {
+			t.Fatalf("List lost object %d of the good disk", oid)
+		}
+		got := make([]byte, 4)
+		if _, err := s.Read(oid, got, 0); err != nil || string(got) != "data" {
+			t.Fatalf("object %d on the good disk: %q %v", oid, got, err)
+		}
+	}
+	// Unsynced writes to the failed disk are reported lost by the next
+	// Flush, once.
+	wantErr(t, "Flush after the disk failed", s.Flush(), ErrIO)
+	if err := s.Flush(); err != nil {
+		t.Fatalf("second Flush: %v", err)
+	}
+	// Recovery re-creates a lost copy: on the good disk.
+	mustWrite(t, s, onBad[1], []byte("back"), 0, 2, Create)
+	h := s.peek(onBad[1])
+	if h == nil || h.disk.root != filepath.Clean(good) {
+		t.Fatalf("re-created copy not on the good disk")
+	}
+	s.release(h)
+	s.readFault = nil
 }
