@@ -67,7 +67,12 @@ func (p *PeerReplicas) Read(ctx context.Context, node cluster.Node, epoch, oid u
 	if node.ID == p.Self {
 		return p.Local.Read(ctx, epoch, oid, buffer, offset)
 	}
-	response, body, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRead, Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(buffer))}, nil, buffer)
+	return p.read(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRead, Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(buffer))}, buffer)
+}
+
+// read sends a READ to another node and checks the length of its answer.
+func (p *PeerReplicas) read(ctx context.Context, node cluster.Node, request peer.ObjectRequest, buffer []byte) (uint64, error) {
+	response, body, err := p.do(ctx, node, request, nil, buffer)
 	if err != nil {
 		return 0, err
 	}
@@ -138,17 +143,7 @@ func (p *PeerReplicas) Fetch(ctx context.Context, node cluster.Node, epoch, oid 
 	if node.ID == p.Self {
 		return p.Local.Fetch(ctx, epoch, oid, buffer)
 	}
-	response, body, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRead, Flags: peer.ObjectFlagAnyStamp, Epoch: epoch, OID: oid, Length: uint32(len(buffer))}, nil, buffer)
-	if err != nil {
-		return 0, err
-	}
-	if len(body) != len(buffer) {
-		return 0, fmt.Errorf("%w: node %s returned %d bytes for a %d-byte read", ErrUnavailable, node.ID, len(body), len(buffer))
-	}
-	if &body[0] != &buffer[0] {
-		copy(buffer, body)
-	}
-	return response.ObjectEpoch, nil
+	return p.read(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRead, Flags: peer.ObjectFlagAnyStamp, Epoch: epoch, OID: oid, Length: uint32(len(buffer))}, buffer)
 }
 
 // Recover implements Replicas.
