@@ -281,10 +281,12 @@ func TestNodeDiskFullDuringRecovery(t *testing.T) {
 		}
 		return false, fmt.Errorf("node %s not listed", fullID)
 	})
-	logged, _ := os.ReadFile(full.LogPath())
-	if !strings.Contains(string(logged), "disks are nearly full") {
-		t.Fatalf("the full node did not say so in its log:\n%s", lastLines(string(logged), 20))
-	}
+	// The node logs it once the cluster has taken the mark, which the
+	// node list may show a moment earlier.
+	testcluster.WaitFor(t, 10*time.Second, "the full node to say so in its log", func() (bool, error) {
+		logged, _ := os.ReadFile(full.LogPath())
+		return strings.Contains(string(logged), "disks are nearly full"), fmt.Errorf("last lines:\n%s", lastLines(string(logged), 5))
+	})
 	list := herd(t, c, 0, "node", "list")
 	if !strings.Contains(list, "FULL") {
 		t.Fatalf("node list does not show the full node:\n%s", list)
