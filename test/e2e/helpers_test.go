@@ -205,22 +205,7 @@ func startFio(t *testing.T, name, uri, options string) (*exec.Cmd, *strings.Buil
 // done for the current epoch.
 func waitRecovered(t *testing.T, c *testcluster.Cluster, alive int) {
 	t.Helper()
-	testcluster.WaitFor(t, 3*time.Minute, "recovery to finish on every node", func() (bool, error) {
-		entries, err := client(c, 0).Recovery(ctx(t))
-		if err != nil {
-			return false, err
-		}
-		info, err := client(c, 0).Info(ctx(t))
-		if err != nil {
-			return false, err
-		}
-		for _, e := range entries {
-			if e.Status.State != "done" || e.Status.Epoch != info.Epoch {
-				return false, fmt.Errorf("node %s: %+v %s", e.Node, e.Status, e.Error)
-			}
-		}
-		return len(entries) == alive, fmt.Errorf("%d nodes report", len(entries))
-	})
+	c.WaitRecovered(alive, 3*time.Minute)
 }
 
 // waitObjectCopies waits until the cluster holds more than n object copies.

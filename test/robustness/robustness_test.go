@@ -107,7 +107,7 @@ func TestRobustness(t *testing.T) {
 	// Every node back, agreed, recovered, surplus removed.
 	waitHealthy(t, c, all)
 	recoveredAt := time.Now()
-	waitRecovered(t, c, nodes)
+	c.WaitRecovered(nodes, 5*time.Minute)
 	t.Logf("recovery after the last heal took %v", time.Since(recoveredAt).Round(time.Millisecond))
 
 	// The final state: every block holds its last acknowledged write (or
@@ -548,28 +548,6 @@ func waitHealthy(t *testing.T, c *testcluster.Cluster, list []int) {
 			epoch = info.Epoch
 		}
 		return true, nil
-	})
-}
-
-func waitRecovered(t *testing.T, c *testcluster.Cluster, alive int) {
-	t.Helper()
-	testcluster.WaitFor(t, 5*time.Minute, "recovery to finish on every node", func() (bool, error) {
-		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-		defer cancel()
-		entries, err := client(c, 0).Recovery(ctx)
-		if err != nil {
-			return false, err
-		}
-		info, err := client(c, 0).Info(ctx)
-		if err != nil {
-			return false, err
-		}
-		for _, e := range entries {
-			if e.Status.State != "done" || e.Status.Epoch != info.Epoch {
-				return false, fmt.Errorf("node %s: %+v %s", e.Node, e.Status, e.Error)
-			}
-		}
-		return len(entries) == alive, fmt.Errorf("%d nodes report", len(entries))
 	})
 }
 
