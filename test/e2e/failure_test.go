@@ -438,10 +438,15 @@ func TestKillAllDuringWritesRestartReverse(t *testing.T) {
 		c.Node(i).Restart()
 	}
 	waitAgreement(t, c, []int{0, 1, 2, 3}, 90*time.Second)
-	reader, err := nbdclient.Dial(ctx(t), c.Node(2).NBDAddr(), "disk")
-	if err != nil {
-		t.Fatalf("opening the disk after the restart: %v", err)
-	}
+	// The writer lock of node 1's killed process goes when the log has
+	// node 1's new process (its incarnation), which may follow agreement
+	// on the epochs by a moment.
+	var reader *nbdclient.Conn
+	testcluster.WaitFor(t, 30*time.Second, "the disk to open for writing after the restart", func() (bool, error) {
+		var err error
+		reader, err = nbdclient.Dial(ctx(t), c.Node(2).NBDAddr(), "disk")
+		return err == nil, err
+	})
 	defer reader.Close()
 	data := make([]byte, 64<<20)
 	readCtx, cancel := contextWithTimeout(t, 2*time.Minute)
