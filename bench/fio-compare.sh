@@ -21,7 +21,7 @@ rm -f "$work/baseline.img"
 for copies in 3 1; do
   echo "== herd copies=$copies ($size)"
   start_cluster 3 "$copies" bench "$size"
-  "$shared/run-fio.sh" "herd-c$copies" "$out" --ioengine=nbd --uri="nbd://$prefix.1:10809/bench" | tee "$out/herd-c$copies.txt"
+  "$shared/run-fio.sh" "herd-c$copies" "$out" --ioengine=nbd --uri="$uri" | tee "$out/herd-c$copies.txt"
   stop_all
 done
 

@@ -9,7 +9,18 @@ prefix=${HERD_BENCH_PREFIX:-127.0.9}
 mkdir -p "$work"
 pids=()
 
-build() { (cd "$root" && go build -o "$bin" ./cmd/herd); }
+# build builds herd from the work tree, or from git revision $HERD_REV
+# (for a same-run comparison of two revisions).
+build() {
+  if [ -n "${HERD_REV:-}" ]; then
+    local src=$work/src-rev
+    rm -rf "$src" && mkdir -p "$src"
+    git -C "$root" archive "$(git -C "$root" rev-parse "$HERD_REV")" | tar -x -C "$src"
+    (cd "$src" && go build -o "$bin" ./cmd/herd)
+  else
+    (cd "$root" && go build -o "$bin" ./cmd/herd)
+  fi
+}
 
 ours() { [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' < "/proc/$1/cmdline" | grep -q -- "$2"; }
 
@@ -27,25 +38,70 @@ stop_all() {
 }
 trap stop_all EXIT
 
-# start_cluster NODES COPIES VDI SIZE: a fresh cluster on $prefix.1..NODES
+# start_cluster NODES COPIES VDI SIZE: a fresh cluster on $prefix.1..NODES,
+# and $uri: the VDI's NBD URI for fio's nbd engine. HERD_BENCH_NBD picks
+# how clients reach it: tls (default: nbds:// with a client certificate
+# from herd client add), socket (node 1's local plaintext socket) or
+# plain (--insecure-nbd: plaintext TCP). A binary from before TLS (it
+# writes cluster.token) is always reached in plaintext over TCP.
+# HERD_BENCH_ARGS adds server flags.
 start_cluster() {
-  local nodes=$1 copies=$2 vdi=$3 size=$4 i token=""
+  local nodes=$1 copies=$2 vdi=$3 size=$4 i mode=${HERD_BENCH_NBD:-tls} extra=()
   rm -rf "$work/cluster"
-  mkdir -p "$work/cluster"
+  mkdir -p -m 0700 "$work/cluster"
+  case $("$bin" server --help 2>&1) in *--join-token-file*) ;; *) mode=legacy ;; esac
+  [ "$mode" = plain ] && extra+=(--insecure-nbd)
   for i in $(seq 1 "$nodes"); do
-    local args=(server --data "$work/cluster/node$i" --bind "$prefix.$i" --log-level warn)
-    [ "$i" -gt 1 ] && args+=(--join "$prefix.1" --token "$token")
+    local args=(server --data "$work/cluster/node$i" --bind "$prefix.$i" --log-level warn ${HERD_BENCH_ARGS:-} "${extra[@]}")
+    if [ "$i" -gt 1 ] && [ "$mode" = legacy ]; then
+      args+=(--join "$prefix.1" --token "$(cat "$work/cluster/node1/cluster.token")")
+    elif [ "$i" -gt 1 ]; then
+      args+=(--join "$prefix.1" --join-token-file "$work/cluster/node1/join.token")
+    fi
     setsid "$bin" "${args[@]}" >>"$work/cluster/node$i.log" 2>&1 </dev/null &
     pids+=($!)
-    for _ in $(seq 200); do curl -fsS "http://$prefix.$i:7080/v1/health" >/dev/null 2>&1 && break; sleep 0.05; done
-    [ "$i" -eq 1 ] && { for _ in $(seq 100); do [ -s "$work/cluster/node1/cluster.token" ] && break; sleep 0.05; done; token=$(cat "$work/cluster/node1/cluster.token"); }
+    for _ in $(seq 200); do
+      curl -kfsS "https://$prefix.$i:7080/v1/health" >/dev/null 2>&1 && break
+      curl -fsS "http://$prefix.$i:7080/v1/health" >/dev/null 2>&1 && break
+      sleep 0.05
+    done
+    if [ "$i" -eq 1 ]; then
+      for _ in $(seq 100); do { [ -s "$work/cluster/node1/join.token" ] || [ -s "$work/cluster/node1/cluster.token" ]; } && break; sleep 0.05; done
+    fi
   done
-  export HERD_TOKEN=$token HERD_ADDR=$prefix.1
+  if [ "$mode" = legacy ]; then
+    export HERD_TOKEN=$(cat "$work/cluster/node1/cluster.token")
+  else
+    export HERD_TOKEN=$(cat "$work/cluster/node1/admin.token")
+  fi
+  export HERD_ADDR=$prefix.1
   for _ in $(seq 200); do
     "$bin" cluster format --copies "$copies" ${FORMAT_ARGS:-} >/dev/null 2>&1 && break
     sleep 0.1
   done
   "$bin" vdi create "$vdi" "$size" >/dev/null
+  case $mode in
+  tls)
+    "$bin" client add bench --vdi '*' --out "$work/cluster/client" >/dev/null
+    uri="nbds://$prefix.1:10809/$vdi?tls-certificates=$work/cluster/client" ;;
+  socket) uri="nbd+unix:///$vdi?socket=$work/cluster/node1/nbd.sock" ;;
+  *) uri="nbd://$prefix.1:10809/$vdi" ;;
+  esac
+  echo "nbd: $mode ($uri)" >&2
+  # fio's nbd engine (libnbd) refuses tls-certificates in a URI; with
+  # HERD_BENCH_PROXY=1 every mode is reached through an nbdkit nbd-plugin
+  # proxy on a local socket (the TLS client, for tls), so that set-ups
+  # compare through the same path.
+  if [ -n "${HERD_BENCH_PROXY:-}" ]; then
+    local tls=(tls=off)
+    [ "$mode" = tls ] && tls=(tls=require "tls-certificates=$work/cluster/client")
+    rm -f "$work/cluster/proxy.sock"
+    nbdkit -P "$work/cluster/proxy.pid" -U "$work/cluster/proxy.sock" nbd hostname="$prefix.1" port=10809 export="$vdi" "${tls[@]}"
+    for _ in $(seq 100); do [ -s "$work/cluster/proxy.pid" ] && break; sleep 0.05; done
+    pids+=($(cat "$work/cluster/proxy.pid"))
+    uri="nbd+unix:///?socket=$work/cluster/proxy.sock"
+    echo "through nbdkit: $uri" >&2
+  fi
 }
 
 # start_qemu_nbd FILE SIZE PORT: the baseline, a raw file on the same disk

@@ -12,10 +12,10 @@ rm -f "$work/dd.img"
 start_cluster 4 3 rec "${gib}G"
 echo "== writing ${gib} GiB of random data"
 head -c "$((gib << 30))" /dev/urandom > "$work/random.img"
-nbdcopy --flush "$work/random.img" "nbd://$prefix.1:10809/rec"
+nbdcopy --flush "$work/random.img" "$uri"
 rm -f "$work/random.img"
 p99() { # label seconds
-  fio --name="$1" --ioengine=nbd --uri="nbd://$prefix.1:10809/rec" --rw=randread --bs=4k --iodepth=1 \
+  fio --name="$1" --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth=1 \
     --time_based --runtime="$2" --output-format=json > "$work/$1.json" 2>/dev/null
   python3 -c 'import json,sys; t=open(sys.argv[1]).read(); d=json.loads(t[t.index("{"):]); r=d["jobs"][0]["read"]; print("%s: %.0f IOPS, p50 %.0f us, p99 %.0f us" % (sys.argv[2], r["iops"], r["clat_ns"]["percentile"]["50.000000"]/1000, r["clat_ns"]["percentile"]["99.000000"]/1000))' "$work/$1.json" "$1"
 }

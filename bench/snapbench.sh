@@ -6,4 +6,4 @@ source "$(dirname "$0")/lib.sh"
 build
 (cd "$root" && go build -o "$work/snapbench" ./bench/snapbench)
 FORMAT_ARGS="--object-size 64KiB" start_cluster 3 3 unused 1M
-"$work/snapbench" --addr "$prefix.1" --nbd "$prefix.1:10809" --objects "${1:-1,1000,100000}" --clones "${2:-1000}"
+"$work/snapbench" --addr "$prefix.1" --nbd "$work/cluster/node1/nbd.sock" --objects "${1:-1,1000,100000}" --clones "${2:-1000}"

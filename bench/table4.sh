@@ -5,6 +5,7 @@
 # (libaio, direct=1) measured in the same run. Prints MB/s and the ratio.
 #
 #   bench/table4.sh [SECONDS]     (default 10 per point)
+#   HERD_REV=REV bench/table4.sh  the same for a git revision of herd
 source "$(dirname "$0")/lib.sh"
 seconds=${1:-10}
 sizes="512 2k 8k 32k 128k 512k"
@@ -28,7 +29,7 @@ rm -f "$work/local.img"
 for copies in 1 2 3; do
   start_cluster 3 "$copies" t4 2G
   for bs in $sizes; do
-    mbs[c$copies,$bs]=$(run "herd-c$copies" "$bs" --ioengine=nbd --uri="nbd://$prefix.1:10809/t4")
+    mbs[c$copies,$bs]=$(run "herd-c$copies" "$bs" --ioengine=nbd --uri="$uri")
   done
   stop_all
 done

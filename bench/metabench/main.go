@@ -2,7 +2,7 @@
 // VDI creates per second and lock acquire+release pairs per second, with
 // concurrent clients spread over every node's admin API.
 //
-//	go run ./bench/metabench --addr 127.0.0.1,127.0.0.2,127.0.0.3 --token T
+//	HERD_TOKEN=ADMIN-TOKEN go run ./bench/metabench --addr 127.0.0.1,127.0.0.2,127.0.0.3
 package main
 
 import (
@@ -21,7 +21,7 @@ import (
 
 func main() {
 	addrs := flag.String("addr", "127.0.0.1,127.0.0.2,127.0.0.3", "admin addresses of the nodes, comma-separated")
-	token := flag.String("token", os.Getenv("HERD_TOKEN"), "cluster token (env HERD_TOKEN)")
+	token := os.Getenv("HERD_TOKEN") // an admin token
 	clients := flag.Int("clients", 64, "concurrent clients")
 	creates := flag.Int("creates", 5000, "VDI creates to run")
 	locks := flag.Int("locks", 20000, "lock acquire+release pairs to run")
@@ -31,7 +31,7 @@ func main() {
 	flag.Parse()
 	var nodes []*api.Client
 	for _, a := range strings.Split(*addrs, ",") {
-		nodes = append(nodes, api.NewClient(strings.TrimSpace(a), *token))
+		nodes = append(nodes, api.NewClient(strings.TrimSpace(a), token))
 	}
 	ctx := context.Background()
 	if _, err := nodes[0].Info(ctx); err != nil {

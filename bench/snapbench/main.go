@@ -23,13 +23,13 @@ const objectSize = 64 << 10
 
 func main() {
 	addr := flag.String("addr", "127.0.9.1", "admin address of a node")
-	nbdAddr := flag.String("nbd", "127.0.9.1:10809", "NBD address of a node")
-	token := flag.String("token", os.Getenv("HERD_TOKEN"), "cluster token")
+	nbdAddr := flag.String("nbd", "/var/tmp/herd-bench/cluster/node1/nbd.sock", "a node's local NBD socket")
+	token := os.Getenv("HERD_TOKEN") // an admin token
 	sizes := flag.String("objects", "1,1000,100000", "written objects per VDI")
 	clones := flag.Int("clones", 1000, "VMs to clone from the golden image")
 	flag.Parse()
 	ctx := context.Background()
-	c := api.NewClient(*addr, *token)
+	c := api.NewClient(*addr, token)
 	fail := func(err error) {
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "snapbench:", err)
@@ -122,7 +122,7 @@ func writeObjects(nbdAddr, name string, n int) error {
 	}
 	f.Truncate(int64(n) * objectSize)
 	f.Close()
-	out, err := exec.Command("nbdcopy", "--flush", image, "nbd://"+nbdAddr+"/"+name).CombinedOutput()
+	out, err := exec.Command("nbdcopy", "--flush", image, "nbd+unix:///"+name+"?socket="+nbdAddr).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("nbdcopy: %v: %s", err, out)
 	}

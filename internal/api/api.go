@@ -1,14 +1,15 @@
 // Package api is herd's admin interface: HTTP/JSON on every node (port
 // 7080 by default). Any node answers for the cluster: reads come from the
 // node's applied copy of the log, changes are committed through the raft
-// leader (the cluster package forwards them to the leader's
-// /v1/internal/apply). Every route but /v1/health needs the cluster token
-// as a bearer token.
+// leader (the cluster package forwards them to the leader over the peer
+// port). It speaks HTTPS only, with the node's certificate from the
+// cluster CA. Every route but /v1/health needs an admin token
+// (auth.go): GET routes any live token, the others a token that is not
+// read-only; tokens are checked against the node's copy of the log.
 package api
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,7 +22,11 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
-	"github.com/herd-storage/herd/internal/gateway"
+	"github.com/herd-storage/herd/internal/maintenance"
+	"github.com/herd-storage/herd/internal/recovery"
+	"github.com/herd-storage/herd/internal/scrub"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Request and response bodies.
@@ -49,21 +54,33 @@ type (
 	// TreeEntry is one VDI of the tree with its space accounting.
 	TreeEntry struct {
 		cluster.VDI
-		gateway.Space
+		maintenance.Space
 	}
 	// NodeEntry is a node with its disk usage (from the node itself).
 	NodeEntry struct {
 		cluster.NodeInfo
-		UsedBytes  uint64 `json:"used_bytes"`
-		FreeBytes  uint64 `json:"free_bytes"`
-		Objects    uint64 `json:"objects"`
-		UsageError string `json:"usage_error,omitempty"`
-	}
-	// Usage is a node's own disk usage.
-	Usage struct {
 		UsedBytes uint64 `json:"used_bytes"`
 		FreeBytes uint64 `json:"free_bytes"`
 		Objects   uint64 `json:"objects"`
+		// FailedDisks are object disks taken out of service after an
+		// I/O error.
+		FailedDisks []string `json:"failed_disks,omitempty"`
+		// ChecksumErrors and BlocksRepaired count this node's 4 KiB
+		// blocks that failed their data checksum, and those rewritten
+		// from a good replica, since it started.
+		ChecksumErrors uint64 `json:"checksum_errors"`
+		BlocksRepaired uint64 `json:"blocks_repaired"`
+		UsageError     string `json:"usage_error,omitempty"`
+	}
+	// Usage is a node's own disk usage.
+	Usage struct {
+		UsedBytes   uint64   `json:"used_bytes"`
+		FreeBytes   uint64   `json:"free_bytes"`
+		Objects     uint64   `json:"objects"`
+		FailedDisks []string `json:"failed_disks,omitempty"`
+		// Checksum counts of this node's disks (see NodeEntry).
+		ChecksumErrors uint64 `json:"checksum_errors"`
+		BlocksRepaired uint64 `json:"blocks_repaired"`
 	}
 	LockRequest struct {
 		Key     string `json:"key"`
@@ -73,8 +90,9 @@ type (
 		Error string `json:"error"`
 		Code  string `json:"code"`
 	}
+	// HealthResponse is all an unauthenticated caller learns.
 	HealthResponse struct {
-		NodeID string `json:"node_id"`
+		Status string `json:"status"`
 	}
 )
 
@@ -83,12 +101,16 @@ const maxBodyBytes = 1 << 20
 // DataPath is what the admin API needs from this node's data path.
 type DataPath interface {
 	Snapshot(ctx context.Context, name, tag string) (cluster.SnapshotResult, error)
-	Space(ctx context.Context) (map[uint32]gateway.Space, error)
+	Space(ctx context.Context) (map[uint32]maintenance.Space, error)
 	Usage() (Usage, error)
-	Recovery() gateway.RecoveryStatus
-	RecoveryLimits() gateway.RecoveryLimits
-	SetRecoveryLimits(gateway.RecoveryLimits) error
-	Check(ctx context.Context, name string, repair bool) (gateway.CheckReport, error)
+	Recovery() recovery.Status
+	RecoveryLimits() recovery.Limits
+	SetRecoveryLimits(recovery.Limits) error
+	Check(ctx context.Context, name string, repair bool) (maintenance.CheckReport, error)
+	// Metrics are the node's Prometheus metrics (GET /metrics).
+	Metrics() prometheus.Gatherer
+	// Scrub is this node's background scrub.
+	Scrub() *scrub.Scrubber
 }
 
 // CheckRequest asks for a replica comparison of a VDI.
@@ -105,10 +127,10 @@ type RecoveryLimitsRequest struct {
 
 // RecoveryEntry is one node's recovery state.
 type RecoveryEntry struct {
-	Node    string                 `json:"node"`
-	Address string                 `json:"address"`
-	Status  gateway.RecoveryStatus `json:"status"`
-	Error   string                 `json:"error,omitempty"`
+	Node    string          `json:"node"`
+	Address string          `json:"address"`
+	Status  recovery.Status `json:"status"`
+	Error   string          `json:"error,omitempty"`
 }
 
 // forwardedHeader marks a request another node forwarded to this one.
@@ -118,19 +140,21 @@ const forwardedHeader = "X-Herd-Forwarded"
 type Server struct {
 	cluster *cluster.Cluster
 	data    DataPath
-	token   string
+	sec     Security
 	logger  *slog.Logger
 	http    *http.Server
 }
 
 // NewServer builds the handler set; Serve starts it.
-func NewServer(c *cluster.Cluster, data DataPath, token string, logger *slog.Logger) *Server {
-	s := &Server{cluster: c, data: data, token: token, logger: logger}
+func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Logger) *Server {
+	s := &Server{cluster: c, data: data, sec: sec, logger: logger}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, HealthResponse{NodeID: c.ID()})
+		writeJSON(w, http.StatusOK, HealthResponse{Status: "ok"})
 	})
+	s.securityRoutes(mux)
 	s.handle(mux, "GET /v1/cluster", func(r *http.Request) (any, error) { return c.Info(), nil })
+	s.handle(mux, "GET /v1/cluster/health", func(r *http.Request) (any, error) { return s.health(r.Context()), nil })
 	s.handle(mux, "GET /v1/cluster/epochs", func(r *http.Request) (any, error) { return c.Epochs(), nil })
 	s.handle(mux, "POST /v1/cluster/format", func(r *http.Request) (any, error) {
 		var req FormatRequest
@@ -141,6 +165,7 @@ func NewServer(c *cluster.Cluster, data DataPath, token string, logger *slog.Log
 	})
 	s.handle(mux, "GET /v1/nodes", func(r *http.Request) (any, error) { return s.nodes(r.Context()), nil })
 	s.handle(mux, "GET /v1/local/usage", func(r *http.Request) (any, error) { return data.Usage() })
+	s.scrubRoutes(mux)
 	s.handle(mux, "GET /v1/local/recovery", func(r *http.Request) (any, error) { return data.Recovery(), nil })
 	s.handle(mux, "GET /v1/recovery", func(r *http.Request) (any, error) { return s.recovery(r.Context()), nil })
 	s.handle(mux, "PUT /v1/local/recovery/limits", func(r *http.Request) (any, error) {
@@ -181,7 +206,7 @@ func NewServer(c *cluster.Cluster, data DataPath, token string, logger *slog.Log
 				return nil, fmt.Errorf("%w: vdi %q is held by unknown node %s", cluster.ErrBusy, name, l.Node)
 			}
 			var result cluster.SnapshotResult
-			err := NewClient(holder.AdminAddr, token).do(r.Context(), http.MethodPost, "/v1/vdis/"+url.PathEscape(name)+"/snapshot", req, &result, true)
+			err := s.peerClient(r.Context(), holder.AdminAddr).do(r.Context(), http.MethodPost, "/v1/vdis/"+url.PathEscape(name)+"/snapshot", req, &result, true)
 			return result, err
 		}
 		return data.Snapshot(r.Context(), name, req.Tag)
@@ -252,10 +277,16 @@ func NewServer(c *cluster.Cluster, data DataPath, token string, logger *slog.Log
 		}
 		return map[string]string{"released": req.Key}, c.ReleaseLock(r.Context(), req.Key, req.Session)
 	})
-	// Profiling for operators and benchmarks, behind the token like the rest.
-	mux.HandleFunc("/debug/pprof/", s.authorizedOnly(pprof.Index))
-	mux.HandleFunc("/debug/pprof/profile", s.authorizedOnly(pprof.Profile))
-	mux.HandleFunc("/debug/pprof/symbol", s.authorizedOnly(pprof.Symbol))
+	// Prometheus metrics: any live token, read-only ones included
+	// (Prometheus sends it as a bearer token: authorization.credentials_file).
+	mux.Handle("GET /metrics", s.guardWith(readAccess, promhttp.HandlerFor(data.Metrics(), promhttp.HandlerOpts{
+		ErrorLog: slog.NewLogLogger(logger.Handler(), slog.LevelWarn), MaxRequestsInFlight: 4,
+	}).ServeHTTP))
+	// Profiling for operators and benchmarks: an admin (not read-only)
+	// token, whatever the method.
+	mux.HandleFunc("/debug/pprof/", s.guardWith(writeAccess, pprof.Index))
+	mux.HandleFunc("/debug/pprof/profile", s.guardWith(writeAccess, pprof.Profile))
+	mux.HandleFunc("/debug/pprof/symbol", s.guardWith(writeAccess, pprof.Symbol))
 	s.handle(mux, "POST /v1/bench/locks", func(r *http.Request) (any, error) {
 		var req LockBenchRequest
 		if err := decodeBody(r, &req); err != nil {
@@ -275,9 +306,11 @@ func NewServer(c *cluster.Cluster, data DataPath, token string, logger *slog.Log
 	return s
 }
 
-// Serve serves on l until Shutdown.
+// Serve serves HTTPS on l until Shutdown. A plain HTTP request gets
+// "400 Client sent an HTTP request to an HTTPS server" from net/http.
 func (s *Server) Serve(l net.Listener) error {
-	err := s.http.Serve(l)
+	s.http.TLSConfig = s.sec.ServerTLS
+	err := s.http.ServeTLS(l, "", "")
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -288,37 +321,14 @@ func (s *Server) Serve(l net.Listener) error {
 func (s *Server) Shutdown(ctx context.Context) error { return s.http.Shutdown(ctx) }
 
 func (s *Server) handle(mux *http.ServeMux, pattern string, fn func(*http.Request) (any, error)) {
-	mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		if !s.authorized(r) {
-			writeError(w, fmt.Errorf("%w: give the token from the first node's DATA/cluster.token with --token or HERD_TOKEN", cluster.ErrUnauthorized))
-			return
-		}
+	mux.HandleFunc(pattern, s.guard(func(w http.ResponseWriter, r *http.Request) {
 		value, err := fn(r)
 		if err != nil {
 			writeError(w, err)
 			return
 		}
 		writeJSON(w, http.StatusOK, value)
-	})
-}
-
-func (s *Server) authorizedOnly(h http.HandlerFunc) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if !s.authorized(r) {
-			writeError(w, cluster.ErrUnauthorized)
-			return
-		}
-		h(w, r)
-	}
-}
-
-func (s *Server) authorized(r *http.Request) bool {
-	const prefix = "Bearer "
-	h := r.Header.Get("Authorization")
-	if len(h) <= len(prefix) || h[:len(prefix)] != prefix {
-		return false
-	}
-	return subtle.ConstantTimeCompare([]byte(h[len(prefix):]), []byte(s.token)) == 1
+	}))
 }
 
 // nodes lists the nodes with each alive node's own disk usage, asked in
@@ -342,13 +352,14 @@ func (s *Server) nodes(ctx context.Context) []NodeEntry {
 			if n.ID == s.cluster.ID() {
 				u, err = s.data.Usage()
 			} else {
-				err = NewClient(n.AdminAddr, s.token).Do(ctx, http.MethodGet, "/v1/local/usage", nil, &u)
+				err = s.peerClient(ctx, n.AdminAddr).Do(ctx, http.MethodGet, "/v1/local/usage", nil, &u)
 			}
 			if err != nil {
 				out[i].UsageError = err.Error()
 				return
 			}
-			out[i].UsedBytes, out[i].FreeBytes, out[i].Objects = u.UsedBytes, u.FreeBytes, u.Objects
+			out[i].UsedBytes, out[i].FreeBytes, out[i].Objects, out[i].FailedDisks = u.UsedBytes, u.FreeBytes, u.Objects, u.FailedDisks
+			out[i].ChecksumErrors, out[i].BlocksRepaired = u.ChecksumErrors, u.BlocksRepaired
 		}()
 	}
 	wg.Wait()
@@ -373,7 +384,7 @@ func (s *Server) setRecoveryLimits(ctx context.Context, req RecoveryLimitsReques
 			n, _ := s.cluster.Node(out[i].Node)
 			ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			defer cancel()
-			if err := NewClient(n.AdminAddr, s.token).Do(ctx, http.MethodPut, "/v1/local/recovery/limits", req, &out[i].Status); err != nil {
+			if err := s.peerClient(ctx, n.AdminAddr).Do(ctx, http.MethodPut, "/v1/local/recovery/limits", req, &out[i].Status); err != nil {
 				out[i].Error, errs[i] = err.Error(), err
 			}
 		}()
@@ -407,7 +418,7 @@ func (s *Server) recovery(ctx context.Context) []RecoveryEntry {
 			n, _ := s.cluster.Node(out[i].Node)
 			ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			defer cancel()
-			if err := NewClient(n.AdminAddr, s.token).Do(ctx, http.MethodGet, "/v1/local/recovery", nil, &out[i].Status); err != nil {
+			if err := s.peerClient(ctx, n.AdminAddr).Do(ctx, http.MethodGet, "/v1/local/recovery", nil, &out[i].Status); err != nil {
 				out[i].Error = err.Error()
 			}
 		}()
@@ -438,6 +449,7 @@ var statusByCode = map[string]int{
 	"shrink":            http.StatusBadRequest,
 	"busy":              http.StatusConflict,
 	"unauthorized":      http.StatusUnauthorized,
+	"forbidden":         http.StatusForbidden,
 	"exhausted":         http.StatusInsufficientStorage,
 }
 

@@ -3,40 +3,76 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
-	"github.com/herd-storage/herd/internal/gateway"
+	"github.com/herd-storage/herd/internal/maintenance"
+	"github.com/herd-storage/herd/internal/pki"
 )
 
 // DefaultPort is the admin API's port.
 const DefaultPort = 7080
 
-// Client talks to one node's admin API. Safe for concurrent use.
+// Client talks to one node's admin API over HTTPS. Safe for concurrent
+// use.
 type Client struct {
 	base  string
 	token string
+	err   error // a token that does not parse: every call fails with it
 	http  *http.Client
 }
 
-// NewClient returns a client for address "IP" or "IP:PORT".
+// NewClient returns a client for address "IP" or "IP:PORT" with an admin
+// token ("herd-admin.FINGERPRINT.ID.SECRET"). The server is verified by
+// the CA fingerprint the token carries: no other configuration is needed,
+// and a server without the cluster CA's key cannot impersonate a node.
 func NewClient(address, token string) *Client {
+	parsed, err := pki.ParseAdminToken(strings.TrimSpace(token))
+	if err != nil {
+		c := newClient(address, token, nil)
+		c.err = fmt.Errorf("%w: %v (the admin token is in the first node's DATA/admin.token; give it with HERD_TOKEN or --token-file)", cluster.ErrUnauthorized, err)
+		return c
+	}
+	fingerprint := parsed.Fingerprint
+	config := &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		// Verified below against the fingerprint instead of hostnames:
+		// nodes are reached by IP and the token pins the cluster CA.
+		InsecureSkipVerify: true,
+		VerifyPeerCertificate: func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
+			_, err := pki.VerifyServerChain(rawCerts, fingerprint)
+			return err
+		},
+	}
+	return newClient(address, strings.TrimSpace(token), config)
+}
+
+// FailingClient is a Client every call of which fails with err (for
+// example: the token file could not be read).
+func FailingClient(err error) *Client { return &Client{err: err} }
+
+func newClient(address, token string, config *tls.Config) *Client {
 	if _, _, err := net.SplitHostPort(address); err != nil {
 		address = net.JoinHostPort(address, fmt.Sprint(DefaultPort))
 	}
 	transport := &http.Transport{
 		DialContext:         (&net.Dialer{Timeout: 3 * time.Second}).DialContext,
+		TLSClientConfig:     config,
+		TLSHandshakeTimeout: 5 * time.Second,
 		MaxIdleConns:        256,
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     time.Minute,
 	}
-	return &Client{base: "http://" + address, token: token, http: &http.Client{Transport: transport, Timeout: 30 * time.Second}}
+	return &Client{base: "https://" + address, token: token, http: &http.Client{Transport: transport}} // calls are bounded by their contexts (the CLI's --timeout)
 }
 
 // Do sends a request and decodes the JSON answer into out (if not nil).
@@ -46,6 +82,9 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any, forwarded bool) error {
+	if c.err != nil {
+		return c.err
+	}
 	var reader io.Reader
 	if raw, ok := body.([]byte); ok {
 		reader = bytes.NewReader(raw)
@@ -185,12 +224,72 @@ func (c *Client) SetRecoveryLimits(ctx context.Context, req RecoveryLimitsReques
 	return v, c.Do(ctx, http.MethodPut, "/v1/recovery/limits", req, &v)
 }
 
+func (c *Client) Health(ctx context.Context) (Health, error) {
+	var v Health
+	return v, c.Do(ctx, http.MethodGet, "/v1/cluster/health", nil, &v)
+}
+
 func (c *Client) Recovery(ctx context.Context) ([]RecoveryEntry, error) {
 	var v []RecoveryEntry
 	return v, c.Do(ctx, http.MethodGet, "/v1/recovery", nil, &v)
 }
 
-func (c *Client) Check(ctx context.Context, name string, repair bool) (gateway.CheckReport, error) {
-	var v gateway.CheckReport
+func (c *Client) Check(ctx context.Context, name string, repair bool) (maintenance.CheckReport, error) {
+	var v maintenance.CheckReport
 	return v, c.Do(ctx, http.MethodPost, "/v1/vdis/"+url.PathEscape(name)+"/check", CheckRequest{Repair: repair}, &v)
+}
+
+func (c *Client) Tokens(ctx context.Context) ([]cluster.Token, error) {
+	var v []cluster.Token
+	return v, c.Do(ctx, http.MethodGet, "/v1/tokens", nil, &v)
+}
+
+func (c *Client) CreateToken(ctx context.Context, name string, readOnly bool) (CreatedToken, error) {
+	var v CreatedToken
+	return v, c.Do(ctx, http.MethodPost, "/v1/tokens", CreateTokenRequest{Name: name, ReadOnly: readOnly}, &v)
+}
+
+func (c *Client) RevokeToken(ctx context.Context, idOrName string) (cluster.Token, error) {
+	var v cluster.Token
+	return v, c.Do(ctx, http.MethodDelete, "/v1/tokens/"+url.PathEscape(idOrName), nil, &v)
+}
+
+func (c *Client) Clients(ctx context.Context) ([]cluster.Client, error) {
+	var v []cluster.Client
+	return v, c.Do(ctx, http.MethodGet, "/v1/clients", nil, &v)
+}
+
+func (c *Client) AddClient(ctx context.Context, name, pattern string, readOnly bool) (AddedClient, error) {
+	var v AddedClient
+	return v, c.Do(ctx, http.MethodPost, "/v1/clients", AddClientRequest{Name: name, Pattern: pattern, ReadOnly: readOnly}, &v)
+}
+
+func (c *Client) RevokeClient(ctx context.Context, name string) (cluster.Client, error) {
+	var v cluster.Client
+	return v, c.Do(ctx, http.MethodDelete, "/v1/clients/"+url.PathEscape(name), nil, &v)
+}
+
+func (c *Client) RemoveNode(ctx context.Context, id string) error {
+	return c.Do(ctx, http.MethodDelete, "/v1/nodes/"+url.PathEscape(id), nil, nil)
+}
+
+func (c *Client) RotateJoinToken(ctx context.Context) (JoinTokenResponse, error) {
+	var v JoinTokenResponse
+	return v, c.Do(ctx, http.MethodPost, "/v1/cluster/join-token", nil, &v)
+}
+
+// NBDSession asks for a short-lived NBD client certificate.
+func (c *Client) NBDSession(ctx context.Context) (NBDSession, error) {
+	var v NBDSession
+	return v, c.Do(ctx, http.MethodGet, "/v1/nbd-session", nil, &v)
+}
+
+// Fingerprint is the cluster CA fingerprint the client's token names
+// ("" if the token does not parse).
+func (c *Client) Fingerprint() string {
+	token, err := pki.ParseAdminToken(c.token)
+	if err != nil {
+		return ""
+	}
+	return token.Fingerprint
 }

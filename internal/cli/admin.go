@@ -43,6 +43,35 @@ func clusterCommand(g *globals) *cobra.Command {
 	}
 	format.Flags().IntVar(&copies, "copies", 0, "replicas of every object")
 	format.Flags().StringVar(&objectSize, "object-size", "4MiB", "object size, a power of two from 64KiB to 256MiB")
+	health := &cobra.Command{
+		Use:   "health",
+		Short: "OK, WARN or ERR with every reason (exit status 0, 1 or 2)",
+		Args:  args(0, ""),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			h, err := g.client().Health(ctx)
+			if err != nil {
+				return err
+			}
+			err = g.output(h, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, h.Status)
+				for _, r := range h.Reasons {
+					fmt.Fprintf(w, "%s\t%s\n", r.Level, r.What)
+				}
+			})
+			if err != nil {
+				return err
+			}
+			switch h.Status {
+			case api.HealthWarn:
+				return exitCode(1)
+			case api.HealthErr:
+				return exitCode(2)
+			}
+			return nil
+		},
+	}
 	info := &cobra.Command{
 		Use:   "info",
 		Short: "format, epoch, leader, voters and quorum state",
@@ -56,11 +85,13 @@ func clusterCommand(g *globals) *cobra.Command {
 			}
 			// Space is summed from every alive node's own report.
 			nodes, nodesErr := g.client().Nodes(ctx)
-			var space struct{ Used, Free, Objects uint64 }
+			var space struct{ Used, Free, Objects, BadBlocks, Repaired uint64 }
 			for _, n := range nodes {
 				space.Used += n.UsedBytes
 				space.Free += n.FreeBytes
 				space.Objects += n.Objects
+				space.BadBlocks += n.ChecksumErrors
+				space.Repaired += n.BlocksRepaired
 			}
 			// Recovery, summed over the nodes.
 			recovery, recoveryErr := g.client().Recovery(ctx)
@@ -83,12 +114,17 @@ func clusterCommand(g *globals) *cobra.Command {
 			}
 			type infoWithSpace struct {
 				cluster.Info
-				UsedBytes uint64              `json:"used_bytes"`
-				FreeBytes uint64              `json:"free_bytes"`
-				Objects   uint64              `json:"objects"`
-				Recovery  []api.RecoveryEntry `json:"recovery,omitempty"`
+				UsedBytes uint64 `json:"used_bytes"`
+				FreeBytes uint64 `json:"free_bytes"`
+				Objects   uint64 `json:"objects"`
+				// Blocks that failed their data checksum on any node
+				// since it started, and those repaired.
+				ChecksumErrors uint64              `json:"checksum_errors"`
+				BlocksRepaired uint64              `json:"blocks_repaired"`
+				Recovery       []api.RecoveryEntry `json:"recovery,omitempty"`
 			}
-			out := infoWithSpace{Info: info, UsedBytes: space.Used, FreeBytes: space.Free, Objects: space.Objects, Recovery: recovery}
+			out := infoWithSpace{Info: info, UsedBytes: space.Used, FreeBytes: space.Free, Objects: space.Objects,
+				ChecksumErrors: space.BadBlocks, BlocksRepaired: space.Repaired, Recovery: recovery}
 			return g.output(out, func(w *tabwriter.Writer) {
 				if info.Format != nil {
 					fmt.Fprintf(w, "Format:\t%d copies, %s objects, since %s\n", info.Format.Copies, size.Format(info.Format.ObjectSize), info.Format.Created.Local().Format(time.DateTime))
@@ -113,6 +149,7 @@ func clusterCommand(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "VDIs:\t%d\n", info.VDIs)
 				if nodesErr == nil {
 					fmt.Fprintf(w, "Space:\t%s used by %d object copies, %s free\n", size.Format(space.Used), space.Objects, size.Format(space.Free))
+					fmt.Fprintf(w, "Checksums:\t%d bad blocks found, %d repaired since the nodes started (herd node list, herd scrub status)\n", space.BadBlocks, space.Repaired)
 				}
 				if recoveryErr == nil {
 					switch {
@@ -127,6 +164,9 @@ func clusterCommand(g *globals) *cobra.Command {
 					}
 				}
 				fmt.Fprintf(w, "This node:\t%s\n", info.NodeID)
+				if info.InsecureNBD {
+					fmt.Fprintf(w, "WARNING:\tthis node serves plaintext, unauthenticated NBD on its TCP port (--insecure-nbd)\n")
+				}
 			})
 		},
 	}
@@ -149,7 +189,7 @@ func clusterCommand(g *globals) *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(format, info, epochs)
+	cmd.AddCommand(format, info, health, epochs, rotateJoinTokenCommand(g))
 	return cmd
 }
 
@@ -167,21 +207,22 @@ func nodeCommand(g *globals) *cobra.Command {
 				return err
 			}
 			return g.output(nodes, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "ID\tADDRESS\tZONE\tCAPACITY\tUSED\tFREE\tOBJECTS\tROLE\tSTATE")
+				fmt.Fprintln(w, "ID\tADDRESS\tZONE\tCAPACITY\tUSED\tFREE\tOBJECTS\tBAD BLOCKS\tREPAIRED\tROLE\tSTATE")
 				for _, n := range nodes {
 					zone := n.Zone
 					if zone == "" {
 						zone = "-"
 					}
 					used, free, objects := size.Format(n.UsedBytes), size.Format(n.FreeBytes), fmt.Sprint(n.Objects)
+					bad, repaired := fmt.Sprint(n.ChecksumErrors), fmt.Sprint(n.BlocksRepaired)
 					if n.State != "alive" || n.UsageError != "" {
-						used, free, objects = "-", "-", "-"
+						used, free, objects, bad, repaired = "-", "-", "-", "-", "-"
 					}
 					state := string(n.State)
 					if n.Full {
 						state += ", FULL: takes no objects"
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.Address, zone, size.Format(n.Capacity), used, free, objects, n.Role, state)
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.Address, zone, size.Format(n.Capacity), used, free, objects, bad, repaired, n.Role, state)
 				}
 			})
 		},
@@ -244,7 +285,7 @@ func nodeCommand(g *globals) *cobra.Command {
 	}
 	recovery.Flags().StringVar(&maxRate, "max-rate", "", "copy at most RATE per node (e.g. 100MiB or 100MiB/s; 0 = unlimited)")
 	recovery.Flags().IntVar(&concurrency, "concurrency", 0, "recover at most N objects at once per node (1-64)")
-	cmd.AddCommand(list, recovery)
+	cmd.AddCommand(list, recovery, nodeRemoveCommand(g))
 	return cmd
 }
 
@@ -428,13 +469,19 @@ func vdiCommand(g *globals) *cobra.Command {
 				for _, p := range r.Problems {
 					fmt.Fprintln(w, p)
 				}
-				fmt.Fprintf(w, "%s: %d objects, %d consistent, %d replicas differing, %d missing, %d unavailable, %d repaired\n",
-					r.VDI, r.Objects, r.Consistent, r.Mismatched, r.Missing, r.Unavailable, r.Repaired)
+				fmt.Fprintf(w, "%s: %d objects, %d consistent, %d replicas differing, %d missing, %d unavailable, %d blocks failing their checksum (%d lost on every replica), %d repaired\n",
+					r.VDI, r.Objects, r.Consistent, r.Mismatched, r.Missing, r.Unavailable, r.BadBlocks, r.LostBlocks, r.Repaired)
 			}); err != nil {
 				return err
 			}
 			if r.Unavailable > 0 {
 				return fmt.Errorf("vdi %s has %d objects whose newest copies may be on nodes that are down: they are refused until one of those nodes returns", a[0], r.Unavailable)
+			}
+			if r.LostBlocks > 0 {
+				return fmt.Errorf("vdi %s has %d blocks of 4 KiB that fail their checksum on every replica: their data is lost (listed above); restore them from a backup", a[0], r.LostBlocks)
+			}
+			if r.BadBlocks > 0 && !repair {
+				return fmt.Errorf("vdi %s has %d blocks that fail their checksum on some replica (run with --repair, or let the scrub repair them)", a[0], r.BadBlocks)
 			}
 			if r.Mismatched+r.Missing > r.Repaired {
 				return fmt.Errorf("vdi %s has replicas that differ or are missing (run with --repair once it is closed)", a[0])
@@ -442,7 +489,7 @@ func vdiCommand(g *globals) *cobra.Command {
 			return nil
 		},
 	}
-	check.Flags().BoolVar(&repair, "repair", false, "replace differing or missing replicas with the newest copy")
+	check.Flags().BoolVar(&repair, "repair", false, "replace differing or missing replicas with the newest copy, rewrite blocks that fail their checksum from a good replica")
 	cmd.AddCommand(create, list, info, remove, resize, snapshot, clone, rollback, tree, check)
 	return cmd
 }

@@ -7,6 +7,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -19,18 +20,31 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/herd-storage/herd/internal/api"
+	"github.com/herd-storage/herd/internal/version"
 )
 
 // globals holds the flags every admin command shares.
 type globals struct {
-	addr    string
-	token   string
-	json    bool
-	timeout time.Duration
-	stdout  io.Writer
+	addr      string
+	tokenFile string
+	json      bool
+	timeout   time.Duration
+	stdout    io.Writer
 }
 
-func (g *globals) client() *api.Client { return api.NewClient(g.addr, g.token) }
+// client talks to the node at --addr with the admin token from
+// --token-file, else HERD_TOKEN (never a flag: flags show in ps and in
+// --help's defaults).
+func (g *globals) client() *api.Client {
+	token := os.Getenv("HERD_TOKEN")
+	if g.tokenFile != "" {
+		var err error
+		if token, err = tokenFromFile(g.tokenFile); err != nil {
+			return api.FailingClient(fmt.Errorf("--token-file: %w", err))
+		}
+	}
+	return api.NewClient(g.addr, token)
+}
 
 func (g *globals) context() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), g.timeout)
@@ -57,6 +71,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.Version = version.Get().String()
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
@@ -72,10 +88,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		defaultAddr = "127.0.0.1"
 	}
 	root.PersistentFlags().StringVar(&g.addr, "addr", defaultAddr, "admin address of any herd node, IP[:PORT] (env HERD_ADDR)")
-	root.PersistentFlags().StringVar(&g.token, "token", os.Getenv("HERD_TOKEN"), "the cluster token (env HERD_TOKEN; in the first node's DATA/cluster.token)")
+	root.PersistentFlags().StringVar(&g.tokenFile, "token-file", "", "file holding an admin token (else env HERD_TOKEN; the first node writes DATA/admin.token)")
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print JSON instead of tables")
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 30*time.Second, "how long to wait for the cluster")
-	root.AddCommand(serverCommand(), clusterCommand(g), nodeCommand(g), vdiCommand(g), lockCommand(g))
+	root.AddCommand(versionCommand(g), serverCommand(), clusterCommand(g), nodeCommand(g), vdiCommand(g), scrubCommand(g), lockCommand(g), tokenCommand(g), clientCommand(g))
 	for _, group := range root.Commands() {
 		if group.Name() == "vdi" {
 			group.AddCommand(transferCommands(g)...)
@@ -87,11 +103,21 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if err := root.Execute(); err != nil {
+		var code exitCode
+		if errors.As(err, &code) {
+			return int(code) // the command printed what it had to say
+		}
 		fmt.Fprintf(stderr, "herd: %s\n", strings.TrimSpace(err.Error()))
 		return 1
 	}
 	return 0
 }
+
+// exitCode ends a command that printed its result with a status other
+// than 0 (`herd cluster health`: 1 for WARN, 2 for ERR).
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
 
 // args returns a cobra.PositionalArgs that explains the usage.
 func args(n int, usage string) cobra.PositionalArgs {
@@ -123,5 +149,17 @@ func requireSubcommand(group *cobra.Command) {
 			return fmt.Errorf("%s needs a command: %s", cmd.CommandPath(), strings.Join(names, ", "))
 		}
 		return fmt.Errorf("unknown command %q for %s (commands: %s)", a[0], cmd.CommandPath(), strings.Join(names, ", "))
+	}
+}
+
+func versionCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "print herd's version, commit and Go version (--json for all fields)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			info := version.Get()
+			return g.output(info, func(w *tabwriter.Writer) { fmt.Fprintln(w, info.String()) })
+		},
 	}
 }

@@ -1,27 +1,80 @@
 package cli
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/herd-storage/herd/internal/gateway"
+	"github.com/herd-storage/herd/internal/logging"
 	"github.com/herd-storage/herd/internal/server"
 	"github.com/herd-storage/herd/internal/size"
+	"github.com/herd-storage/herd/internal/version"
 )
 
 func serverCommand() *cobra.Command {
 	var o server.Options
-	var capacity, level string
+	var capacity, level, logFormat, joinTokenFile, memoryBudget, cowMemory, scrubRate string
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "run a herd node on this host",
-		Long: `Run a herd node. The first node of a cluster is started without --join and
-creates the cluster's token in DATA/cluster.token; every other node joins by
-naming any member: --join IP --token TOKEN.`,
+		Long: `Run a herd node. The first node of a cluster is started without --join: it
+creates the cluster's CA and writes two secrets, mode 0600:
+
+  DATA/admin.token  the admin API token (herd commands: HERD_TOKEN or --token-file)
+  DATA/join.token   the join token (new nodes: HERD_JOIN_TOKEN or --join-token-file)
+
+Every other node joins by naming any member: --join IP with the join token.
+NBD on the TCP port needs TLS with a client certificate (herd client add);
+the local socket DATA/nbd.sock (mode 0660) is plaintext for this host's
+hypervisor.`,
 		Args: args(0, "[flags]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.JoinToken = os.Getenv("HERD_JOIN_TOKEN")
+			if joinTokenFile != "" {
+				token, err := tokenFromFile(joinTokenFile)
+				if err != nil {
+					return fmt.Errorf("--join-token-file: %w", err)
+				}
+				o.JoinToken = token
+			}
+			for name, value := range map[string]int{"--pieces-per-request": o.Gateway.PiecesPerRequest, "--zero-pieces": o.Gateway.ZeroPieces,
+				"--nbd-max-connections": o.NBDLimits.MaxConnections, "--nbd-max-connections-per-client": o.NBDLimits.MaxConnectionsPerClient, "--nbd-max-options": o.NBDLimits.MaxOptions} {
+				if value < 1 {
+					return fmt.Errorf("%s %d: must be at least 1", name, value)
+				}
+			}
+			if o.NBDLimits.HandshakeTimeout <= 0 || o.NBDLimits.ReplyTimeout <= 0 {
+				return fmt.Errorf("--nbd-handshake-timeout and --nbd-reply-timeout must be positive durations")
+			}
+			if o.ScrubDeepEvery < 1 {
+				return fmt.Errorf("--scrub-deep-every %d: must be at least 1", o.ScrubDeepEvery)
+			}
+			if o.ScrubInterval <= 0 {
+				return fmt.Errorf("--scrub-interval %v: must be a positive duration (such as 168h)", o.ScrubInterval)
+			}
+			rate, err := parseRate(scrubRate)
+			if err != nil || rate == 0 {
+				return fmt.Errorf("--scrub-max-rate %q: a size per second such as 50MiB/s (the scrub is always limited)", scrubRate)
+			}
+			o.ScrubMaxRate = rate
+			if cowMemory != "" {
+				bytes, err := size.Parse(cowMemory)
+				if err != nil {
+					return fmt.Errorf("--cow-memory: %w", err)
+				}
+				o.Gateway.CopyBytes = int64(bytes)
+			}
+			if memoryBudget != "" {
+				bytes, err := size.Parse(memoryBudget)
+				if err != nil {
+					return fmt.Errorf("--nbd-memory: %w", err)
+				}
+				o.NBDLimits.MemoryBudget = int64(bytes)
+			}
 			if capacity != "" {
 				bytes, err := size.Parse(capacity)
 				if err != nil {
@@ -31,9 +84,14 @@ naming any member: --join IP --token TOKEN.`,
 			}
 			var lv slog.Level
 			if err := lv.UnmarshalText([]byte(level)); err != nil {
+				return fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
+			}
+			logger, err := logging.New(os.Stderr, logFormat, lv)
+			if err != nil {
 				return err
 			}
-			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
+			o.Logger = logger
+			logger.Info("herd starting", "version", version.Get().String())
 			ctx, cancel := signalContext()
 			defer cancel()
 			return server.Run(ctx, o)
@@ -44,14 +102,29 @@ naming any member: --join IP --token TOKEN.`,
 	f.StringVar(&o.BindIP, "bind", "127.0.0.1", "this node's IP address")
 	f.StringVar(&o.Join, "join", "", "IP[:PORT][,IP...] of any existing members (omit on the first node)")
 	f.StringVar(&o.Zone, "zone", "", "failure domain (rack, room...); replicas go to distinct zones")
-	f.StringVar(&o.Token, "token", os.Getenv("HERD_TOKEN"), "the cluster token, to join (env HERD_TOKEN)")
+	f.StringVar(&joinTokenFile, "join-token-file", "", "file holding the join token, to join (else env HERD_JOIN_TOKEN)")
 	f.StringArrayVar(&o.Disks, "disk", nil, "object disk DIR[:WEIGHT], repeatable (default: the data directory)")
 	f.StringVar(&capacity, "capacity", "", "capacity weight, e.g. 500G (default: size of the data directory's file system)")
 	f.IntVar(&o.PeerPort, "peer-port", server.DefaultPeerPort, "peer port (raft, data)")
 	f.IntVar(&o.GossipPort, "gossip-port", server.DefaultGossipPort, "gossip port (tcp+udp)")
 	f.IntVar(&o.AdminPort, "admin-port", server.DefaultAdminPort, "admin HTTP port")
-	f.IntVar(&o.NBDPort, "nbd-port", server.DefaultNBDPort, "NBD port")
+	f.IntVar(&o.NBDPort, "nbd-port", server.DefaultNBDPort, "NBD port (TLS with a client certificate)")
+	f.StringVar(&o.NBDSocket, "nbd-socket", "", "local plaintext NBD socket, mode 0660 (default DATA/nbd.sock; 'none' for none)")
+	f.BoolVar(&o.InsecureNBD, "insecure-nbd", false, "serve plaintext, unauthenticated NBD on the TCP port (labs only)")
+	f.StringVar(&memoryBudget, "nbd-memory", "256MiB", "payload memory for all NBD connections together")
+	f.IntVar(&o.NBDLimits.MaxConnections, "nbd-max-connections", 1024, "NBD connections in all")
+	f.IntVar(&o.NBDLimits.MaxConnectionsPerClient, "nbd-max-connections-per-client", 64, "NBD connections per client certificate (or remote IP)")
+	f.IntVar(&o.NBDLimits.MaxOptions, "nbd-max-options", 1024, "options per NBD handshake")
+	f.DurationVar(&o.NBDLimits.HandshakeTimeout, "nbd-handshake-timeout", 30*time.Second, "time allowed for an NBD handshake, TLS included")
+	f.IntVar(&o.Gateway.PiecesPerRequest, "pieces-per-request", gateway.DefaultPiecesPerRequest, "object pieces of one NBD request handled at once")
+	f.IntVar(&o.Gateway.ZeroPieces, "zero-pieces", gateway.DefaultZeroPieces, "TRIM/WRITE_ZEROES object pieces in flight on this node")
+	f.StringVar(&cowMemory, "cow-memory", "32MiB", "memory for copy-on-write buffers on this node")
+	f.DurationVar(&o.NBDLimits.ReplyTimeout, "nbd-reply-timeout", 30*time.Second, "an NBD client that does not read its replies this long is disconnected")
+	f.DurationVar(&o.ScrubInterval, "scrub-interval", 7*24*time.Hour, "time between the starts of two scrub passes (every copy read and verified)")
+	f.IntVar(&o.ScrubDeepEvery, "scrub-deep-every", 4, "every Nth scrub pass also compares each object's replicas across nodes")
+	f.StringVar(&scrubRate, "scrub-max-rate", "50MiB/s", "bytes per second a scrub pass reads (herd scrub --max-rate changes it live)")
 	f.DurationVar(&o.JoinTimeout, "join-timeout", 30*time.Second, "how long a new node keeps trying --join before giving up")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&logFormat, "log-format", "text", "text or json (one stream: raft's and gossip's lines too)")
 	return cmd
 }

@@ -18,8 +18,10 @@ var (
 	ErrTooFewNodes      = errors.New("not enough nodes")
 	ErrShrink           = errors.New("shrinking a vdi is not supported")
 	ErrBusy             = errors.New("busy")
-	ErrUnauthorized     = errors.New("wrong or missing cluster token")
+	ErrUnauthorized     = errors.New("wrong, revoked or missing credential")
+	ErrForbidden        = errors.New("not allowed with this credential")
 	ErrExhausted        = errors.New("identifiers exhausted")
+	ErrIncompatible     = errors.New("incompatible herd versions")
 )
 
 var errorCodes = []struct {
@@ -27,6 +29,7 @@ var errorCodes = []struct {
 	err  error
 }{
 	{"no_quorum", ErrNoQuorum},
+	{"incompatible", ErrIncompatible},
 	{"not_formatted", ErrNotFormatted},
 	{"already_formatted", ErrAlreadyFormatted},
 	{"already_exists", ErrAlreadyExists},
@@ -38,6 +41,7 @@ var errorCodes = []struct {
 	{"shrink", ErrShrink},
 	{"busy", ErrBusy},
 	{"unauthorized", ErrUnauthorized},
+	{"forbidden", ErrForbidden},
 	{"exhausted", ErrExhausted},
 }
 

@@ -31,13 +31,95 @@ const (
 	maxForwardFrame = 1 << 20
 	forwardOK       = 0
 	forwardError    = 1
+	// The shortest frames: a request has an id and at least one command
+	// byte, a response an id, an index and a status.
+	minForwardRequest  = 8 + 1
+	minForwardResponse = 8 + 8 + 1
 )
 
-var errForwardClosed = errors.New("cluster: connection to leader closed")
+var (
+	errForwardClosed = errors.New("cluster: connection to leader closed")
+	// errForwardFrame reports a frame that breaks the format above.
+	errForwardFrame = errors.New("cluster: bad forwarding frame")
+)
+
+// putForwardRequestHeader writes the length and id of a request whose
+// command is commandLength bytes into header[:12]; the command follows.
+func putForwardRequestHeader(header []byte, id uint64, commandLength int) {
+	binary.BigEndian.PutUint32(header[0:], uint32(8+commandLength))
+	binary.BigEndian.PutUint64(header[4:], id)
+}
+
+// parseForwardRequest splits a request frame (without its length).
+func parseForwardRequest(frame []byte) (id uint64, command []byte, err error) {
+	if len(frame) < minForwardRequest {
+		return 0, nil, fmt.Errorf("%w: a request of %d bytes", errForwardFrame, len(frame))
+	}
+	return binary.BigEndian.Uint64(frame), frame[8:], nil
+}
+
+// appendForwardResponse appends the response frame, length first, to a
+// command's outcome: its result value, or err with its code.
+func appendForwardResponse(dst []byte, id, index uint64, value json.RawMessage, err error) []byte {
+	status, body := byte(forwardOK), []byte(value)
+	if err != nil {
+		status, body = forwardError, []byte(ErrorCode(err)+"\x00"+err.Error())
+	}
+	dst = binary.BigEndian.AppendUint32(dst, uint32(minForwardResponse+len(body)))
+	dst = binary.BigEndian.AppendUint64(dst, id)
+	dst = binary.BigEndian.AppendUint64(dst, index)
+	dst = append(dst, status)
+	return append(dst, body...)
+}
+
+// parseForwardResponse decodes a response frame (without its length). An
+// error's code keeps its sentinel identity (ErrorFromCode).
+func parseForwardResponse(frame []byte) (id uint64, result forwardResult, err error) {
+	if len(frame) < minForwardResponse {
+		return 0, result, fmt.Errorf("%w: a response of %d bytes", errForwardFrame, len(frame))
+	}
+	id = binary.BigEndian.Uint64(frame[0:])
+	result.index = binary.BigEndian.Uint64(frame[8:])
+	body := frame[17:]
+	switch frame[16] {
+	case forwardOK:
+		result.value = body
+	case forwardError:
+		code, message, _ := strings.Cut(string(body), "\x00")
+		result.err = ErrorFromCode(code, message)
+	default:
+		return 0, forwardResult{}, fmt.Errorf("%w: status %d", errForwardFrame, frame[16])
+	}
+	return id, result, nil
+}
+
+// readForwardFrame reads one frame: its length, checked against minimum
+// and maxForwardFrame before anything is allocated, then the frame. It
+// returns io.EOF only when the stream ends between frames.
+func readForwardFrame(r io.Reader, minimum uint32) ([]byte, error) {
+	var header [4]byte
+	if _, err := io.ReadFull(r, header[:]); err != nil {
+		return nil, err
+	}
+	length := binary.BigEndian.Uint32(header[:])
+	if length < minimum || length > maxForwardFrame {
+		return nil, fmt.Errorf("%w: length %d", errForwardFrame, length)
+	}
+	frame := make([]byte, length)
+	if _, err := io.ReadFull(r, frame); err != nil {
+		if err == io.EOF {
+			// The length promised a frame: io.EOF means the stream ended
+			// between frames, never inside one.
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return frame, nil
+}
 
 // forwarder keeps the connection to the current leader.
 type forwarder struct {
-	key []byte
+	creds *peer.Credentials // the node's, to dial the leader
 
 	mu      sync.Mutex // guards conn
 	conn    *forwardConn
@@ -114,7 +196,7 @@ func (f *forwarder) connection(ctx context.Context, address string) (*forwardCon
 	}
 	dialCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	raw, err := peer.Dial(dialCtx, address, f.key, peer.ProtocolForward)
+	raw, err := peer.Dial(dialCtx, address, f.creds, peer.ProtocolForward)
 	if err != nil {
 		return nil, err
 	}
@@ -169,8 +251,7 @@ func (c *forwardConn) writeLoop() {
 			return
 		}
 		for {
-			binary.BigEndian.PutUint32(header[0:], uint32(8+len(r.command)))
-			binary.BigEndian.PutUint64(header[4:], r.id)
+			putForwardRequestHeader(header, r.id, len(r.command))
 			w.Write(header)
 			if _, err := w.Write(r.command); err != nil {
 				c.close(err)
@@ -190,33 +271,15 @@ func (c *forwardConn) writeLoop() {
 
 func (c *forwardConn) readLoop() {
 	r := bufio.NewReaderSize(c.net, 64<<10)
-	header := make([]byte, 4)
 	for {
-		if _, err := io.ReadFull(r, header); err != nil {
+		frame, err := readForwardFrame(r, minForwardResponse)
+		if err != nil {
 			c.close(fmt.Errorf("cluster: leader connection: %w", err))
 			return
 		}
-		length := binary.BigEndian.Uint32(header)
-		if length < 17 || length > maxForwardFrame {
-			c.close(fmt.Errorf("cluster: leader sent a bad frame length %d", length))
-			return
-		}
-		frame := make([]byte, length)
-		if _, err := io.ReadFull(r, frame); err != nil {
+		id, result, err := parseForwardResponse(frame)
+		if err != nil {
 			c.close(fmt.Errorf("cluster: leader connection: %w", err))
-			return
-		}
-		id := binary.BigEndian.Uint64(frame[0:])
-		result := forwardResult{index: binary.BigEndian.Uint64(frame[8:])}
-		body := frame[17:]
-		switch frame[16] {
-		case forwardOK:
-			result.value = body
-		case forwardError:
-			code, message, _ := strings.Cut(string(body), "\x00")
-			result.err = ErrorFromCode(code, message)
-		default:
-			c.close(fmt.Errorf("cluster: leader sent status %d", frame[16]))
 			return
 		}
 		c.mu.Lock()
@@ -272,39 +335,29 @@ func (c *Cluster) serveForwardConn(conn net.Conn) {
 		}
 	}()
 	r := bufio.NewReaderSize(conn, 64<<10)
-	header := make([]byte, 4)
 	var inflight sync.WaitGroup
 	defer inflight.Wait()
 	for {
-		if _, err := io.ReadFull(r, header); err != nil {
+		frame, err := readForwardFrame(r, minForwardRequest)
+		if errors.Is(err, errForwardFrame) {
+			c.logger.Warn("cluster: refused a forwarding connection", "from", conn.RemoteAddr().String(), "reason", err.Error())
 			return
 		}
-		length := binary.BigEndian.Uint32(header)
-		if length < 9 || length > maxForwardFrame { // id + at least one command byte
-			c.logger.Warn("cluster: refused a forwarding connection", "from", conn.RemoteAddr().String(), "reason", fmt.Sprintf("bad frame length %d", length))
+		if err != nil {
 			return
 		}
-		frame := make([]byte, length)
-		if _, err := io.ReadFull(r, frame); err != nil {
+		id, command, err := parseForwardRequest(frame)
+		if err != nil {
+			c.logger.Warn("cluster: refused a forwarding connection", "from", conn.RemoteAddr().String(), "reason", err.Error())
 			return
 		}
-		id := binary.BigEndian.Uint64(frame)
 		inflight.Add(1)
 		go func() {
 			defer inflight.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
 			defer cancel()
-			value, index, err := c.ProposeForwarded(ctx, frame[8:])
-			status, body := byte(forwardOK), []byte(value)
-			if err != nil {
-				status, body = forwardError, []byte(ErrorCode(err)+"\x00"+err.Error())
-			}
-			reply := make([]byte, 4+17+len(body))
-			binary.BigEndian.PutUint32(reply[0:], uint32(17+len(body)))
-			binary.BigEndian.PutUint64(reply[4:], id)
-			binary.BigEndian.PutUint64(reply[12:], index)
-			reply[20] = status
-			copy(reply[21:], body)
+			value, index, err := c.ProposeForwarded(ctx, command)
+			reply := appendForwardResponse(make([]byte, 0, 4+minForwardResponse+len(value)), id, index, value, err)
 			select {
 			case replies <- reply:
 			case <-done:

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hashicorp/raft"
 )
@@ -34,6 +35,15 @@ const (
 	commandGarbageDone commandType = 12
 	commandVDIRepaired commandType = 13
 	commandNodeSpace   commandType = 14
+	commandVDIUnclean  commandType = 22 // 15-21: security.go
+
+	// commandIgnorable marks a command type that a binary which does not
+	// know it may skip: the command changes nothing that the other
+	// commands, or the data path, depend on. A binary that meets an
+	// unknown command without this bit stops applying the log (as Consul
+	// does with its IgnoreUnknownTypeFlag), because applying the rest
+	// without it would make its state differ from the nodes that know it.
+	commandIgnorable commandType = 0x80
 )
 
 // Command payloads. Time is stamped by the proposer so that Apply stays
@@ -113,6 +123,60 @@ type binaryCommand interface {
 	appendBinary(dst []byte) []byte
 }
 
+// checker is implemented by command payloads that carry strings: check
+// refuses one longer than the log keeps (state.go, MaxLockKeyLength and
+// the others). Apply runs it after decoding; encodeProposal before a
+// command is proposed.
+type checker interface {
+	check() error
+}
+
+func (c nodeJoinCommand) check() error { return checkNodeLengths(c.Node) }
+
+func (c nodeLeaveCommand) check() error {
+	return checkLengths(lengthCheck{"node id", c.ID, MaxOwnerLength}, lengthCheck{"reason", c.Reason, MaxReasonLength})
+}
+
+func (c vdiCreateCommand) check() error { return checkLength("vdi name", c.Name, MaxNameLength) }
+
+func (c vdiDeleteCommand) check() error { return checkLength("vdi name", c.Name, maxFullNameLength) }
+
+func (c vdiRepairedCommand) check() error { return checkLength("vdi name", c.Name, MaxNameLength) }
+
+func (c nodeSpaceCommand) check() error { return checkLength("node id", c.ID, MaxOwnerLength) }
+
+func (c vdiResizeCommand) check() error { return checkLength("vdi name", c.Name, MaxNameLength) }
+
+func (c vdiSnapshotCommand) check() error {
+	return checkLengths(lengthCheck{"vdi name", c.Name, MaxNameLength}, lengthCheck{"snapshot tag", c.Tag, MaxNameLength},
+		lengthCheck{"lock holder", c.Holder, MaxOwnerLength})
+}
+
+func (c vdiCloneCommand) check() error {
+	return checkLengths(lengthCheck{"snapshot name", c.Snapshot, maxFullNameLength}, lengthCheck{"vdi name", c.Name, MaxNameLength})
+}
+
+func (c vdiRollbackCommand) check() error {
+	return checkLengths(lengthCheck{"vdi name", c.Name, MaxNameLength}, lengthCheck{"snapshot tag", c.Tag, MaxNameLength})
+}
+
+func (c lockCommand) check() error {
+	return checkLengths(lengthCheck{"lock key", c.Key, MaxLockKeyLength}, lengthCheck{"lock owner node", c.Node, MaxOwnerLength},
+		lengthCheck{"lock owner incarnation", c.Incarnation, MaxOwnerLength}, lengthCheck{"lock session", c.Session, MaxOwnerLength})
+}
+
+// encodeProposal is encodeCommand for a command about to be proposed: it
+// first refuses a command whose apply would refuse it for its lengths,
+// so that nothing oversized enters the log and the caller learns why.
+func encodeProposal(t commandType, payload any) ([]byte, error) {
+	if c, ok := payload.(checker); ok {
+		if err := c.check(); err != nil {
+			return nil, err
+		}
+	}
+	return encodeCommand(t, payload)
+}
+
 func encodeCommand(t commandType, payload any) ([]byte, error) {
 	if bc, ok := payload.(binaryCommand); ok {
 		return bc.appendBinary([]byte{byte(t)}), nil
@@ -148,6 +212,7 @@ var commands = map[commandType]applyFunc{
 	commandGarbageDone: applyGarbageDone,
 	commandVDIRepaired: applyVDIRepaired,
 	commandNodeSpace:   applyNodeSpace,
+	commandVDIUnclean:  applyVDIUnclean,
 }
 
 // FSM is the replicated state machine. Apply must be deterministic and
@@ -159,6 +224,12 @@ type FSM struct {
 	mu           sync.RWMutex // guards state
 	state        *State
 	onNodeChange func() // called (without mu) after node table changes
+	// onHalt is called once (without mu) when the FSM meets a command it
+	// cannot apply without diverging from other nodes (halted).
+	onHalt func(error)
+	// halted (guarded by mu), once set, is why this FSM applies no more
+	// entries and takes no snapshot.
+	halted error
 
 	waitMu  sync.Mutex // guards applied and waiters
 	applied uint64
@@ -197,6 +268,7 @@ func (f *FSM) Apply(entry *raft.Log) any {
 func (f *FSM) ApplyBatch(entries []*raft.Log) []any {
 	results := make([]any, len(entries))
 	nodesChanged := false
+	var halt error
 	f.mu.Lock()
 	for i, entry := range entries {
 		if entry.Type != raft.LogCommand || len(entry.Data) == 0 {
@@ -205,11 +277,19 @@ func (f *FSM) ApplyBatch(entries []*raft.Log) []any {
 		t := commandType(entry.Data[0])
 		fn, ok := commands[t]
 		result := &applyResult{}
-		if !ok {
-			// A newer binary wrote an entry this one does not know. Refuse
-			// it identically on every node rather than guess.
-			result.Err = fmt.Errorf("%w: unknown log command %d (mixed herd versions?)", ErrInvalid, t)
-		} else {
+		switch {
+		case f.halted != nil:
+			result.Err = f.halted
+		case !ok && t&commandIgnorable != 0:
+			// A newer binary's command that older ones may skip.
+			result.Err = fmt.Errorf("%w: log command %d is unknown to this binary and marked ignorable: skipped", ErrInvalid, t)
+		case !ok:
+			// A newer binary committed a command this one does not know.
+			// Going on without it would leave this node's state different
+			// from those that applied it: stop here instead.
+			f.halted = fmt.Errorf("%w: log entry %d is command %d, which this herd binary does not know (a newer herd committed it); this node stops applying the log rather than diverge from the nodes that know it: upgrade herd on this node", ErrIncompatible, entry.Index, t)
+			result.Err, halt = f.halted, f.halted
+		default:
 			before := len(f.state.Epochs)
 			result.Value, result.Err = fn(f.state, entry.Data[1:])
 			nodesChanged = nodesChanged || len(f.state.Epochs) != before || t == commandNodeJoin
@@ -217,6 +297,9 @@ func (f *FSM) ApplyBatch(entries []*raft.Log) []any {
 		results[i] = result
 	}
 	f.mu.Unlock()
+	if halt != nil && f.onHalt != nil {
+		f.onHalt(halt)
+	}
 	if len(entries) > 0 {
 		f.setApplied(entries[len(entries)-1].Index)
 	}
@@ -275,6 +358,9 @@ func (f *FSM) WaitApplied(ctx context.Context, index uint64) error {
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
+	if f.halted != nil {
+		return nil, f.halted // a state that skipped an entry is never persisted
+	}
 	data, err := json.Marshal(f.state)
 	if err != nil {
 		return nil, err
@@ -301,6 +387,15 @@ func (f *FSM) Restore(reader io.ReadCloser) error {
 	if s.Snapshots == nil {
 		s.Snapshots = map[uint32]*VDI{}
 	}
+	if s.Tokens == nil {
+		s.Tokens = map[string]*Token{}
+	}
+	if s.Clients == nil {
+		s.Clients = map[string]*Client{}
+	}
+	if s.Removed == nil {
+		s.Removed = map[string]time.Time{}
+	}
 	f.mu.Lock()
 	f.state = s
 	f.mu.Unlock()
@@ -323,9 +418,13 @@ func (s fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 
 func (s fsmSnapshot) Release() {}
 
+// decode decodes a JSON command and checks its lengths (checker).
 func decode(data []byte, v any) error {
 	if err := json.Unmarshal(data, v); err != nil {
 		return fmt.Errorf("%w: malformed log entry: %v", ErrInvalid, err)
+	}
+	if c, ok := v.(checker); ok { // *T has T's check
+		return c.check()
 	}
 	return nil
 }
@@ -389,6 +488,9 @@ func applyNodeJoin(s *State, data []byte) (any, error) {
 	if n.ID == "" {
 		return nil, fmt.Errorf("%w: node join without id", ErrInvalid)
 	}
+	if _, removed := s.Removed[n.ID]; removed {
+		return nil, fmt.Errorf("%w: node %s was removed from the cluster for good", ErrUnauthorized, n.ID)
+	}
 	old, existed := s.Nodes[n.ID]
 	if existed && old.Incarnation != n.Incarnation {
 		// The node restarted: whatever its previous process held is gone.
@@ -404,8 +506,13 @@ func applyNodeJoin(s *State, data []byte) (any, error) {
 		n.Since = old.Since
 	}
 	s.Nodes[n.ID] = &n
-	if !wasAlive {
+	switch {
+	case !wasAlive:
 		newEpoch(s, c.Time, "node "+n.ID+" joined")
+	case MemberOf(*old) != MemberOf(n):
+		// Back before it was missed (a quick restart) with another
+		// capacity or zone: the placement changes, so the epoch does.
+		newEpoch(s, c.Time, fmt.Sprintf("node %s rejoined with capacity %d, zone %q (was %d, %q)", n.ID, n.Capacity, n.Zone, old.Capacity, old.Zone))
 	}
 	return s.Epoch(), nil
 }
@@ -433,15 +540,21 @@ func applyNodeLeave(s *State, data []byte) (any, error) {
 	return s.Epoch(), nil
 }
 
+// newEpoch begins the next epoch with the alive nodes as they are now:
+// the epoch records what placement needs of each, so that it fixes its
+// placement by itself.
 func newEpoch(s *State, at time.Time, reason string) {
-	alive := s.AliveNodes()
+	alive := s.AliveNodes() // sorted
 	var full []string
+	members := make([]Member, 0, len(alive))
 	for _, id := range alive {
-		if s.Nodes[id].Full {
+		n := s.Nodes[id]
+		if n.Full {
 			full = append(full, id)
 		}
+		members = append(members, MemberOf(*n))
 	}
-	s.Epochs = append(s.Epochs, Epoch{Number: s.Epoch() + 1, Nodes: alive, Full: full, Time: at, Reason: reason})
+	s.Epochs = append(s.Epochs, Epoch{Number: s.Epoch() + 1, Nodes: alive, Full: full, Members: members, Time: at, Reason: reason})
 }
 
 // applyNodeSpace marks a node full or not; a change is a new epoch, since
@@ -499,6 +612,22 @@ func applyVDIRepaired(s *State, data []byte) (any, error) {
 	return *v, nil
 }
 
+// applyVDIUnclean marks a VDI unclean: its writer gave it up while some
+// of its objects may have replicas that differ (a change failed after
+// reaching some of them, and repairing them failed too).
+func applyVDIUnclean(s *State, data []byte) (any, error) {
+	var c vdiRepairedCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	v, ok := s.VDIs[c.Name]
+	if !ok {
+		return nil, fmt.Errorf("vdi %q: %w", c.Name, ErrNotFound)
+	}
+	v.Unclean = true
+	return *v, nil
+}
+
 func applyVDICreate(s *State, data []byte) (any, error) {
 	var c vdiCreateCommand
 	if err := decode(data, &c); err != nil {
@@ -522,7 +651,7 @@ func applyVDICreate(s *State, data []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &VDI{ID: id, Name: c.Name, Size: c.Size, Copies: s.Format.Copies, ObjectSize: s.Format.ObjectSize, Created: c.Time}
+	v := &VDI{ID: id, Name: c.Name, Size: c.Size, Copies: s.Format.Copies, ObjectSize: s.Format.ObjectSize, Created: c.Time, Since: s.Epoch()}
 	s.VDIs[c.Name] = v
 	return *v, nil
 }
@@ -620,7 +749,7 @@ func applyVDISnapshot(s *State, data []byte) (any, error) {
 	snapshot := *v
 	snapshot.Snapshot, snapshot.Tag, snapshot.SnapshotTime = true, tag, c.Time
 	s.Snapshots[snapshot.ID] = &snapshot
-	child := &VDI{ID: id, Name: v.Name, Size: v.Size, Copies: v.Copies, ObjectSize: v.ObjectSize, Created: v.Created, Parent: snapshot.ID}
+	child := &VDI{ID: id, Name: v.Name, Size: v.Size, Copies: v.Copies, ObjectSize: v.ObjectSize, Created: v.Created, Since: s.Epoch(), Parent: snapshot.ID}
 	s.VDIs[c.Name] = child
 	return SnapshotResult{Snapshot: snapshot, VDI: *child}, nil
 }
@@ -645,7 +774,7 @@ func applyVDIClone(s *State, data []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &VDI{ID: id, Name: c.Name, Size: parent.Size, Copies: parent.Copies, ObjectSize: parent.ObjectSize, Created: c.Time, Parent: parent.ID}
+	v := &VDI{ID: id, Name: c.Name, Size: parent.Size, Copies: parent.Copies, ObjectSize: parent.ObjectSize, Created: c.Time, Since: s.Epoch(), Parent: parent.ID}
 	s.VDIs[c.Name] = v
 	return *v, nil
 }
@@ -672,7 +801,7 @@ func applyVDIRollback(s *State, data []byte) (any, error) {
 	}
 	delete(s.VDIs, c.Name)
 	removeVDI(s, v)
-	w := &VDI{ID: id, Name: c.Name, Size: target.Size, Copies: target.Copies, ObjectSize: target.ObjectSize, Created: v.Created, Parent: target.ID}
+	w := &VDI{ID: id, Name: c.Name, Size: target.Size, Copies: target.Copies, ObjectSize: target.ObjectSize, Created: v.Created, Since: s.Epoch(), Parent: target.ID}
 	s.VDIs[c.Name] = w
 	return *w, nil
 }
@@ -734,13 +863,30 @@ func decodeLockCommand(data []byte) (lockCommand, error) {
 		return c, fmt.Errorf("%w: malformed lock entry", ErrInvalid)
 	}
 	data = data[1:]
-	fields := []*string{&c.Key, &c.Node, &c.Incarnation, &c.Session}
+	fields := []struct {
+		value *string
+		what  string
+		limit int
+	}{
+		{&c.Key, "lock key", MaxLockKeyLength},
+		{&c.Node, "lock owner node", MaxOwnerLength},
+		{&c.Incarnation, "lock owner incarnation", MaxOwnerLength},
+		{&c.Session, "lock session", MaxOwnerLength},
+	}
 	for _, f := range fields {
 		n, used := binary.Uvarint(data)
 		if used <= 0 || n > uint64(len(data)-used) {
 			return c, fmt.Errorf("%w: malformed lock entry", ErrInvalid)
 		}
-		*f = string(data[used : used+int(n)])
+		if n > uint64(f.limit) {
+			// Checked before the string is made (lockCommand.check).
+			return c, fmt.Errorf("%w: %s of %d bytes: at most %d", ErrInvalid, f.what, n, f.limit)
+		}
+		*f.value = string(data[used : used+int(n)])
+		if !utf8.ValidString(*f.value) {
+			// The JSON snapshot would change it (checkLength).
+			return c, fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalid, f.what)
+		}
 		data = data[used+int(n):]
 	}
 	nanos, used := binary.Varint(data)

@@ -254,16 +254,105 @@ func TestDeterministicAndSnapshotRoundTrip(t *testing.T) {
 
 func TestUnknownAndMalformedCommands(t *testing.T) {
 	h := newHarness(t)
+	h.join("a", "", "1")
+	var halted []error
+	h.fsm.onHalt = func(err error) { halted = append(halted, err) }
+	// An unknown command marked ignorable is skipped, and the log goes on.
 	h.index++
-	res := h.fsm.Apply(&raft.Log{Index: h.index, Type: raft.LogCommand, Data: []byte{200, '{', '}'}}).(*applyResult)
-	if !errors.Is(res.Err, ErrInvalid) {
-		t.Fatalf("unknown command: %v", res.Err)
+	res := h.fsm.Apply(&raft.Log{Index: h.index, Type: raft.LogCommand, Data: []byte{byte(commandIgnorable | 99), '{', '}'}}).(*applyResult)
+	if !errors.Is(res.Err, ErrInvalid) || len(halted) != 0 {
+		t.Fatalf("ignorable unknown command: %v, halted %v", res.Err, halted)
 	}
 	h.index++
 	res = h.fsm.Apply(&raft.Log{Index: h.index, Type: raft.LogCommand, Data: []byte{byte(commandVDICreate), 'x'}}).(*applyResult)
 	if !errors.Is(res.Err, ErrInvalid) {
 		t.Fatalf("malformed command: %v", res.Err)
 	}
+	h.join("b", "", "1") // still applying
+	if got := len(h.state().Epochs); got != 2 {
+		t.Fatalf("%d epochs after two joins", got)
+	}
+	// An unknown command without the bit: this binary cannot know what
+	// it changes, so it applies nothing more (its state would differ from
+	// the nodes that know the command), takes no snapshot, and says so once.
+	h.index++
+	res = h.fsm.Apply(&raft.Log{Index: h.index, Type: raft.LogCommand, Data: []byte{77, '{', '}'}}).(*applyResult)
+	if !errors.Is(res.Err, ErrIncompatible) || len(halted) != 1 {
+		t.Fatalf("unknown command: %v, halted %v", res.Err, halted)
+	}
+	if _, err := h.apply(commandNodeJoin, nodeJoinCommand{Node: Node{ID: "c", Address: "c", Incarnation: "1"}, Time: t0}); !errors.Is(err, ErrIncompatible) {
+		t.Fatalf("a join after the unknown command: %v", err)
+	}
+	if got := len(h.state().Epochs); got != 2 {
+		t.Fatalf("an entry after the unknown command was applied: %d epochs", got)
+	}
+	if _, err := h.fsm.Snapshot(); !errors.Is(err, ErrIncompatible) {
+		t.Fatalf("snapshot of a halted FSM: %v", err)
+	}
+	if len(halted) != 1 {
+		t.Fatalf("halt reported %d times", len(halted))
+	}
+}
+
+// Issue 8 §2: a node that comes back before it was missed (a quick
+// restart: same id, new incarnation, no leave in between) with another
+// capacity or zone changes the placement, so it begins a new epoch; the
+// earlier epochs keep what placement needed then. Before, only the node
+// table changed, and one epoch had two placements.
+func TestRejoinWithNewPlacementIsANewEpoch(t *testing.T) {
+	h := newHarness(t)
+	join := func(id, zone string, capacity uint64, incarnation string) {
+		t.Helper()
+		if _, err := h.apply(commandNodeJoin, nodeJoinCommand{Node: Node{ID: id, Address: id, Zone: zone, Capacity: capacity, Incarnation: incarnation}, Time: t0}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	join("a", "z1", 100, "1")
+	join("b", "z1", 100, "1")
+	join("b", "z1", 100, "2") // restarted, same placement: no new epoch
+	if got := len(h.state().Epochs); got != 2 {
+		t.Fatalf("a restart with the same capacity and zone made %d epochs, want 2", got)
+	}
+	join("b", "z1", 5000, "3") // restarted with another capacity
+	join("b", "z2", 5000, "4") // and with another zone
+	epochs := h.state().Epochs
+	if len(epochs) != 4 {
+		t.Fatalf("%d epochs, want 4: %+v", len(epochs), epochs)
+	}
+	want := []Member{{ID: "a", Zone: "z1", Weight: 100}, {ID: "b", Zone: "z1", Weight: 100}}
+	if got := epochs[1].Members; !slicesEqual(got, want) {
+		t.Fatalf("epoch 2 members %+v, want %+v", got, want)
+	}
+	if got := epochs[2].Members[1]; got != (Member{ID: "b", Zone: "z1", Weight: 5000}) {
+		t.Fatalf("epoch 3 records b as %+v", got)
+	}
+	if got := epochs[3].Members[1]; got != (Member{ID: "b", Zone: "z2", Weight: 5000}) {
+		t.Fatalf("epoch 4 records b as %+v", got)
+	}
+	// Full is placement too: it is recorded, and PlacedMembers leaves
+	// the full node out.
+	if _, err := h.apply(commandNodeSpace, nodeSpaceCommand{ID: "a", Full: true, Time: t0}); err != nil {
+		t.Fatal(err)
+	}
+	last := h.state().Epochs[len(h.state().Epochs)-1]
+	if !last.Members[0].Full {
+		t.Fatalf("full node not recorded: %+v", last.Members)
+	}
+	if got := last.PlacedMembers(func(string) (Member, bool) { return Member{}, false }); len(got) != 1 || got[0].ID != "b" {
+		t.Fatalf("placed members %+v, want b only", got)
+	}
+}
+
+func slicesEqual(a, b []Member) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
 
 type memorySink struct{ bytes.Buffer }

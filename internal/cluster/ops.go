@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/herd-storage/herd/internal/logging"
 )
 
 // QuorumStatus tells whether this node can currently commit to the log.
@@ -36,11 +37,15 @@ func (c *Cluster) QuorumStatus() (ok bool, detail string) {
 // command's result as JSON, once this node has applied it too, so a client
 // reads its own writes through the node it asked.
 func (c *Cluster) propose(ctx context.Context, t commandType, payload any) (json.RawMessage, error) {
-	data, err := encodeCommand(t, payload)
+	data, err := encodeProposal(t, payload)
 	if err != nil {
 		return nil, err
 	}
+	started := time.Now()
 	result, _, err := c.proposeIndex(ctx, data)
+	if err == nil && c.cfg.ObserveApply != nil {
+		c.cfg.ObserveApply(time.Since(started))
+	}
 	return result, err
 }
 
@@ -79,6 +84,22 @@ func (c *Cluster) Sync(ctx context.Context) error {
 		return fmt.Errorf("%w: leader at %s unreachable: %v", ErrNoQuorum, leaderAddr, err)
 	}
 	return c.fsm.WaitApplied(ctx, index)
+}
+
+// CatchUp is Sync, retried while this node knows no leader (it just
+// started, or an election is under way), until ctx ends.
+func (c *Cluster) CatchUp(ctx context.Context) error {
+	for {
+		err := c.Sync(ctx)
+		if err == nil || !errors.Is(err, ErrNoQuorum) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // LookupVDI is VDI after making sure a miss is not just this node lagging
@@ -219,7 +240,7 @@ func (c *Cluster) RollbackVDI(ctx context.Context, name, tag string) (VDI, error
 
 // Tree returns every VDI of the tree: writable, snapshots and deleted
 // ones kept for their descendants, by id.
-func (c *Cluster) Tree() []VDI {
+func (c *applied) Tree() []VDI {
 	var out []VDI
 	c.fsm.View(func(s *State) {
 		for _, v := range s.VDIs {
@@ -234,14 +255,14 @@ func (c *Cluster) Tree() []VDI {
 }
 
 // Chain returns a VDI's id and its ancestors' ids, nearest first.
-func (c *Cluster) Chain(id uint32) []uint32 {
+func (c *applied) Chain(id uint32) []uint32 {
 	var chain []uint32
 	c.fsm.View(func(s *State) { chain = s.Chain(id) })
 	return chain
 }
 
 // Garbage returns the VDIs whose objects are waiting to be freed.
-func (c *Cluster) Garbage() []Garbage {
+func (c *applied) Garbage() []Garbage {
 	var out []Garbage
 	c.fsm.View(func(s *State) { out = append(out, s.Garbage...) })
 	return out
@@ -279,6 +300,13 @@ func (c *Cluster) MarkVDIRepaired(ctx context.Context, name string) error {
 	return err
 }
 
+// MarkVDIUnclean marks a VDI whose replicas may differ: its next writer
+// makes them identical before serving it.
+func (c *Cluster) MarkVDIUnclean(ctx context.Context, name string) error {
+	_, err := c.propose(ctx, commandVDIUnclean, vdiRepairedCommand{Name: name})
+	return err
+}
+
 // ResizeVDI grows a VDI.
 func (c *Cluster) ResizeVDI(ctx context.Context, name string, size uint64) (VDI, error) {
 	var v VDI
@@ -296,13 +324,13 @@ func (c *Cluster) ResizeVDI(ctx context.Context, name string, size uint64) (VDI,
 // as an alive node: right after a restart the leader has not yet
 // committed the new incarnation, and a lock claimed by the old one would
 // be refused.
-func (c *Cluster) registered(ctx context.Context) error {
+func (c *applied) registered(ctx context.Context, id, incarnation string) error {
 	for {
 		c.fsm.epochMu.Lock()
 		changed := c.fsm.epochChanged
 		c.fsm.epochMu.Unlock()
-		n, ok := c.Node(c.cfg.NodeID)
-		if ok && n.State == NodeAlive && n.Incarnation == c.cfg.Incarnation {
+		n, ok := c.Node(id)
+		if ok && n.State == NodeAlive && n.Incarnation == incarnation {
 			return nil
 		}
 		select {
@@ -317,10 +345,29 @@ func (c *Cluster) registered(ctx context.Context) error {
 func (c *Cluster) AcquireLock(ctx context.Context, key, session string) (Lock, error) {
 	var l Lock
 	wait, cancel := context.WithTimeout(ctx, applyTimeout)
-	err := c.registered(wait)
+	err := c.registered(wait, c.cfg.NodeID, c.cfg.Incarnation)
 	cancel()
 	if err != nil {
 		return l, err
+	}
+	// A lock this node already sees held by another owner is refused
+	// here: a refused open (an NBD client knocking on a VDI that a VM
+	// holds, again and again) must not grow the log. Only the log
+	// grants a lock.
+	heldElsewhere := func() (Lock, bool) {
+		held, ok := c.Lock(key)
+		return held, ok && (held.Node != c.cfg.NodeID || held.Incarnation != c.cfg.Incarnation || held.Session != session)
+	}
+	if _, ok := heldElsewhere(); ok {
+		// This node may lag behind a release the leader applied (a
+		// writer that just closed): catch up first, with a read
+		// barrier that adds nothing to the log.
+		if err := c.Sync(ctx); err != nil {
+			return l, err
+		}
+		if held, ok := heldElsewhere(); ok {
+			return l, &LockHeldError{Lock: held}
+		}
 	}
 	out, err := c.propose(ctx, commandLockAcquire, lockCommand{Key: key, Node: c.cfg.NodeID, Incarnation: c.cfg.Incarnation, Session: session, Time: time.Now().UTC()})
 	if err != nil {
@@ -338,28 +385,28 @@ func (c *Cluster) ReleaseLock(ctx context.Context, key, session string) error {
 // ---- local reads (this node's applied state) ----
 
 // Epoch is the latest epoch this node has applied.
-func (c *Cluster) Epoch() uint64 {
+func (c *applied) Epoch() uint64 {
 	var e uint64
 	c.fsm.View(func(s *State) { e = s.Epoch() })
 	return e
 }
 
 // Epochs returns the whole epoch history.
-func (c *Cluster) Epochs() []Epoch {
+func (c *applied) Epochs() []Epoch {
 	var out []Epoch
 	c.fsm.View(func(s *State) { out = append(out, s.Epochs...) })
 	return out
 }
 
 // VDIs lists VDIs by name.
-func (c *Cluster) VDIs() []VDI {
+func (c *applied) VDIs() []VDI {
 	var out []VDI
 	c.fsm.View(func(s *State) { out = sortedVDIs(s) })
 	return out
 }
 
 // VDI returns one VDI: NAME (writable) or NAME@TAG (a snapshot).
-func (c *Cluster) VDI(name string) (VDI, error) {
+func (c *applied) VDI(name string) (VDI, error) {
 	var v VDI
 	var err error
 	c.fsm.View(func(s *State) {
@@ -371,8 +418,21 @@ func (c *Cluster) VDI(name string) (VDI, error) {
 	return v, err
 }
 
+// VDIByID returns a VDI of the tree by id: writable, snapshot or deleted
+// but kept for its descendants.
+func (c *applied) VDIByID(id uint32) (VDI, bool) {
+	var v VDI
+	var ok bool
+	c.fsm.View(func(s *State) {
+		if p := s.byID(id); p != nil {
+			v, ok = *p, true
+		}
+	})
+	return v, ok
+}
+
 // Locks lists held locks.
-func (c *Cluster) Locks() []Lock {
+func (c *applied) Locks() []Lock {
 	var out []Lock
 	c.fsm.View(func(s *State) {
 		for _, l := range s.Locks {
@@ -404,6 +464,8 @@ type Info struct {
 	NodesTotal   int      `json:"nodes_total"`
 	VDIs         int      `json:"vdis"`
 	AppliedIndex uint64   `json:"applied_index"`
+	// InsecureNBD: this node serves plaintext NBD on its TCP port.
+	InsecureNBD bool `json:"insecure_nbd,omitempty"`
 }
 
 func (c *Cluster) roles() map[string]string {
@@ -469,6 +531,7 @@ func (c *Cluster) Info() Info {
 		}
 	})
 	info.AppliedIndex = c.fsm.Applied()
+	info.InsecureNBD = c.cfg.InsecureNBD
 	return info
 }
 
@@ -491,14 +554,9 @@ func (w *gossipLogWriter) Write(p []byte) (int, error) {
 	switch {
 	case strings.Contains(line, "decrypt") || strings.Contains(line, "No installed keys"):
 		w.logger.Warn("gossip: refused a message from a process without this cluster's token", "detail", line)
-	case strings.HasPrefix(line, "[DEBUG]"):
-		w.logger.Debug(line)
-	case strings.HasPrefix(line, "[INFO]"):
-		w.logger.Debug(line)
-	case strings.HasPrefix(line, "[WARN]"):
-		w.logger.Warn(line)
 	default:
-		w.logger.Error(line)
+		level, message := logging.ParseStdLine(line)
+		w.logger.Log(context.Background(), level, message, "component", "memberlist")
 	}
 	return len(p), nil
 }
@@ -509,11 +567,14 @@ type EpochView struct {
 	Number uint64
 	Nodes  []Node   // the epoch's nodes, sorted by id
 	Placed []string // those that hold objects (Epoch.Placed)
-	Format *Format
+	// Members are the placed nodes as the epoch recorded them: all that
+	// placement needs (Epoch.PlacedMembers).
+	Members []Member
+	Format  *Format
 }
 
 // View returns the latest epoch this node has applied.
-func (c *Cluster) View() EpochView {
+func (c *applied) View() EpochView {
 	var v EpochView
 	c.fsm.View(func(s *State) {
 		if s.Format != nil {
@@ -526,6 +587,7 @@ func (c *Cluster) View() EpochView {
 		last := s.Epochs[len(s.Epochs)-1]
 		v.Number = last.Number
 		v.Placed = last.Placed()
+		v.Members = last.PlacedMembers(s.Member)
 		for _, id := range last.Nodes {
 			if n, ok := s.Nodes[id]; ok {
 				v.Nodes = append(v.Nodes, *n)
@@ -537,7 +599,7 @@ func (c *Cluster) View() EpochView {
 
 // WaitEpoch blocks until this node has applied an epoch after `after`,
 // or ctx ends.
-func (c *Cluster) WaitEpoch(ctx context.Context, after uint64) (EpochView, error) {
+func (c *applied) WaitEpoch(ctx context.Context, after uint64) (EpochView, error) {
 	for {
 		c.fsm.epochMu.Lock()
 		changed := c.fsm.epochChanged
@@ -557,7 +619,7 @@ func (c *Cluster) WaitEpoch(ctx context.Context, after uint64) (EpochView, error
 func (c *Cluster) Incarnation() string { return c.cfg.Incarnation }
 
 // Node returns a node by id from the log.
-func (c *Cluster) Node(id string) (Node, bool) {
+func (c *applied) Node(id string) (Node, bool) {
 	var n Node
 	var ok bool
 	c.fsm.View(func(s *State) {
@@ -570,7 +632,7 @@ func (c *Cluster) Node(id string) (Node, bool) {
 }
 
 // Lock returns the holder of key, if any.
-func (c *Cluster) Lock(key string) (Lock, bool) {
+func (c *applied) Lock(key string) (Lock, bool) {
 	var l Lock
 	var ok bool
 	c.fsm.View(func(s *State) {

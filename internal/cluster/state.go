@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // NodeState is a node's membership state as committed in the log.
@@ -37,7 +38,13 @@ type Node struct {
 }
 
 // Epoch is one entry of the epoch history: the set of alive nodes from
-// Number on, until the next epoch.
+// Number on, until the next epoch, and everything placement needs of
+// each of them. An epoch fixes its placement by itself (DESIGN.md:
+// placement is a function of the epoch): a node's weight, zone and
+// fullness are copied into the epoch when it begins, and any change to
+// them begins a new epoch, so a past epoch's placement, which the proof
+// of currency asks for, is what it was then, whatever the node table
+// says now.
 type Epoch struct {
 	Number uint64    `json:"epoch"`
 	Nodes  []string  `json:"nodes"` // sorted node ids
@@ -45,6 +52,24 @@ type Epoch struct {
 	Reason string    `json:"reason"`
 	// Full lists the epoch's nodes that take no objects (disks full).
 	Full []string `json:"full,omitempty"`
+	// Members are the epoch's nodes as placement sees them, sorted by id.
+	// Empty only in epochs committed by a binary that did not record
+	// them; their placement then comes from the node table (see
+	// State.Members).
+	Members []Member `json:"members,omitempty"`
+}
+
+// Member is what placement needs of a node in an epoch.
+type Member struct {
+	ID     string `json:"id"`
+	Zone   string `json:"zone,omitempty"`
+	Weight uint64 `json:"weight"`         // the node's capacity in bytes, at least 1
+	Full   bool   `json:"full,omitempty"` // takes no objects
+}
+
+// MemberOf is placement's view of n.
+func MemberOf(n Node) Member {
+	return Member{ID: n.ID, Zone: n.Zone, Weight: max(n.Capacity, 1), Full: n.Full}
 }
 
 // Placed returns the epoch's nodes that hold objects: all but the full
@@ -57,6 +82,22 @@ func (e Epoch) Placed() []string {
 	for _, id := range e.Nodes {
 		if !slices.Contains(e.Full, id) {
 			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// PlacedMembers returns the members that hold objects in e (Placed), as
+// the epoch recorded them; lookup supplies them for an epoch that did
+// not record its members (an older binary's), from the node table.
+func (e Epoch) PlacedMembers(lookup func(id string) (Member, bool)) []Member {
+	placed := e.Placed()
+	out := make([]Member, 0, len(placed))
+	for _, id := range placed {
+		if i, found := slices.BinarySearchFunc(e.Members, id, func(m Member, id string) int { return strings.Compare(m.ID, id) }); found {
+			out = append(out, e.Members[i])
+		} else if m, ok := lookup(id); ok {
+			out = append(out, m)
 		}
 	}
 	return out
@@ -77,12 +118,17 @@ type Format struct {
 // starts empty and inherits every object from its ancestors until it
 // writes its own copy (copy-on-write).
 type VDI struct {
-	ID           uint32    `json:"id"`
-	Name         string    `json:"name"`
-	Size         uint64    `json:"size"`
-	Copies       int       `json:"copies"`
-	ObjectSize   uint64    `json:"object_size"`
-	Created      time.Time `json:"created"`
+	ID         uint32    `json:"id"`
+	Name       string    `json:"name"`
+	Size       uint64    `json:"size"`
+	Copies     int       `json:"copies"`
+	ObjectSize uint64    `json:"object_size"`
+	Created    time.Time `json:"created"`
+	// Since is the epoch in which the VDI's id was handed out: no object
+	// of this VDI can have been written in an earlier epoch, so the proof
+	// that a copy is current never looks further back (0: unknown, for
+	// VDIs created by a binary that did not record it).
+	Since        uint64    `json:"since_epoch,omitempty"`
 	Parent       uint32    `json:"parent,omitempty"`
 	Snapshot     bool      `json:"snapshot,omitempty"`
 	Tag          string    `json:"tag,omitempty"`
@@ -131,6 +177,12 @@ type State struct {
 	Garbage   []Garbage        `json:"garbage,omitempty"`
 	NextVDIID uint32           `json:"next_vdi_id"`
 	Locks     map[string]*Lock `json:"locks"`
+
+	// Credentials (security.go).
+	JoinHash string               `json:"join_hash,omitempty"`
+	Tokens   map[string]*Token    `json:"tokens"`
+	Clients  map[string]*Client   `json:"clients"`
+	Removed  map[string]time.Time `json:"removed"` // nodes removed for good
 }
 
 func newState() *State {
@@ -140,6 +192,9 @@ func newState() *State {
 		Snapshots: map[uint32]*VDI{},
 		Locks:     map[string]*Lock{},
 		NextVDIID: 1,
+		Tokens:    map[string]*Token{},
+		Clients:   map[string]*Client{},
+		Removed:   map[string]time.Time{},
 	}
 }
 
@@ -170,7 +225,89 @@ const MaxVDIID = 1<<24 - 1
 // Name limits. '@' is reserved for snapshots (NAME@TAG), '/' for paths.
 const MaxNameLength = 128
 
+// Length limits of the other strings the log keeps. Every node applies
+// and keeps every entry, and these strings come from outside: the admin
+// API (lock keys and sessions, VDI names and tags), gossip metadata
+// (addresses, zones). Each command is checked where it is proposed
+// (encodeProposal), so that the caller learns why and nothing oversized
+// enters the log, and again where it is applied (each apply function),
+// so that an entry from a buggy proposer is refused by every node alike.
+// The limits are far above what herd itself proposes: an entry an older
+// binary committed is never refused for them.
+const (
+	// MaxLockKeyLength bounds a lock key: "vdi/" and a VDI name fit.
+	MaxLockKeyLength = 256
+	// MaxOwnerLength bounds node ids, process incarnations and lock
+	// sessions.
+	MaxOwnerLength = 128
+	// MaxAddressLength bounds a node's addresses: host:port, where a DNS
+	// name is at most 253 bytes.
+	MaxAddressLength = 300
+	// MaxZoneLength bounds a zone (herd server allows 64).
+	MaxZoneLength = 128
+	// MaxReasonLength bounds the reason recorded with an epoch change.
+	MaxReasonLength = 1024
+	// maxFullNameLength bounds NAME@TAG.
+	maxFullNameLength = 2*MaxNameLength + 1
+)
+
+// checkLength refuses value when it is longer than limit bytes, naming
+// what it is: "lock key of 5000 bytes: at most 256".
+func checkLength(what, value string, limit int) error {
+	if len(value) > limit {
+		return fmt.Errorf("%w: %s of %d bytes: at most %d", ErrInvalid, what, len(value), limit)
+	}
+	// The state is snapshotted as JSON, which turns invalid UTF-8 into
+	// U+FFFD: a node restored from a snapshot would hold another string
+	// than one that applied the entry (binary lock entries carry raw
+	// bytes; FuzzFSMApply found it).
+	if !utf8.ValidString(value) {
+		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalid, what)
+	}
+	return nil
+}
+
+// checkLengths is checkLength over (what, value, limit) triples, in order.
+func checkLengths(fields ...lengthCheck) error {
+	for _, f := range fields {
+		if err := checkLength(f.what, f.value, f.limit); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type lengthCheck struct {
+	what  string
+	value string
+	limit int
+}
+
+// checkNodeLengths checks the strings a node join records.
+func checkNodeLengths(n Node) error {
+	return checkLengths(
+		lengthCheck{"node id", n.ID, MaxOwnerLength},
+		lengthCheck{"node address", n.Address, MaxAddressLength},
+		lengthCheck{"node peer address", n.PeerAddr, MaxAddressLength},
+		lengthCheck{"node gossip address", n.GossipAddr, MaxAddressLength},
+		lengthCheck{"node admin address", n.AdminAddr, MaxAddressLength},
+		lengthCheck{"node NBD address", n.NBDAddr, MaxAddressLength},
+		lengthCheck{"node zone", n.Zone, MaxZoneLength},
+		lengthCheck{"node incarnation", n.Incarnation, MaxOwnerLength},
+	)
+}
+
 var nameRegexp = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]*$`)
+
+// Member returns placement's view of node id as the node table has it
+// now: for epochs that did not record their members.
+func (s *State) Member(id string) (Member, bool) {
+	n, ok := s.Nodes[id]
+	if !ok {
+		return Member{}, false
+	}
+	return MemberOf(*n), true
+}
 
 // ValidateName checks a VDI name.
 func ValidateName(name string) error {

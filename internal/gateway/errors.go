@@ -1,49 +1,22 @@
 package gateway
 
-import (
-	"errors"
-	"fmt"
-)
+import "errors"
 
-// Errors a Replicas implementation returns, and the gateway's own.
+// Errors of opening and using a Disk. Conditions of objects and replicas
+// are internal/object's.
 var (
-	ErrNotFound    = errors.New("gateway: object not found on replica")
-	ErrStaleEpoch  = errors.New("gateway: stale epoch")
-	ErrUnavailable = errors.New("gateway: replica unavailable")
-	ErrNoCopy      = errors.New("gateway: no provably current copy of object is reachable")
-	// ErrNoObject: no reachable node holds the object, and none that is
-	// down can hold a newer copy: it was never written (or was deleted).
-	ErrNoObject = errors.New("gateway: object does not exist")
-	// ErrNotRecovered: the replica's copy was not written or recovered
-	// in this epoch, so it may be stale; RECOVER it first.
-	ErrNotRecovered = errors.New("gateway: copy not recovered in this epoch")
-	ErrNotFormatted = errors.New("gateway: cluster is not formatted")
-	ErrTimeout      = errors.New("gateway: gave up waiting for the cluster")
+	// ErrUnknownVDI: no VDI (or snapshot) of that name.
+	ErrUnknownVDI = errors.New("gateway: no such vdi")
+	// ErrBusy: the VDI is open for writing through another node.
+	ErrBusy = errors.New("gateway: vdi is busy")
+	// ErrNotReady: the cluster cannot serve the VDI now (not formatted, no
+	// quorum, a lock or repair failed); trying again later may succeed.
+	ErrNotReady = errors.New("gateway: not ready")
+	// ErrOutOfRange: a request beyond the end of the disk.
+	ErrOutOfRange = errors.New("gateway: request beyond the end of the vdi")
+	// ErrReadOnly: a change to a disk opened read-only.
+	ErrReadOnly = errors.New("gateway: vdi is open read-only")
+	// ErrTimeout: a request waited for the cluster (epoch changes,
+	// unreachable replicas) longer than Options.RetryTimeout.
+	ErrTimeout = errors.New("gateway: gave up waiting for the cluster")
 )
-
-// StaleEpochError says the replica is in another epoch than the request.
-type StaleEpochError struct{ Current uint64 }
-
-func (e *StaleEpochError) Error() string {
-	return fmt.Sprintf("gateway: stale epoch (replica is at epoch %d)", e.Current)
-}
-
-func (e *StaleEpochError) Is(target error) bool { return target == ErrStaleEpoch }
-
-// ReplicaError names the node and object a replica operation failed on.
-type ReplicaError struct {
-	Node string
-	OID  uint64
-	Err  error
-}
-
-func (e *ReplicaError) Error() string {
-	return fmt.Sprintf("object %016x on node %s: %v", e.OID, e.Node, e.Err)
-}
-
-func (e *ReplicaError) Unwrap() error { return e.Err }
-
-// ErrNoSpace is returned by Replicas when a replica's disk is full.
-var ErrNoSpace = errors.New("gateway: replica out of space")
-
-func isNoSpace(err error) bool { return errors.Is(err, ErrNoSpace) }

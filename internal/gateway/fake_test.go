@@ -10,7 +10,8 @@ import (
 	"testing"
 
 	"github.com/herd-storage/herd/internal/cluster"
-	"github.com/herd-storage/herd/internal/store"
+	"github.com/herd-storage/herd/internal/layout"
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // fakeCluster is an in-memory cluster log: nodes, epochs, VDIs, locks.
@@ -43,13 +44,20 @@ func newWorld(t *testing.T, nodes int, copies int) *fakeWorld {
 		ids = append(ids, id)
 	}
 	c.self = ids[0]
-	c.epochs = []cluster.Epoch{{Number: 1, Nodes: ids}}
+	c.epochs = []cluster.Epoch{{Number: 0, Nodes: ids}}
+	c.commitLocked(ids) // epoch 1
+	c.epochs = c.epochs[1:]
 	return &fakeWorld{cluster: c, replicas: newMemoryReplicas(c)}
 }
 
 func (w *fakeWorld) gateway(self string) *Gateway {
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return w.gatewayWith(self, logger, Options{})
+}
+
+func (w *fakeWorld) gatewayWith(self string, logger *slog.Logger, options Options) *Gateway {
 	c := &selfCluster{fakeCluster: w.cluster, self: self}
-	return New(c, w.replicas, slog.New(slog.NewTextHandler(io.Discard, nil)), Options{})
+	return New(c, layout.NewHistory(c, logger), w.replicas, logger, options)
 }
 
 // selfCluster is the fake cluster as seen from one node.
@@ -91,6 +99,10 @@ func (c *fakeCluster) View() cluster.EpochView {
 	for _, id := range last.Nodes {
 		v.Nodes = append(v.Nodes, c.nodes[id])
 	}
+	v.Members = last.PlacedMembers(func(id string) (cluster.Member, bool) {
+		n, ok := c.nodes[id]
+		return cluster.MemberOf(n), ok
+	})
 	return v
 }
 
@@ -120,9 +132,30 @@ func (c *fakeCluster) setNodes(ids ...string) {
 			c.nodes[id] = cluster.Node{ID: id, Address: id, Capacity: 1 << 40, State: cluster.NodeAlive}
 		}
 	}
-	c.epochs = append(c.epochs, cluster.Epoch{Number: c.epochs[len(c.epochs)-1].Number + 1, Nodes: ids})
+	c.commitLocked(ids)
+}
+
+// commitLocked appends an epoch of these nodes, recording each one's
+// placement as the node table has it now (as the FSM's newEpoch does).
+func (c *fakeCluster) commitLocked(ids []string) {
+	var members []cluster.Member
+	for _, id := range ids {
+		members = append(members, cluster.MemberOf(c.nodes[id]))
+	}
+	c.epochs = append(c.epochs, cluster.Epoch{Number: c.epochs[len(c.epochs)-1].Number + 1, Nodes: ids, Members: members})
 	close(c.changed)
 	c.changed = make(chan struct{})
+}
+
+// rejoin changes a node's capacity as a quick restart with another
+// --capacity does, and commits the new epoch that brings.
+func (c *fakeCluster) rejoin(id string, capacity uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.nodes[id]
+	n.Capacity = capacity
+	c.nodes[id] = n
+	c.commitLocked(c.epochs[len(c.epochs)-1].Nodes)
 }
 
 func (c *fakeCluster) epoch() uint64 { return c.View().Number }
@@ -191,6 +224,12 @@ func (c *fakeCluster) byID(id uint32) (cluster.VDI, bool) {
 	return cluster.VDI{}, false
 }
 
+func (c *fakeCluster) VDIByID(id uint32) (cluster.VDI, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.byID(id)
+}
+
 func (c *fakeCluster) Chain(id uint32) []uint32 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -239,7 +278,7 @@ func (c *fakeCluster) clone(snapshot uint32, name string) {
 func (c *fakeCluster) addVDI(name string, id uint32, size uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.vdis[name] = cluster.VDI{ID: id, Name: name, Size: size, Copies: c.format.Copies, ObjectSize: c.format.ObjectSize}
+	c.vdis[name] = cluster.VDI{ID: id, Name: name, Size: size, Copies: c.format.Copies, ObjectSize: c.format.ObjectSize, Since: c.epochs[len(c.epochs)-1].Number}
 }
 
 // memoryReplicas stores objects per node in memory and enforces epochs
@@ -255,6 +294,10 @@ type memoryReplicas struct {
 	flushes     map[string]int
 	// beforeWrite, when set, runs before every write (fault injection).
 	beforeWrite func(node string, oid uint64)
+	// before, when set, runs first in every Read, Write, Zero and Remove
+	// ("read", "write", "zero", "remove"), without the fake's lock held:
+	// tests hold operations there to count what is in flight.
+	before func(op, node string, oid uint64, p []byte)
 }
 
 func newMemoryReplicas(c *fakeCluster) *memoryReplicas {
@@ -263,15 +306,18 @@ func newMemoryReplicas(c *fakeCluster) *memoryReplicas {
 
 func (m *memoryReplicas) check(node cluster.Node, epoch uint64) error {
 	if m.unavailable[node.ID] {
-		return fmt.Errorf("%w: %s", ErrUnavailable, node.ID)
+		return fmt.Errorf("%w: %s", object.ErrUnavailable, node.ID)
 	}
 	if current := m.cluster.epoch(); current != epoch {
-		return &StaleEpochError{Current: current}
+		return &object.StaleEpochError{Current: current}
 	}
 	return nil
 }
 
 func (m *memoryReplicas) Read(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
+	if m.before != nil {
+		m.before("read", node.ID, oid, p)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.check(node, epoch); err != nil {
@@ -279,10 +325,10 @@ func (m *memoryReplicas) Read(ctx context.Context, node cluster.Node, epoch, oid
 	}
 	data, ok := m.objects[node.ID][oid]
 	if !ok {
-		return 0, ErrNotFound
+		return 0, object.ErrNotFound
 	}
 	if m.damaged[node.ID] {
-		return 0, fmt.Errorf("%w: header checksum mismatch", store.ErrCorrupt)
+		return 0, fmt.Errorf("%w: header checksum mismatch", object.ErrCorrupt)
 	}
 	clear(p)
 	if int(offset) < len(data) {
@@ -291,7 +337,14 @@ func (m *memoryReplicas) Read(ctx context.Context, node cluster.Node, epoch, oid
 	return m.stamps[node.ID][oid], nil
 }
 
-func (m *memoryReplicas) Write(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags WriteFlags) error {
+func (m *memoryReplicas) Write(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error {
+	if m.before != nil {
+		m.before("write", node.ID, oid, p)
+	}
+	return m.write(node, epoch, oid, p, offset, flags)
+}
+
+func (m *memoryReplicas) write(node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error {
 	if m.beforeWrite != nil {
 		m.beforeWrite(node.ID, oid)
 	}
@@ -306,7 +359,10 @@ func (m *memoryReplicas) Write(ctx context.Context, node cluster.Node, epoch, oi
 	}
 	data, ok := m.objects[node.ID][oid]
 	if !ok && !flags.Create {
-		return ErrNotFound
+		return object.ErrNotFound
+	}
+	if flags.Fresh {
+		data = nil
 	}
 	if end := int(offset) + len(p); end > len(data) {
 		data = append(data, make([]byte, end-len(data))...)
@@ -317,11 +373,17 @@ func (m *memoryReplicas) Write(ctx context.Context, node cluster.Node, epoch, oi
 	return nil
 }
 
-func (m *memoryReplicas) Zero(ctx context.Context, node cluster.Node, epoch, oid uint64, offset, length uint32, flags WriteFlags) error {
-	return m.Write(ctx, node, epoch, oid, make([]byte, length), offset, WriteFlags{Sync: flags.Sync})
+func (m *memoryReplicas) Zero(ctx context.Context, node cluster.Node, epoch, oid uint64, offset, length uint32, flags object.Flags) error {
+	if m.before != nil {
+		m.before("zero", node.ID, oid, nil)
+	}
+	return m.write(node, epoch, oid, make([]byte, length), offset, object.Flags{Sync: flags.Sync})
 }
 
 func (m *memoryReplicas) Remove(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
+	if m.before != nil {
+		m.before("remove", node.ID, oid, nil)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.check(node, epoch); err != nil {
@@ -349,7 +411,7 @@ func (m *memoryReplicas) Stat(ctx context.Context, node cluster.Node, epoch, oid
 		return 0, err
 	}
 	if _, ok := m.objects[node.ID][oid]; !ok {
-		return 0, ErrNotFound
+		return 0, object.ErrNotFound
 	}
 	return m.stamps[node.ID][oid], nil
 }
@@ -393,7 +455,7 @@ func (m *memoryReplicas) Recover(ctx context.Context, node cluster.Node, epoch, 
 		}
 	}
 	if !found {
-		return ErrNotFound
+		return object.ErrNotFound
 	}
 	if m.objects[node.ID] == nil {
 		m.objects[node.ID] = map[uint64][]byte{}
@@ -401,6 +463,18 @@ func (m *memoryReplicas) Recover(ctx context.Context, node cluster.Node, epoch, 
 	}
 	m.objects[node.ID][oid] = append([]byte(nil), best...)
 	m.stamps[node.ID][oid] = epoch
+	return nil
+}
+
+func (c *fakeCluster) MarkVDIUnclean(ctx context.Context, name string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.vdis[name]
+	if !ok {
+		return cluster.ErrNotFound
+	}
+	v.Unclean = true
+	c.vdis[name] = v
 	return nil
 }
 

@@ -1,17 +1,38 @@
-// Package gateway turns block requests on a VDI into object requests on
-// every replica (DESIGN.md "Gateway and replication"). Each node's gateway
-// serves the VDIs opened through it: a request is split into object
+// Package gateway is the client side of the data path: it turns block
+// requests on a VDI into object requests on every replica (DESIGN.md
+// "Gateway and replication"). Each node's gateway serves the VDIs opened
+// through it (Open returns a Disk): a request is split into object
 // pieces, each piece goes to all replicas of its object in parallel,
-// stamped with the current epoch, and the client is answered only when
-// every replica acknowledged. A replica serves only copies written or
-// recovered in the current epoch (see Recovery for the proof that makes
-// a copy current); the gateway asks it to recover the object when it
-// refuses. A replica in another epoch refuses; the
-// gateway then waits for the next epoch and retries on the new placement,
-// so a write is never lost or wrongly acknowledged across an epoch change.
-// Reads go to one replica, the local one when there is one, with failover.
-// Nothing here serialises requests a client sent concurrently, except the
-// first write to an object, which also writes its map entry.
+// stamped with the current epoch, and the request is acknowledged only
+// when every replica acknowledged. Reads go to one replica, the local one
+// when there is one, with failover.
+//
+// Invariants:
+//   - A write is acknowledged only when every replica of one epoch applied
+//     it; a replica in another epoch, or unreachable, makes the gateway
+//     wait for the next epoch and retry on its layout, so no write is lost
+//     or wrongly acknowledged across an epoch change.
+//   - A replica serves only copies written or proven current in the
+//     current epoch (internal/replica); when it refuses one (not
+//     recovered, missing), the gateway asks it to recover the object
+//     (RECOVER, internal/recovery) before going on, and never reads an
+//     older copy instead. An object whose newest copies may be on nodes
+//     that are down fails (object.ErrNoCopy), never reads old.
+//   - The first write to an object writes its data on every replica, then
+//     its map entry: a crash between leaves an unreferenced object, never
+//     an entry without data.
+//   - A FLUSH reaches every node written since the last FLUSH, and is
+//     acknowledged only when all of them synced.
+//
+// Lock order (outermost first): vdiState.openMu (open/close of the VDI's
+// writer lock) > vdiState.io (shared by requests, exclusive by a
+// snapshot) > Gateway.zeroPieces (a TRIM/WRITE_ZEROES piece's slot) >
+// vdiState.allocation[i] (first write / copy-on-write of object i) >
+// Gateway.copyBytes (a copy's buffer) > Gateway.objectLocks[oid] (shared
+// by changes, exclusive while a replica recovers oid) > vdiState.mu,
+// Gateway.mu, Gateway.dirtyMu (short, never held across I/O). Nothing
+// serialises requests a client sent concurrently, except the first write
+// to an object; what one request may spend is bounded (bounds.go).
 package gateway
 
 import (
@@ -21,12 +42,13 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
-	"github.com/herd-storage/herd/internal/peer"
-	"github.com/herd-storage/herd/internal/placement"
-	"github.com/herd-storage/herd/internal/store"
+	"github.com/herd-storage/herd/internal/layout"
+	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/waitlock"
 )
 
 // Cluster is what the gateway needs from the cluster log.
@@ -35,7 +57,6 @@ type Cluster interface {
 	Epoch() uint64
 	View() cluster.EpochView
 	WaitEpoch(ctx context.Context, after uint64) (cluster.EpochView, error)
-	Epochs() []cluster.Epoch
 	Node(id string) (cluster.Node, bool)
 	VDI(name string) (cluster.VDI, error)
 	LookupVDI(ctx context.Context, name string) (cluster.VDI, error)
@@ -44,34 +65,22 @@ type Cluster interface {
 	SnapshotVDI(ctx context.Context, name, tag, holder string) (cluster.SnapshotResult, error)
 	AcquireLock(ctx context.Context, key, session string) (cluster.Lock, error)
 	ReleaseLock(ctx context.Context, key, session string) error
-	MarkVDIRepaired(ctx context.Context, name string) error
+	MarkVDIUnclean(ctx context.Context, name string) error
 }
 
-// WriteFlags qualify a replica write.
-type WriteFlags struct {
-	Create bool // the object may be created by this write
-	Sync   bool // durable before the replica answers (FUA)
-	NoHole bool // for Zero: write zeros instead of punching a hole
-}
-
-// Replicas reaches object copies on nodes: the local store for this node,
-// the peer protocol for others. Implementations are safe for concurrent
-// use and return ErrNotFound, a *StaleEpochError or ErrUnavailable (wrapped
-// or not) for those conditions; any other error is an I/O failure of that
-// replica.
+// Replicas reaches object copies on nodes (replica.Client: the local
+// replica directly, others through the peer protocol). Implementations
+// are safe for concurrent use and report conditions with internal/object's
+// errors.
 type Replicas interface {
 	Read(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32) (stamp uint64, err error)
-	Write(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags WriteFlags) error
-	Zero(ctx context.Context, node cluster.Node, epoch, oid uint64, offset, length uint32, flags WriteFlags) error
+	Write(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error
+	Zero(ctx context.Context, node cluster.Node, epoch, oid uint64, offset, length uint32, flags object.Flags) error
 	Remove(ctx context.Context, node cluster.Node, epoch, oid uint64) error
 	Flush(ctx context.Context, node cluster.Node, epoch uint64) error
-	Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (stamp uint64, err error)
-	// Fetch reads the whole copy (len(p) bytes) whatever its stamp, for
-	// recovery from a source it proved current and for checks.
-	Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte) (stamp uint64, err error)
-	// Recover has node make its copy of oid current in epoch: ErrNoCopy
-	// if no reachable copy is provably current, ErrNotFound if no
-	// reachable node holds the object.
+	// Recover has node make its copy of oid current in epoch:
+	// object.ErrNoCopy if no reachable copy is provably current,
+	// object.ErrNotFound if no reachable node holds the object.
 	Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error
 }
 
@@ -80,127 +89,85 @@ type Options struct {
 	// RetryTimeout bounds how long one request waits for the cluster
 	// (epoch changes, unreachable replicas) before it fails with EIO.
 	RetryTimeout time.Duration
+	// PiecesPerRequest bounds the object pieces of one request handled
+	// at once (0: DefaultPiecesPerRequest). See bounds.go.
+	PiecesPerRequest int
+	// ZeroPieces bounds the TRIM and WRITE_ZEROES pieces in flight on
+	// this node, over every request (0: DefaultZeroPieces).
+	ZeroPieces int
+	// CopyBytes bounds the bytes of copy-on-write buffers in use on this
+	// node (0: DefaultCopyBytes). A copy of an object larger than the
+	// whole bound runs alone.
+	CopyBytes int64
 }
 
 // Gateway serves the VDIs opened through this node.
 type Gateway struct {
 	cluster  Cluster
+	layouts  *layout.History
 	replicas Replicas
 	logger   *slog.Logger
 	options  Options
 	session  string // this gateway's lock session
 
-	mu   sync.Mutex // guards open, ring and past
+	// repair makes an unclean VDI's replicas identical before its new
+	// writer serves it (maintenance.RepairUnclean; SetRepair).
+	repair atomic.Pointer[func(ctx context.Context, vdi cluster.VDI) error]
+
+	mu   sync.Mutex // guards open
 	open map[string]*vdiState
-	ring *ringView
-	past map[uint64]*ringView // placements of past epochs, for proveCurrent
+
+	// suspects are objects whose replicas may differ: a change to them
+	// failed, perhaps after reaching some replicas (suspect.go).
+	// checksumRepairs and checksumLost count bad blocks (checksum.go).
+	checksumRepairs atomic.Uint64
+	checksumLost    atomic.Uint64
+
+	suspectMu    sync.Mutex // guards suspects
+	suspects     map[uint64]bool
+	suspectCount atomic.Int64
 
 	dirtyMu sync.Mutex      // guards dirty
 	dirty   map[string]bool // nodes written through this gateway since its last flush
+
+	// zeroPieces counts TRIM and WRITE_ZEROES pieces in flight
+	// (Options.ZeroPieces); copyBytes the copy-on-write buffers in use
+	// (Options.CopyBytes). See bounds.go.
+	zeroPieces *semaphore
+	copyBytes  *semaphore
 
 	// objectLocks order a whole-object copy to a replica that lacks the
 	// object against writes to it: writes hold their object's lock
 	// shared, a copy exclusively. A VDI has one writer gateway, so this
 	// orders every write to its objects (striped by object id).
-	objectLocks [1024]sync.RWMutex
+	objectLocks [1024]waitlock.RWLock
 }
 
 // New returns a gateway.
-func New(c Cluster, replicas Replicas, logger *slog.Logger, options Options) *Gateway {
+func New(c Cluster, layouts *layout.History, replicas Replicas, logger *slog.Logger, options Options) *Gateway {
 	if options.RetryTimeout == 0 {
 		options.RetryTimeout = 30 * time.Second
 	}
-	return &Gateway{cluster: c, replicas: replicas, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, past: map[uint64]*ringView{}, dirty: map[string]bool{}}
+	if options.PiecesPerRequest <= 0 {
+		options.PiecesPerRequest = DefaultPiecesPerRequest
+	}
+	if options.ZeroPieces <= 0 {
+		options.ZeroPieces = DefaultZeroPieces
+	}
+	if options.CopyBytes <= 0 {
+		options.CopyBytes = DefaultCopyBytes
+	}
+	return &Gateway{cluster: c, layouts: layouts, replicas: replicas, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, dirty: map[string]bool{},
+		zeroPieces: newSemaphore("TRIM/WRITE_ZEROES pieces in flight", "pieces", int64(options.ZeroPieces)),
+		copyBytes:  newSemaphore("copy-on-write buffers", "bytes", options.CopyBytes),
+	}
 }
 
-// ringView is the placement of one epoch.
-type ringView struct {
-	epoch  uint64
-	ring   *placement.Ring
-	nodes  map[string]cluster.Node
-	format cluster.Format
-}
-
-func ringFor(nodes []cluster.Node) (*placement.Ring, error) {
-	members := make([]placement.Node, 0, len(nodes))
-	for _, n := range nodes {
-		weight := n.Capacity
-		if weight == 0 {
-			weight = 1
-		}
-		members = append(members, placement.Node{ID: n.ID, Zone: n.Zone, Weight: weight})
-	}
-	return placement.New(members)
-}
-
-// placed keeps the nodes that hold objects (nil ids: all of them); a
-// full node stays a member of the epoch without a share.
-func placed(nodes []cluster.Node, ids []string) []cluster.Node {
-	if ids == nil {
-		return nodes
-	}
-	var out []cluster.Node
-	for _, n := range nodes {
-		if slices.Contains(ids, n.ID) {
-			out = append(out, n)
-		}
-	}
-	return out
-}
-
-// current returns the placement of the latest epoch this node applied.
-func (g *Gateway) current() (*ringView, error) {
-	// The hot path: the epoch number is cheap, the view copies the node
-	// list, so build the view only when the epoch changed.
-	epoch := g.cluster.Epoch()
-	g.mu.Lock()
-	if g.ring != nil && g.ring.epoch == epoch {
-		rv := g.ring
-		g.mu.Unlock()
-		return rv, nil
-	}
-	g.mu.Unlock()
-	view := g.cluster.View()
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.ring != nil && g.ring.epoch == view.Number {
-		return g.ring, nil
-	}
-	if view.Format == nil {
-		return nil, ErrNotFormatted
-	}
-	if len(view.Nodes) == 0 {
-		return nil, fmt.Errorf("%w: no nodes in epoch %d", ErrUnavailable, view.Number)
-	}
-	ring, err := ringFor(placed(view.Nodes, view.Placed))
-	if err != nil {
-		return nil, err
-	}
-	rv := &ringView{epoch: view.Number, ring: ring, nodes: map[string]cluster.Node{}, format: *view.Format}
-	for _, n := range view.Nodes {
-		rv.nodes[n.ID] = n
-	}
-	g.ring = rv
-	if rv.ring.MaxCopies() < rv.format.Copies {
-		// Reported once per epoch: writes go to every node (or zone) there
-		// is, until nodes return or recovery restores redundancy.
-		g.logger.Warn("gateway: fewer failure domains than copies; writing with reduced redundancy", "epoch", rv.epoch, "copies", rv.format.Copies, "available", rv.ring.MaxCopies())
-	}
-	return rv, nil
-}
-
-// replicasOf returns the nodes that hold oid in this epoch: copies of
-// them, or all there are when fewer nodes (or zones) are alive, so that a
-// cluster that lost nodes keeps serving with reduced redundancy until
-// they return.
-func (rv *ringView) replicasOf(oid uint64, copies int) []cluster.Node {
-	copies = max(1, min(copies, rv.ring.MaxCopies()))
-	ids := rv.ring.Replicas(oid, copies)
-	out := make([]cluster.Node, 0, len(ids))
-	for _, id := range ids {
-		out = append(out, rv.nodes[id])
-	}
-	return out
+// SetRepair installs what makes an unclean VDI's replicas identical
+// before its next writer serves it. Until it is set, such a VDI cannot be
+// opened for writing.
+func (g *Gateway) SetRepair(fn func(ctx context.Context, vdi cluster.VDI) error) {
+	g.repair.Store(&fn)
 }
 
 // waitNextEpoch waits for an epoch after epoch, or at most a second:
@@ -220,12 +187,6 @@ func (g *Gateway) waitNextEpoch(ctx context.Context, epoch uint64, deadline time
 	return ctx.Err()
 }
 
-// retryable says whether an error from a replica means "try again in
-// the next epoch" rather than a hard failure.
-func retryable(err error) bool {
-	return errors.Is(err, ErrStaleEpoch) || errors.Is(err, ErrUnavailable)
-}
-
 // Bounds on one round of requests to replicas. A paused or partitioned
 // node keeps its connections open and never answers; the epoch change
 // that drops it cancels the round (see scoped), these only cap the wait
@@ -235,23 +196,11 @@ const (
 	readTimeout  = 5 * time.Second // then fail over to the next replica
 )
 
-// scoped returns a context for one round of requests in epoch: it ends
-// when a newer epoch arrives (the requests go again on the new placement)
-// or after limit.
-func (g *Gateway) scoped(ctx context.Context, epoch uint64, limit time.Duration) (context.Context, context.CancelFunc) {
-	scope, cancel := context.WithTimeout(ctx, limit)
-	go func() {
-		g.cluster.WaitEpoch(scope, epoch)
-		cancel()
-	}()
-	return scope, cancel
-}
-
 // unanswered turns the error of a request cut short by its round's scope
 // (not by the caller) into "replica unavailable", which is retried.
 func unanswered(ctx, scope context.Context, err error) error {
 	if err != nil && ctx.Err() == nil && scope.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
-		return fmt.Errorf("%w: no answer (%v)", ErrUnavailable, err)
+		return fmt.Errorf("%w: no answer (%v)", object.ErrUnavailable, err)
 	}
 	return err
 }
@@ -259,19 +208,19 @@ func unanswered(ctx, scope context.Context, err error) error {
 // replicate runs op on every replica of oid in parallel, retrying on the
 // new placement when the epoch changes or a replica is unreachable, and
 // returns nil only when every replica of one epoch succeeded.
-func (g *Gateway) replicate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *ringView) error) error {
+func (g *Gateway) replicate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
 	deadline := time.Now().Add(g.options.RetryTimeout)
 	for {
-		rv, err := g.current()
+		rv, err := g.layouts.Current()
 		if err != nil {
 			return err
 		}
-		targets := rv.replicasOf(oid, copies)
+		targets := rv.ReplicasOf(oid, copies)
 		errs := make([]error, len(targets))
 		// Marked before the operation is acknowledged, so that a FLUSH
 		// that follows the acknowledgement includes these nodes.
 		g.markDirty(targets)
-		scope, cancel := g.scoped(ctx, rv.epoch, roundTimeout)
+		scope, cancel := layout.Scoped(ctx, g.cluster, rv.Number, roundTimeout)
 		var wg sync.WaitGroup
 		for i, node := range targets {
 			if i == len(targets)-1 {
@@ -291,8 +240,8 @@ func (g *Gateway) replicate(ctx context.Context, oid uint64, copies int, op func
 			if err == nil {
 				continue
 			}
-			err = &ReplicaError{Node: targets[i].ID, OID: oid, Err: err}
-			if retryable(err) {
+			err = &object.ReplicaError{Node: targets[i].ID, OID: oid, Err: err}
+			if object.Retryable(err) {
 				retry = err
 			} else if hard == nil {
 				hard = err
@@ -304,25 +253,27 @@ func (g *Gateway) replicate(ctx context.Context, oid uint64, copies int, op func
 		if retry == nil {
 			return nil
 		}
-		g.logger.Debug("gateway: retrying on the next epoch", "object", fmt.Sprintf("%016x", oid), "epoch", rv.epoch, "err", retry)
-		if err := g.waitNextEpoch(ctx, rv.epoch, deadline, retry); err != nil {
+		g.logger.Debug("gateway: retrying on the next epoch", "object", fmt.Sprintf("%016x", oid), "epoch", rv.Number, "err", retry)
+		if err := g.waitNextEpoch(ctx, rv.Number, deadline, retry); err != nil {
 			return err
 		}
 	}
 }
 
 // write writes a piece to every replica.
-func (g *Gateway) write(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags WriteFlags) error {
-	return g.mutate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *ringView) error {
-		err := g.replicas.Write(ctx, node, rv.epoch, oid, p, offset, flags)
-		if flags.Create && errors.Is(err, ErrNotFound) {
+func (g *Gateway) write(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags object.Flags) error {
+	return g.mutate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
+		err := g.changeHealing(ctx, node, rv, oid, copies, offset, len(p), func() error {
+			return g.replicas.Write(ctx, node, rv.Number, oid, p, offset, flags)
+		})
+		if flags.Create && errors.Is(err, object.ErrNotFound) {
 			return fmt.Errorf("replica refused to create object: %w", err) // not "missing": never copy over a create
 		}
 		return err
 	})
 }
 
-func (g *Gateway) objectLock(oid uint64) *sync.RWMutex {
+func (g *Gateway) objectLock(oid uint64) *waitlock.RWLock {
 	return &g.objectLocks[(oid^oid>>32)%uint64(len(g.objectLocks))]
 }
 
@@ -332,23 +283,34 @@ func (g *Gateway) objectLock(oid uint64) *sync.RWMutex {
 // is first asked to recover it, under the object's exclusive lock so
 // that no write to the object runs meanwhile; then the change is applied
 // again on every replica (changes are idempotent).
-func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *ringView) error) error {
+func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
+	if err := g.repairSuspect(ctx, oid, copies); err != nil {
+		return err
+	}
+	err := g.mutateReplicas(ctx, oid, copies, op)
+	if err != nil {
+		g.suspect(oid, err)
+	}
+	return err
+}
+
+func (g *Gateway) mutateReplicas(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
 	lock := g.objectLock(oid)
 	deadline := time.Now().Add(g.options.RetryTimeout)
 	for {
 		var mu sync.Mutex
 		var missing []cluster.Node
 		lock.RLock()
-		err := g.replicate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *ringView) error {
+		err := g.replicate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
 			err := op(ctx, node, rv)
-			if isDamaged(err) {
+			if object.Damaged(err) {
 				// A damaged copy is replaced like a missing one.
-				if rerr := g.replicas.Remove(ctx, node, rv.epoch, oid); rerr == nil || errors.Is(rerr, ErrNotFound) {
+				if rerr := g.replicas.Remove(ctx, node, rv.Number, oid); rerr == nil || errors.Is(rerr, object.ErrNotFound) {
 					g.logger.Warn("gateway: removed a damaged copy; recovering it", "object", fmt.Sprintf("%016x", oid), "node", node.ID, "err", err)
-					err = ErrNotFound
+					err = object.ErrNotFound
 				}
 			}
-			if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotRecovered) {
+			if errors.Is(err, object.ErrNotFound) || errors.Is(err, object.ErrNotRecovered) {
 				mu.Lock()
 				missing = append(missing, node)
 				mu.Unlock()
@@ -363,7 +325,7 @@ func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ct
 		lock.Lock()
 		err = g.recoverMissing(ctx, oid, copies, missing)
 		lock.Unlock()
-		if err != nil && !retryable(err) {
+		if err != nil && !object.Retryable(err) {
 			return err
 		}
 		if err != nil {
@@ -382,13 +344,13 @@ func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ct
 // stopped answering hold it until the epoch change drops that node), and
 // a node that left the placement must not be waited for.
 func (g *Gateway) recoverMissing(ctx context.Context, oid uint64, copies int, nodes []cluster.Node) error {
-	rv, err := g.current()
+	rv, err := g.layouts.Current()
 	if err != nil {
 		return err
 	}
-	scope, cancel := g.scoped(ctx, rv.epoch, roundTimeout)
+	scope, cancel := layout.Scoped(ctx, g.cluster, rv.Number, roundTimeout)
 	defer cancel()
-	current := rv.replicasOf(oid, copies)
+	current := rv.ReplicasOf(oid, copies)
 	for _, node := range nodes {
 		if !slices.ContainsFunc(current, func(n cluster.Node) bool { return n.ID == node.ID }) {
 			continue
@@ -402,17 +364,17 @@ func (g *Gateway) recoverMissing(ctx context.Context, oid uint64, copies int, no
 
 // recoverOn has node make its copy of oid current in rv's epoch. "Not
 // found" from RECOVER means no node holds the object and none that is
-// down can (ErrNoObject): a map object never written reads as zeros, a
+// down can (object.ErrNoObject): a map object never written reads as zeros, a
 // data object the map says exists is lost.
-func (g *Gateway) recoverOn(ctx context.Context, node cluster.Node, rv *ringView, oid uint64) error {
-	err := g.replicas.Recover(ctx, node, rv.epoch, oid)
-	if errors.Is(err, ErrNotFound) {
-		return &ReplicaError{Node: node.ID, OID: oid, Err: fmt.Errorf("%w: %v", ErrNoObject, err)}
+func (g *Gateway) recoverOn(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64) error {
+	err := g.replicas.Recover(ctx, node, rv.Number, oid)
+	if errors.Is(err, object.ErrNotFound) {
+		return &object.ReplicaError{Node: node.ID, OID: oid, Err: fmt.Errorf("%w: %v", object.ErrNoObject, err)}
 	}
 	if err != nil {
-		return &ReplicaError{Node: node.ID, OID: oid, Err: err}
+		return &object.ReplicaError{Node: node.ID, OID: oid, Err: err}
 	}
-	g.logger.Debug("gateway: replica recovered object on demand", "object", fmt.Sprintf("%016x", oid), "node", node.ID, "epoch", rv.epoch)
+	g.logger.Debug("gateway: replica recovered object on demand", "object", fmt.Sprintf("%016x", oid), "node", node.ID, "epoch", rv.Number)
 	return nil
 }
 
@@ -423,44 +385,71 @@ func (g *Gateway) recoverOn(ctx context.Context, node cluster.Node, rv *ringView
 // (the newest may be on nodes that are down) the read fails rather than
 // return older data.
 func (g *Gateway) read(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error {
+	if err := g.repairSuspect(ctx, oid, copies); err != nil {
+		return err
+	}
+	return g.readReplicas(ctx, oid, copies, p, offset)
+}
+
+func (g *Gateway) readReplicas(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error {
 	deadline := time.Now().Add(g.options.RetryTimeout)
 	self := g.cluster.ID()
 	for {
-		rv, err := g.current()
+		rv, err := g.layouts.Current()
 		if err != nil {
 			return err
 		}
-		candidates := rv.replicasOf(oid, copies)
+		candidates := rv.ReplicasOf(oid, copies)
 		if i := slices.IndexFunc(candidates, func(n cluster.Node) bool { return n.ID == self }); i > 0 {
 			candidates[0], candidates[i] = candidates[i], candidates[0]
 		}
 		var retry, hard error
-		var damaged []cluster.Node
+		var damaged, badBlocks []cluster.Node
 		for _, node := range candidates {
 			err := g.readFrom(ctx, node, rv, oid, p, offset)
 			if err == nil {
 				for _, bad := range damaged {
-					go g.repairDamaged(bad, rv.epoch, oid)
+					go g.repairDamaged(bad, rv.Number, oid)
+				}
+				for _, bad := range badBlocks {
+					go func() {
+						ctx, cancel := context.WithTimeout(context.Background(), roundTimeout)
+						defer cancel()
+						if err := g.healBlocks(ctx, bad, rv, oid, copies, offset, len(p), nil); err != nil {
+							g.logger.Warn("gateway: repairing blocks that failed their checksum", "object", fmt.Sprintf("%016x", oid), "node", bad.ID, "err", err)
+						}
+					}()
 				}
 				return nil
 			}
-			if isDamaged(err) {
+			if object.Damaged(err) {
 				damaged = append(damaged, node)
 			}
-			if errors.Is(err, ErrNoCopy) || errors.Is(err, ErrNoObject) {
+			if errors.Is(err, object.ErrChecksum) {
+				badBlocks = append(badBlocks, node)
+			}
+			if errors.Is(err, object.ErrNoCopy) || errors.Is(err, object.ErrNoObject) {
 				return err // the same on every replica: the proof is global
 			}
-			err = &ReplicaError{Node: node.ID, OID: oid, Err: err}
-			if retryable(err) {
+			err = &object.ReplicaError{Node: node.ID, OID: oid, Err: err}
+			if object.Retryable(err) {
 				retry = err
 			} else {
 				hard = err
 			}
 		}
+		if len(badBlocks) > 0 {
+			// Every replica failed, some with bad blocks: take each
+			// block from where it is good.
+			err := g.readBlockwise(ctx, rv, oid, copies, p, offset)
+			if err == nil || errors.Is(err, object.ErrChecksum) {
+				return err
+			}
+		}
 		if retry == nil {
 			return hard
 		}
-		if err := g.waitNextEpoch(ctx, rv.epoch, deadline, retry); err != nil {
+		if err := g.waitNextEpoch(ctx, rv.Number, deadline, retry); err != nil {
 			if hard != nil {
 				return hard
 			}
@@ -469,25 +458,18 @@ func (g *Gateway) read(ctx context.Context, oid uint64, copies int, p []byte, of
 	}
 }
 
-// isDamaged says whether a replica's error means its copy (or its disk)
-// failed: a bad header or checksum, or EIO.
-func isDamaged(err error) bool {
-	return errors.Is(err, store.ErrCorrupt) || errors.Is(err, store.ErrIO) ||
-		errors.Is(err, peer.ErrCorrupt) || errors.Is(err, peer.ErrObjectIO)
-}
-
 // repairDamaged replaces a replica's damaged copy of oid, after another
 // replica served the read: the bad copy is removed and the replica
 // recovers the object from a proven current copy.
 func (g *Gateway) repairDamaged(node cluster.Node, epoch, oid uint64) {
 	ctx, cancel := context.WithTimeout(context.Background(), roundTimeout)
 	defer cancel()
-	rv, err := g.current()
-	if err != nil || rv.epoch != epoch {
+	rv, err := g.layouts.Current()
+	if err != nil || rv.Number != epoch {
 		return // the next epoch's recovery sees the damage again
 	}
 	err = g.replicas.Remove(ctx, node, epoch, oid)
-	if err == nil || errors.Is(err, ErrNotFound) {
+	if err == nil || errors.Is(err, object.ErrNotFound) {
 		err = g.recoverOn(ctx, node, rv, oid)
 	}
 	if err != nil {
@@ -498,15 +480,15 @@ func (g *Gateway) repairDamaged(node cluster.Node, epoch, oid uint64) {
 }
 
 // readFrom reads from one replica, recovering its copy first if needed.
-func (g *Gateway) readFrom(ctx context.Context, node cluster.Node, rv *ringView, oid uint64, p []byte, offset uint32) error {
-	scope, cancel := g.scoped(ctx, rv.epoch, readTimeout)
+func (g *Gateway) readFrom(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, p []byte, offset uint32) error {
+	scope, cancel := layout.Scoped(ctx, g.cluster, rv.Number, readTimeout)
 	defer cancel()
-	_, err := g.replicas.Read(scope, node, rv.epoch, oid, p, offset)
-	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotRecovered) {
+	_, err := g.replicas.Read(scope, node, rv.Number, oid, p, offset)
+	if errors.Is(err, object.ErrNotFound) || errors.Is(err, object.ErrNotRecovered) {
 		if err := g.recoverOn(scope, node, rv, oid); err != nil {
 			return unanswered(ctx, scope, err)
 		}
-		_, err = g.replicas.Read(scope, node, rv.epoch, oid, p, offset)
+		_, err = g.replicas.Read(scope, node, rv.Number, oid, p, offset)
 	}
 	return unanswered(ctx, scope, err)
 }
@@ -542,16 +524,16 @@ func (g *Gateway) flush(ctx context.Context) error {
 func (g *Gateway) flushNodes(ctx context.Context, targets map[string]bool) error {
 	deadline := time.Now().Add(g.options.RetryTimeout)
 	for {
-		rv, err := g.current()
+		rv, err := g.layouts.Current()
 		if err != nil {
 			return err
 		}
 		var errs []error
 		var mu sync.Mutex
 		var wg sync.WaitGroup
-		scope, cancel := g.scoped(ctx, rv.epoch, roundTimeout)
+		scope, cancel := layout.Scoped(ctx, g.cluster, rv.Number, roundTimeout)
 		for id := range targets {
-			node, alive := rv.nodes[id]
+			node, alive := rv.Nodes[id]
 			if !alive {
 				// Gone from the epoch: its copies are lost with it; the
 				// other replicas of the same writes are flushed here.
@@ -560,9 +542,9 @@ func (g *Gateway) flushNodes(ctx context.Context, targets map[string]bool) error
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := unanswered(ctx, scope, g.replicas.Flush(scope, node, rv.epoch)); err != nil {
+				if err := unanswered(ctx, scope, g.replicas.Flush(scope, node, rv.Number)); err != nil {
 					mu.Lock()
-					errs = append(errs, &ReplicaError{Node: node.ID, Err: err})
+					errs = append(errs, &object.ReplicaError{Node: node.ID, Err: err})
 					mu.Unlock()
 				}
 			}()
@@ -571,7 +553,7 @@ func (g *Gateway) flushNodes(ctx context.Context, targets map[string]bool) error
 		cancel()
 		var retry error
 		for _, err := range errs {
-			if !retryable(err) {
+			if !object.Retryable(err) {
 				return err
 			}
 			retry = err
@@ -579,7 +561,7 @@ func (g *Gateway) flushNodes(ctx context.Context, targets map[string]bool) error
 		if retry == nil {
 			return nil
 		}
-		if err := g.waitNextEpoch(ctx, rv.epoch, deadline, retry); err != nil {
+		if err := g.waitNextEpoch(ctx, rv.Number, deadline, retry); err != nil {
 			return err
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/herd-storage/herd/internal/cluster"
 	"math/rand"
 	"runtime"
 	"strings"
@@ -13,14 +12,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/herd-storage/herd/internal/nbd"
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/object"
 )
 
 const objectSize = 1 << 20
 
-func open(t *testing.T, g *Gateway, name string) nbd.Export {
+func open(t *testing.T, g *Gateway, name string) *Disk {
 	t.Helper()
-	e, err := g.Open(context.Background(), name, nbd.Session{ID: 1})
+	e, err := g.Open(context.Background(), name)
 	if err != nil {
 		t.Fatalf("open %s: %v", name, err)
 	}
@@ -39,7 +39,7 @@ type model []byte
 
 func (m model) write(p []byte, off uint64) { copy(m[off:], p) }
 
-func verify(t *testing.T, e nbd.Export, m model) {
+func verify(t *testing.T, e *Disk, m model) {
 	t.Helper()
 	got := make([]byte, len(m))
 	if err := e.ReadAt(context.Background(), got, 0); err != nil {
@@ -58,7 +58,7 @@ func verify(t *testing.T, e nbd.Export, m model) {
 // in the current placement with identical content.
 func replicasIdentical(t *testing.T, w *fakeWorld, g *Gateway, copies int) int {
 	t.Helper()
-	rv, err := g.current()
+	rv, err := g.layouts.Current()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func replicasIdentical(t *testing.T, w *fakeWorld, g *Gateway, copies int) int {
 	}
 	for oid := range all {
 		var first []byte
-		for i, n := range rv.replicasOf(oid, copies) {
+		for i, n := range rv.ReplicasOf(oid, copies) {
 			data, ok := w.replicas.objects[n.ID][oid]
 			if !ok {
 				t.Fatalf("object %016x missing on replica %s", oid, n.ID)
@@ -113,7 +113,7 @@ func TestWriteReadAcrossObjects(t *testing.T) {
 		t.Fatal("no objects written")
 	}
 	// Unwritten objects are holes; written ones are data.
-	extents, err := other.BlockStatus(ctx, 0, 8*objectSize)
+	extents, err := other.Extents(ctx, 0, 8*objectSize)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestWriteReadAcrossObjects(t *testing.T) {
 	if data != 5*objectSize || holes != 3*objectSize { // objects 0,3,4,5,... written: 0,3,4,5 and 8
 		t.Fatalf("block status: %d data, %d holes: %+v", data, holes, extents)
 	}
-	if err := other.ReadAt(ctx, make([]byte, 2), 8*objectSize+4095); !errors.Is(err, nbd.ErrInvalid) {
+	if err := other.ReadAt(ctx, make([]byte, 2), 8*objectSize+4095); !errors.Is(err, ErrOutOfRange) {
 		t.Fatalf("read past the end: %v", err)
 	}
 }
@@ -193,23 +193,23 @@ func TestWriterLockAndReadOnlyOpens(t *testing.T) {
 	w.cluster.addVDI("disk", 1, objectSize)
 	a, b := w.gateway("node00"), w.gateway("node01")
 	ctx := context.Background()
-	first, err := a.Open(ctx, "disk", nbd.Session{ID: 1})
+	first, err := a.Open(ctx, "disk")
 	if err != nil {
 		t.Fatal(err)
 	}
-	second, err := a.Open(ctx, "disk", nbd.Session{ID: 2}) // multi-conn through the same node
+	second, err := a.Open(ctx, "disk") // multi-conn through the same node
 	if err != nil {
 		t.Fatalf("second connection through the same node: %v", err)
 	}
-	_, err = b.Open(ctx, "disk", nbd.Session{ID: 3})
-	if !errors.Is(err, nbd.ErrExportBusy) || !strings.Contains(err.Error(), "node00") {
+	_, err = b.Open(ctx, "disk")
+	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "node00") {
 		t.Fatalf("writer through another node: %v, want busy naming node00", err)
 	}
-	reader, err := b.Open(ctx, ReadOnlyPrefix+"disk", nbd.Session{ID: 4})
+	reader, err := b.Open(ctx, ReadOnlyPrefix+"disk")
 	if err != nil {
 		t.Fatalf("read-only open: %v", err)
 	}
-	if err := reader.WriteAt(ctx, []byte{1}, 0, false); !errors.Is(err, nbd.ErrReadOnly) {
+	if err := reader.WriteAt(ctx, []byte{1}, 0, false); !errors.Is(err, ErrReadOnly) {
 		t.Fatalf("write through read-only export: %v", err)
 	}
 	// The reader sees what the writer writes, even after caching a hole.
@@ -224,17 +224,17 @@ func TestWriterLockAndReadOnlyOpens(t *testing.T) {
 		t.Fatalf("reader after write: %q %v", buf, err)
 	}
 	first.Close()
-	if _, err := b.Open(ctx, "disk", nbd.Session{ID: 5}); !errors.Is(err, nbd.ErrExportBusy) {
+	if _, err := b.Open(ctx, "disk"); !errors.Is(err, ErrBusy) {
 		t.Fatalf("lock released while a connection is still open: %v", err)
 	}
 	second.Close()
-	third, err := b.Open(ctx, "disk", nbd.Session{ID: 6})
+	third, err := b.Open(ctx, "disk")
 	if err != nil {
 		t.Fatalf("writer after the first left: %v", err)
 	}
 	// A refused writer leaves no trace: after every open closed, the
 	// gateways hold no state.
-	if _, err := a.Open(ctx, "disk", nbd.Session{ID: 7}); !errors.Is(err, nbd.ErrExportBusy) {
+	if _, err := a.Open(ctx, "disk"); !errors.Is(err, ErrBusy) {
 		t.Fatalf("writer through node00 while node01 holds it: %v", err)
 	}
 	third.Close()
@@ -242,7 +242,7 @@ func TestWriterLockAndReadOnlyOpens(t *testing.T) {
 	if len(a.open) != 0 || len(b.open) != 0 {
 		t.Fatalf("open vdi state left behind: %d on a, %d on b", len(a.open), len(b.open))
 	}
-	if _, err := a.Open(ctx, "nope", nbd.Session{}); !errors.Is(err, nbd.ErrUnknownExport) {
+	if _, err := a.Open(ctx, "nope"); !errors.Is(err, ErrUnknownVDI) {
 		t.Fatalf("unknown vdi: %v", err)
 	}
 }
@@ -277,14 +277,14 @@ func TestFlushReachesEveryWrittenReplica(t *testing.T) {
 	if err := e.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rv, _ := g.current()
+	rv, _ := g.layouts.Current()
 	written := map[string]bool{}
-	oids := []uint64{MapOID(1, 0)} // first writes also write the object map
+	oids := []uint64{object.MapOID(1, 0)} // first writes also write the object map
 	for i := uint32(0); i < 4; i++ {
-		oids = append(oids, DataOID(1, i))
+		oids = append(oids, object.DataOID(1, i))
 	}
 	for _, oid := range oids {
-		for _, n := range rv.replicasOf(oid, 2) {
+		for _, n := range rv.ReplicasOf(oid, 2) {
 			written[n.ID] = true
 		}
 	}
@@ -307,7 +307,7 @@ func TestFlushReachesEveryWrittenReplica(t *testing.T) {
 	}
 }
 
-func readAll(t *testing.T, e nbd.Export, n int) []byte {
+func readAll(t *testing.T, e *Disk, n int) []byte {
 	t.Helper()
 	got := make([]byte, n)
 	if err := e.ReadAt(context.Background(), got, 0); err != nil {
@@ -350,7 +350,7 @@ func TestSnapshotCopyOnWrite(t *testing.T) {
 	s2 := open(t, g, "disk@s2")
 	verify(t, s1, a)
 	verify(t, s2, ab)
-	if err := s1.WriteAt(ctx, []byte{1}, 0, false); !errors.Is(err, nbd.ErrReadOnly) {
+	if err := s1.WriteAt(ctx, []byte{1}, 0, false); !errors.Is(err, ErrReadOnly) {
 		t.Fatalf("write to a snapshot: %v", err)
 	}
 	// A clone of s1 diverges from both.
@@ -460,8 +460,8 @@ func TestConcurrentWritesDuringCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.write(first, 0)
-	rv, _ := g.current()
-	holders := rv.replicasOf(DataOID(1, 0), 3)
+	rv, _ := g.layouts.Current()
+	holders := rv.ReplicasOf(object.DataOID(1, 0), 3)
 	victim := holders[0].ID
 	if victim == "node00" {
 		victim = holders[1].ID
@@ -493,50 +493,14 @@ func TestConcurrentWritesDuringCopy(t *testing.T) {
 	// The data object's new replicas match the model. (Objects nobody
 	// wrote since the epoch change, like the map object, wait for
 	// background recovery.)
-	rv, _ = g.current()
+	rv, _ = g.layouts.Current()
 	w.replicas.mu.Lock()
 	defer w.replicas.mu.Unlock()
-	for _, n := range rv.replicasOf(DataOID(1, 0), 3) {
-		data, ok := w.replicas.objects[n.ID][DataOID(1, 0)]
+	for _, n := range rv.ReplicasOf(object.DataOID(1, 0), 3) {
+		data, ok := w.replicas.objects[n.ID][object.DataOID(1, 0)]
 		if !ok || !bytes.Equal(data, m) {
 			t.Fatalf("replica %s of the data object differs from the model (present %v)", n.ID, ok)
 		}
-	}
-}
-
-func TestCheckAndRepair(t *testing.T) {
-	w := newWorld(t, 4, 3)
-	w.cluster.addVDI("disk", 1, 3*objectSize)
-	g := w.gateway("node00")
-	e := open(t, g, "disk")
-	ctx := context.Background()
-	if err := e.WriteAt(ctx, pattern(1, 3*objectSize), 0, false); err != nil {
-		t.Fatal(err)
-	}
-	e.Close()
-	report, err := g.Check(ctx, "disk", false)
-	if err != nil || report.Objects != 4 || report.Consistent != 4 || len(report.Problems) != 0 {
-		t.Fatalf("clean vdi: %+v %v", report, err)
-	}
-	// Damage one replica of object 1 and drop one of object 2.
-	rv, _ := g.current()
-	damaged := rv.replicasOf(DataOID(1, 1), 3)[1].ID
-	dropped := rv.replicasOf(DataOID(1, 2), 3)[2].ID
-	w.replicas.mu.Lock()
-	w.replicas.objects[damaged][DataOID(1, 1)][100] ^= 0xff
-	delete(w.replicas.objects[dropped], DataOID(1, 2))
-	w.replicas.mu.Unlock()
-	report, err = g.Check(ctx, "disk", false)
-	if err != nil || report.Mismatched != 1 || report.Missing != 1 || report.Consistent != 2 {
-		t.Fatalf("damaged vdi: %+v %v", report, err)
-	}
-	report, err = g.Check(ctx, "disk", true)
-	if err != nil || report.Repaired != 2 {
-		t.Fatalf("repair: %+v %v", report, err)
-	}
-	report, err = g.Check(ctx, "disk", false)
-	if err != nil || report.Consistent != 4 {
-		t.Fatalf("after repair: %+v %v", report, err)
 	}
 }
 
@@ -553,9 +517,9 @@ func TestCopyMissingSkipsNodesThatLeftThePlacement(t *testing.T) {
 	if err := e.WriteAt(ctx, pattern(1, 4096), 0, false); err != nil {
 		t.Fatal(err)
 	}
-	oid := DataOID(1, 0)
-	rv, _ := g.current()
-	victim := rv.replicasOf(oid, 3)[0]
+	oid := object.DataOID(1, 0)
+	rv, _ := g.layouts.Current()
+	victim := rv.ReplicasOf(oid, 3)[0]
 	w.replicas.mu.Lock()
 	delete(w.replicas.objects[victim.ID], oid)
 	w.replicas.mu.Unlock()
@@ -602,7 +566,7 @@ func TestDamagedCopyServedElsewhereAndReplaced(t *testing.T) {
 	for {
 		w.replicas.mu.Lock()
 		damaged := w.replicas.damaged["node00"]
-		copy := w.replicas.objects["node00"][DataOID(1, 0)]
+		copy := w.replicas.objects["node00"][object.DataOID(1, 0)]
 		copyOK := len(copy) >= len(data) && bytes.Equal(copy[:len(data)], data)
 		w.replicas.mu.Unlock()
 		if !damaged && copyOK {

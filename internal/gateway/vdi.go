@@ -10,19 +10,15 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
-	"github.com/herd-storage/herd/internal/nbd"
-	"github.com/herd-storage/herd/internal/size"
+	"github.com/herd-storage/herd/internal/layout"
+	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/waitlock"
 )
 
 // ReadOnlyPrefix opens a VDI read-only: export name "ro/NAME" ('/' is not
 // allowed in VDI names, so it cannot clash). Many read-only opens may run
 // beside the one writer. Snapshots (NAME@TAG) are always read-only.
 const ReadOnlyPrefix = "ro/"
-
-// Map entries: 0 means "inherit from the parent chain" (for a VDI
-// without parent: never written, zeros); the VDI's own id means it holds
-// its own copy; tombstone means zeros even if an ancestor has data.
-const tombstone = 0xffffffff
 
 // vdiState is one VDI open through this node, shared by every connection
 // to it (so that connections see each other's writes: CAN_MULTI_CONN).
@@ -35,7 +31,7 @@ type vdiState struct {
 
 	// io is held shared by every request and exclusively by a snapshot,
 	// which so falls exactly between completed writes.
-	io sync.RWMutex
+	io waitlock.RWLock
 
 	mu       sync.Mutex // guards vdi, chain, pages, writers, readers, lockHeld
 	vdi      cluster.VDI
@@ -45,11 +41,11 @@ type vdiState struct {
 	readers  int
 	lockHeld bool
 
-	openMu sync.Mutex // serialises taking and releasing the cluster lock
+	openMu waitlock.RWLock // serialises taking and releasing the cluster lock
 
 	// allocation serialises first writes (and copy-on-write) to an
 	// object: the data, then its map entry. Striped by index.
-	allocation [64]sync.Mutex
+	allocation [64]waitlock.RWLock
 }
 
 func pageKey(vdi uint32, page uint32) uint64 { return uint64(vdi)<<32 | uint64(page) }
@@ -60,38 +56,34 @@ func (s *vdiState) current() (cluster.VDI, []uint32) {
 	return s.vdi, s.chain
 }
 
-// List implements nbd.Backend: every writable VDI and every snapshot.
-func (g *Gateway) List(ctx context.Context) ([]nbd.ExportSummary, error) {
-	var out []nbd.ExportSummary
+// List returns every VDI that can be opened: writable ones and
+// snapshots (NAME@TAG).
+func (g *Gateway) List() []cluster.VDI {
+	var out []cluster.VDI
 	for _, v := range g.cluster.Tree() {
-		if v.Deleted {
-			continue
+		if !v.Deleted {
+			out = append(out, v)
 		}
-		description := fmt.Sprintf("herd vdi %s, %s", v.Name, size.Format(v.Size))
-		if v.Snapshot {
-			description = fmt.Sprintf("herd snapshot %s of %s, %s, read-only", v.Tag, v.Name, size.Format(v.Size))
-		}
-		out = append(out, nbd.ExportSummary{Name: v.FullName(), Description: description})
 	}
-	return out, nil
+	return out
 }
 
-// Open implements nbd.Backend. A writable open takes the VDI's cluster
-// lock (shared by every connection through this node); a writer through
-// another node is refused with an error naming the holder. "ro/NAME" and
+// Open opens a VDI by name. A writable open takes the VDI's cluster lock
+// (shared by every open through this node); a writer through another node
+// is refused (ErrBusy) with an error naming the holder. "ro/NAME" and
 // snapshots "NAME@TAG" open read-only, any number at once.
-func (g *Gateway) Open(ctx context.Context, name string, session nbd.Session) (nbd.Export, error) {
+func (g *Gateway) Open(ctx context.Context, name string) (*Disk, error) {
 	readOnly := false
 	key := name
 	if strings.HasPrefix(name, ReadOnlyPrefix) {
 		readOnly, name = true, strings.TrimPrefix(name, ReadOnlyPrefix)
 	}
-	if _, err := g.current(); err != nil {
-		return nil, fmt.Errorf("%w: %v", nbd.ErrNotReady, err)
+	if _, err := g.layouts.Current(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNotReady, err)
 	}
 	vdi, err := g.cluster.LookupVDI(ctx, name)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", nbd.ErrUnknownExport, err)
+		return nil, fmt.Errorf("%w: %v", ErrUnknownVDI, err)
 	}
 	if vdi.Snapshot {
 		readOnly = true
@@ -117,7 +109,7 @@ func (g *Gateway) Open(ctx context.Context, name string, session nbd.Session) (n
 		}
 	}
 	current, _ := state.current()
-	return &export{gateway: g, state: state, readOnly: readOnly, size: current.Size}, nil
+	return &Disk{gateway: g, state: state, readOnly: readOnly, size: current.Size}, nil
 }
 
 func (g *Gateway) acquireWriter(ctx context.Context, state *vdiState) error {
@@ -136,12 +128,12 @@ func (g *Gateway) acquireWriter(ctx context.Context, state *vdiState) error {
 					holder = fmt.Sprintf("%s (%s)", n.ID, n.Address)
 				}
 				return fmt.Errorf("%w: vdi %q is open for writing through node %s; open it read-only as %q, or close it there first",
-					nbd.ErrExportBusy, name, holder, ReadOnlyPrefix+name)
+					ErrBusy, name, holder, ReadOnlyPrefix+name)
 			}
 			if errors.Is(err, cluster.ErrLockHeld) {
-				return fmt.Errorf("%w: %v", nbd.ErrExportBusy, err)
+				return fmt.Errorf("%w: %v", ErrBusy, err)
 			}
-			return fmt.Errorf("%w: cannot lock vdi %q: %v", nbd.ErrNotReady, name, err)
+			return fmt.Errorf("%w: cannot lock vdi %q: %v", ErrNotReady, name, err)
 		}
 		// The lock is ours: reload the VDI, which may have been
 		// snapshotted or rolled back since this state was made, and start
@@ -149,12 +141,17 @@ func (g *Gateway) acquireWriter(ctx context.Context, state *vdiState) error {
 		vdi, err := g.cluster.VDI(name)
 		if err != nil {
 			g.cluster.ReleaseLock(ctx, cluster.VDILockKey(name), g.session)
-			return fmt.Errorf("%w: %v", nbd.ErrUnknownExport, err)
+			return fmt.Errorf("%w: %v", ErrUnknownVDI, err)
 		}
 		if vdi.Unclean {
-			if err := g.repairUnclean(ctx, vdi); err != nil {
+			repair := g.repair.Load()
+			if repair == nil {
 				g.cluster.ReleaseLock(ctx, cluster.VDILockKey(name), g.session)
-				return fmt.Errorf("%w: vdi %q: the node of its previous writer died, and making its replicas identical failed: %v", nbd.ErrNotReady, name, err)
+				return fmt.Errorf("%w: vdi %q must be repaired (its previous writer's node died) and this node cannot repair yet", ErrNotReady, name)
+			}
+			if err := (*repair)(ctx, vdi); err != nil {
+				g.cluster.ReleaseLock(ctx, cluster.VDILockKey(name), g.session)
+				return fmt.Errorf("%w: vdi %q: the node of its previous writer died, and making its replicas identical failed: %v", ErrNotReady, name, err)
 			}
 		}
 		state.mu.Lock()
@@ -192,8 +189,27 @@ func (g *Gateway) release(state *vdiState, kind openKind) {
 	if releaseLock {
 		state.lockHeld = false
 	}
-	name := state.vdi.Name
+	name, vdi, chain := state.vdi.Name, state.vdi, state.chain
 	state.mu.Unlock()
+	if releaseLock {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if !g.repairSuspects(ctx, vdi, chain) {
+			// Its replicas may differ: the next writer must repair it.
+			// If even that cannot be recorded, the lock stays ours; it
+			// goes (marking the VDI unclean) when this node leaves or
+			// restarts.
+			if err := g.cluster.MarkVDIUnclean(ctx, name); err != nil {
+				g.logger.Error("gateway: vdi has objects whose replicas may differ, and marking it unclean failed: keeping its lock", "vdi", name, "err", err)
+				state.mu.Lock()
+				state.lockHeld = true
+				state.mu.Unlock()
+				releaseLock = false
+			} else {
+				g.logger.Warn("gateway: vdi marked unclean: objects whose replicas may differ could not be repaired; its next writer repairs it", "vdi", name)
+			}
+		}
+	}
 	if releaseLock {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -276,7 +292,7 @@ func (g *Gateway) resolve(ctx context.Context, state *vdiState, vdi cluster.VDI,
 		switch e {
 		case 0:
 			continue
-		case tombstone:
+		case Tombstone:
 			return 0, nil
 		default:
 			return e, nil
@@ -290,9 +306,9 @@ func (g *Gateway) resolve(ctx context.Context, state *vdiState, vdi cluster.VDI,
 func (g *Gateway) loadPage(ctx context.Context, vdi cluster.VDI, id, page uint32) ([]uint32, error) {
 	first := page * pageEntries
 	k, offset := mapLocation(first, vdi.ObjectSize)
-	raw := make([]byte, pageEntries*mapEntryBytes)
-	err := g.read(ctx, MapOID(id, k), vdi.Copies, raw, offset)
-	if errors.Is(err, ErrNoObject) {
+	raw := make([]byte, pageEntries*MapEntryBytes)
+	err := g.read(ctx, object.MapOID(id, k), vdi.Copies, raw, offset)
+	if errors.Is(err, object.ErrNoObject) {
 		err = nil // never written
 		clear(raw)
 	}
@@ -301,7 +317,7 @@ func (g *Gateway) loadPage(ctx context.Context, vdi cluster.VDI, id, page uint32
 	}
 	entries := make([]uint32, pageEntries)
 	for i := range entries {
-		entries[i] = binary.BigEndian.Uint32(raw[i*mapEntryBytes:])
+		entries[i] = binary.BigEndian.Uint32(raw[i*MapEntryBytes:])
 	}
 	return entries, nil
 }
@@ -313,9 +329,9 @@ func (g *Gateway) setEntry(ctx context.Context, state *vdiState, vdi cluster.VDI
 	// Without CREATE first: a replica new to the placement must receive a
 	// whole copy of the map object, not start an empty one holding only
 	// this entry. Only a map object that exists nowhere is created.
-	err := g.write(ctx, MapOID(id, k), vdi.Copies, raw, offset, WriteFlags{Sync: sync})
-	if errors.Is(err, ErrNoObject) {
-		err = g.write(ctx, MapOID(id, k), vdi.Copies, raw, offset, WriteFlags{Create: true, Sync: sync})
+	err := g.write(ctx, object.MapOID(id, k), vdi.Copies, raw, offset, object.Flags{Sync: sync})
+	if errors.Is(err, object.ErrNoObject) {
+		err = g.write(ctx, object.MapOID(id, k), vdi.Copies, raw, offset, object.Flags{Create: true, Sync: sync})
 	}
 	if err != nil {
 		return err
@@ -330,71 +346,50 @@ func (g *Gateway) setEntry(ctx context.Context, state *vdiState, vdi cluster.VDI
 
 // remove deletes an object from every replica (absent copies are fine).
 func (g *Gateway) remove(ctx context.Context, oid uint64, copies int) error {
-	return g.replicate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *ringView) error {
-		err := g.replicas.Remove(ctx, node, rv.epoch, oid)
-		if errors.Is(err, ErrNotFound) {
+	err := g.replicate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
+		err := g.replicas.Remove(ctx, node, rv.Number, oid)
+		if errors.Is(err, object.ErrNotFound) {
 			return nil
 		}
 		return err
 	})
+	if err != nil {
+		g.suspect(oid, err)
+	} else {
+		g.clearSuspect(oid) // gone everywhere: nothing can differ
+	}
+	return err
 }
 
-// CollectGarbage frees the objects of VDIs nothing reads any more, then
-// records that in the log. Called periodically on the leader; safe to
-// repeat after a crash (removing an absent object is not an error).
-func (g *Gateway) CollectGarbage(ctx context.Context, garbage cluster.Garbage) error {
-	objects := (garbage.Size + garbage.ObjectSize - 1) / garbage.ObjectSize
-	perMap := garbage.ObjectSize / mapEntryBytes
-	vdi := cluster.VDI{ID: garbage.ID, Size: garbage.Size, ObjectSize: garbage.ObjectSize, Copies: garbage.Copies}
-	work := make(chan uint64)
-	errs := make(chan error, 16)
-	var wg sync.WaitGroup
-	for w := 0; w < 16; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for oid := range work {
-				if err := g.remove(ctx, oid, vdi.Copies); err != nil {
-					select {
-					case errs <- err:
-					default:
-					}
-				}
-			}
-		}()
-	}
-	var failed error
-	for k := uint64(0); k*perMap < objects && failed == nil; k++ {
+// Map reads a VDI's whole object map: entry i is the owner of object i
+// (0: inherit or zeros, Tombstone: zeros).
+func (g *Gateway) Map(ctx context.Context, v cluster.VDI) ([]uint32, error) {
+	objects := (v.Size + v.ObjectSize - 1) / v.ObjectSize
+	perMap := v.ObjectSize / MapEntryBytes
+	entries := make([]uint32, objects)
+	for k := uint64(0); k*perMap < objects; k++ {
 		count := min(perMap, objects-k*perMap)
-		raw := make([]byte, count*mapEntryBytes)
-		err := g.read(ctx, MapOID(vdi.ID, uint32(k)), vdi.Copies, raw, 0)
-		if errors.Is(err, ErrNoObject) {
+		raw := make([]byte, count*MapEntryBytes)
+		err := g.read(ctx, object.MapOID(v.ID, uint32(k)), v.Copies, raw, 0)
+		if errors.Is(err, object.ErrNoObject) {
 			continue
 		}
 		if err != nil {
-			failed = err
-			break
+			return nil, err
 		}
 		for i := uint64(0); i < count; i++ {
-			if binary.BigEndian.Uint32(raw[i*mapEntryBytes:]) == vdi.ID {
-				work <- DataOID(vdi.ID, uint32(k*perMap+i))
-			}
+			entries[k*perMap+i] = binary.BigEndian.Uint32(raw[i*MapEntryBytes:])
 		}
 	}
-	close(work)
-	wg.Wait()
-	select {
-	case err := <-errs:
-		failed = errors.Join(failed, err)
-	default:
-	}
-	if failed != nil {
-		return failed
-	}
-	for k := uint64(0); k*perMap < objects; k++ {
-		if err := g.remove(ctx, MapOID(vdi.ID, uint32(k)), vdi.Copies); err != nil {
-			return err
-		}
-	}
-	return nil
+	return entries, nil
+}
+
+// ReadObject reads a piece of an object from one replica (see read).
+func (g *Gateway) ReadObject(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error {
+	return g.read(ctx, oid, copies, p, offset)
+}
+
+// RemoveObject deletes an object from every replica.
+func (g *Gateway) RemoveObject(ctx context.Context, oid uint64, copies int) error {
+	return g.remove(ctx, oid, copies)
 }

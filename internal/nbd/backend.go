@@ -1,6 +1,9 @@
 package nbd
 
-import "context"
+import (
+	"context"
+	"crypto/x509"
+)
 
 // Backend resolves export names to exports. In herd the gateway implements it:
 // an export name is a VDI name ("vdi"), or a snapshot ("vdi@tag"), which is
@@ -9,9 +12,11 @@ import "context"
 // Implementations must be safe for concurrent use: every connection calls
 // them from its own goroutine.
 type Backend interface {
-	// List returns the exports to advertise in reply to NBD_OPT_LIST. It may
-	// omit exports the caller should not learn about.
-	List(ctx context.Context) ([]ExportSummary, error)
+	// List returns the exports to advertise in reply to NBD_OPT_LIST to the
+	// client of session. It should omit the exports that client may not
+	// open, so that it does not learn they exist. An error wrapping
+	// ErrPermission refuses the listing (NBD_REP_ERR_POLICY).
+	List(ctx context.Context, session Session) ([]ExportSummary, error)
 
 	// Open opens the named export for one client connection. The empty name
 	// is the client's request for a default export. The export stays open
@@ -22,6 +27,11 @@ type Backend interface {
 	//
 	// Errors should wrap one of this package's sentinels so that the server
 	// can tell the client why, with the error's text as the message:
+	// session.InfoOnly is set when the export is opened for NBD_OPT_INFO
+	// only: it is closed right after its Info has been read, no I/O
+	// method is called, and Info should describe what an open for
+	// NBD_OPT_GO would get (in herd: without taking the VDI's lock).
+	//
 	// ErrUnknownExport (NBD_REP_ERR_UNKNOWN), ErrExportBusy with a message
 	// naming the holder (NBD_REP_ERR_POLICY), ErrNotReady
 	// (NBD_REP_ERR_UNKNOWN), ErrPermission (NBD_REP_ERR_POLICY), ErrInvalid
@@ -89,6 +99,14 @@ type Cacher interface {
 	Cache(ctx context.Context, off, length uint64) error
 }
 
+// Revalidator is optionally implemented by a Backend whose clients' rights
+// can change while they are connected (a revoked client certificate). It
+// says whether session may keep the export it opened (writable: opened
+// for writing); an error ends the connection (Server.Revalidate).
+type Revalidator interface {
+	Revalidate(session Session, export string, writable bool) error
+}
+
 // ExportSummary is one entry of NBD_OPT_LIST.
 type ExportSummary struct {
 	Name        string
@@ -140,11 +158,25 @@ type Extent struct {
 	Zero bool
 }
 
-// Session identifies the client connection an export is opened for; a
-// Backend may use it to name the holder of a lock.
+// Session identifies the client connection an export is opened or listed
+// for; a Backend uses it to authorise the client and to name the holder of
+// a lock.
 type Session struct {
 	// ID is unique among the connections of one Server.
 	ID            uint64
 	RemoteAddress string
 	LocalAddress  string
+	// TLS is set once NBD_OPT_STARTTLS has upgraded the connection.
+	TLS bool
+	// Client is the Subject CommonName of the client certificate that the
+	// TLS handshake verified against Server.TLSConfig's ClientCAs; empty
+	// without TLS, or when the configuration did not require and verify a
+	// client certificate.
+	Client string
+	// ClientCertificate is that verified certificate (nil when Client is
+	// empty), for a Backend that tells certificates of one name apart.
+	ClientCertificate *x509.Certificate
+	// InfoOnly is set for an Open made for NBD_OPT_INFO rather than
+	// NBD_OPT_GO or NBD_OPT_EXPORT_NAME.
+	InfoOnly bool
 }

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/herd-storage/herd/internal/nbd/wire"
 )
 
 // testTimeout bounds every wait in these tests; generous because the machine
@@ -155,10 +157,10 @@ func (c *testClient) expectClosed() {
 func (c *testClient) greet(clientFlags uint32) uint16 {
 	c.t.Helper()
 	greeting := c.readFull(18)
-	if got := binary.BigEndian.Uint64(greeting[0:]); got != magicNBD {
+	if got := binary.BigEndian.Uint64(greeting[0:]); got != wire.NBDMagic {
 		c.t.Fatalf("greeting magic %#x", got)
 	}
-	if got := binary.BigEndian.Uint64(greeting[8:]); got != magicOption {
+	if got := binary.BigEndian.Uint64(greeting[8:]); got != wire.IHaveOptMagic {
 		c.t.Fatalf("greeting option magic %#x", got)
 	}
 	c.write(binary.BigEndian.AppendUint32(nil, clientFlags))
@@ -167,7 +169,7 @@ func (c *testClient) greet(clientFlags uint32) uint16 {
 
 func (c *testClient) sendOption(option uint32, data []byte) {
 	c.t.Helper()
-	message := binary.BigEndian.AppendUint64(nil, magicOption)
+	message := binary.BigEndian.AppendUint64(nil, wire.IHaveOptMagic)
 	message = binary.BigEndian.AppendUint32(message, option)
 	message = binary.BigEndian.AppendUint32(message, uint32(len(data)))
 	c.write(append(message, data...))
@@ -181,8 +183,8 @@ type optionReply struct {
 
 func (c *testClient) readOptionReply() optionReply {
 	c.t.Helper()
-	header := c.readFull(optionReplyHeaderLength)
-	if got := binary.BigEndian.Uint64(header[0:]); got != magicOptionReply {
+	header := c.readFull(wire.OptionReplyHeaderLength)
+	if got := binary.BigEndian.Uint64(header[0:]); got != wire.OptionReplyMagic {
 		c.t.Fatalf("option reply magic %#x", got)
 	}
 	reply := optionReply{
@@ -205,7 +207,7 @@ func (c *testClient) option(option uint32, data []byte) []optionReply {
 			c.t.Fatalf("reply for option %d, want %d", reply.option, option)
 		}
 		replies = append(replies, reply)
-		if reply.replyType == replyAck || reply.replyType&replyTypeErrorBit != 0 {
+		if reply.replyType == wire.RepAck || reply.replyType&wire.RepFlagError != 0 {
 			return replies
 		}
 	}
@@ -241,7 +243,7 @@ func metaContextData(name string, queries ...string) []byte {
 func exportInformation(t testing.TB, replies []optionReply) (size uint64, flags uint16) {
 	t.Helper()
 	for _, reply := range replies {
-		if reply.replyType == replyInfo && binary.BigEndian.Uint16(reply.data) == infoExport {
+		if reply.replyType == wire.RepInfo && binary.BigEndian.Uint16(reply.data) == wire.InfoExport {
 			if len(reply.data) != 12 {
 				t.Fatalf("NBD_INFO_EXPORT of %d bytes", len(reply.data))
 			}
@@ -263,20 +265,20 @@ type connectOptions struct {
 func connect(t testing.TB, address, name string, options connectOptions) (*testClient, uint64, uint16) {
 	t.Helper()
 	c := dial(t, address)
-	c.greet(clientFlagFixedNewstyle | clientFlagNoZeroes)
+	c.greet(wire.FlagCFixedNewstyle | wire.FlagCNoZeroes)
 	if options.structured {
-		if got := final(c.option(optionStructuredReply, nil)); got != replyAck {
+		if got := final(c.option(wire.OptStructuredReply, nil)); got != wire.RepAck {
 			t.Fatalf("NBD_OPT_STRUCTURED_REPLY: reply %#x", got)
 		}
 	}
 	if options.blockStatus {
-		replies := c.option(optionSetMetaContext, metaContextData(name, metaContextAllocation))
-		if final(replies) != replyAck || len(replies) != 2 {
+		replies := c.option(wire.OptSetMetaContext, metaContextData(name, wire.BaseAllocation))
+		if final(replies) != wire.RepAck || len(replies) != 2 {
 			t.Fatalf("NBD_OPT_SET_META_CONTEXT: %v", replies)
 		}
 	}
-	replies := c.option(optionGo, exportRequestData(name, infoBlockSize))
-	if got := final(replies); got != replyAck {
+	replies := c.option(wire.OptGo, exportRequestData(name, wire.InfoBlockSize))
+	if got := final(replies); got != wire.RepAck {
 		t.Fatalf("NBD_OPT_GO %q: reply %#x %q", name, got, replies[len(replies)-1].data)
 	}
 	size, flags := exportInformation(t, replies)
@@ -285,14 +287,14 @@ func connect(t testing.TB, address, name string, options connectOptions) (*testC
 
 func (c *testClient) sendRequest(flags, command uint16, cookie, offset uint64, length uint32, payload []byte) {
 	c.t.Helper()
-	header := make([]byte, requestHeaderLength)
-	binary.BigEndian.PutUint32(header[0:], magicRequest)
+	header := make([]byte, wire.RequestHeaderLength)
+	binary.BigEndian.PutUint32(header[0:], wire.RequestMagic)
 	binary.BigEndian.PutUint16(header[4:], flags)
 	binary.BigEndian.PutUint16(header[6:], command)
 	binary.BigEndian.PutUint64(header[8:], cookie)
 	binary.BigEndian.PutUint64(header[16:], offset)
 	binary.BigEndian.PutUint32(header[24:], length)
-	if command == commandRead {
+	if command == wire.CmdRead {
 		c.readsMutex.Lock()
 		c.reads[cookie] = length
 		c.readsMutex.Unlock()
@@ -304,7 +306,7 @@ func (c *testClient) sendRequest(flags, command uint16, cookie, offset uint64, l
 type reply struct {
 	cookie     uint64
 	structured bool
-	errno      errno // simple replies, and error chunks
+	errno      wire.Errno // simple replies, and error chunks
 	data       []byte
 	// structured chunks only:
 	flags     uint16
@@ -317,18 +319,18 @@ func (c *testClient) readReply() reply {
 	c.t.Helper()
 	magic := binary.BigEndian.Uint32(c.readFull(4))
 	switch magic {
-	case magicSimpleReply:
+	case wire.SimpleReplyMagic:
 		rest := c.readFull(12)
-		r := reply{errno: errno(binary.BigEndian.Uint32(rest[0:])), cookie: binary.BigEndian.Uint64(rest[4:])}
+		r := reply{errno: wire.Errno(binary.BigEndian.Uint32(rest[0:])), cookie: binary.BigEndian.Uint64(rest[4:])}
 		c.readsMutex.Lock()
 		length, isRead := c.reads[r.cookie]
 		delete(c.reads, r.cookie)
 		c.readsMutex.Unlock()
-		if isRead && r.errno == errnoNone {
+		if isRead && r.errno == wire.NoError {
 			r.data = c.readFull(int(length))
 		}
 		return r
-	case magicStructuredReply:
+	case wire.StructuredReplyMagic:
 		rest := c.readFull(16)
 		r := reply{
 			structured: true,
@@ -341,17 +343,17 @@ func (c *testClient) readReply() reply {
 			if len(r.payload) < 6 {
 				c.t.Fatalf("error chunk of %d bytes", len(r.payload))
 			}
-			r.errno = errno(binary.BigEndian.Uint32(r.payload))
+			r.errno = wire.Errno(binary.BigEndian.Uint32(r.payload))
 			messageLength := int(binary.BigEndian.Uint16(r.payload[4:]))
 			if messageLength > len(r.payload)-6 {
 				c.t.Fatalf("error chunk message of %d bytes in %d", messageLength, len(r.payload))
 			}
 			r.message = string(r.payload[6 : 6+messageLength])
 		}
-		if r.chunkType == chunkOffsetData {
+		if r.chunkType == wire.ReplyTypeOffsetData {
 			r.data = r.payload[8:]
 		}
-		if r.flags&replyFlagDone != 0 {
+		if r.flags&wire.ReplyFlagDone != 0 {
 			c.readsMutex.Lock()
 			delete(c.reads, r.cookie)
 			c.readsMutex.Unlock()
@@ -372,7 +374,7 @@ func (c *testClient) roundTrip(flags, command uint16, offset uint64, length uint
 	if r.cookie != cookie {
 		c.t.Fatalf("reply cookie %#x, want %#x", r.cookie, cookie)
 	}
-	if r.structured && r.flags&replyFlagDone == 0 {
+	if r.structured && r.flags&wire.ReplyFlagDone == 0 {
 		c.t.Fatalf("reply chunk without NBD_REPLY_FLAG_DONE; this server sends one chunk per reply")
 	}
 	return r
@@ -380,7 +382,7 @@ func (c *testClient) roundTrip(flags, command uint16, offset uint64, length uint
 
 func (c *testClient) disconnect() {
 	c.t.Helper()
-	c.sendRequest(0, commandDisconnect, 0, 0, 0, nil)
+	c.sendRequest(0, wire.CmdDisc, 0, 0, 0, nil)
 	c.expectClosed()
 }
 

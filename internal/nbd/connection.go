@@ -3,12 +3,14 @@ package nbd
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,19 +18,38 @@ const readBufferSize = 64 << 10
 
 // connection is one client connection, from the greeting to the close.
 type connection struct {
-	server  *Server
+	server *Server
+	// netConn is the accepted connection. Deadlines and hard closes act
+	// on it even after TLS: they reach the TLS layer's reads and writes
+	// underneath, and closing it never blocks on a TLS alert.
 	netConn net.Conn
 	session Session
 	logger  *slog.Logger
 
-	// reader and writer carry the protocol bytes. Today they sit on
-	// netConn; with TLS they would be rebuilt on the tls.Conn after
-	// NBD_OPT_STARTTLS.
+	// reader and writer carry the protocol bytes: on netConn, or on the
+	// tls.Conn after NBD_OPT_STARTTLS. The connection's goroutine
+	// replaces them, during the handshake only.
 	reader *bufio.Reader
 	writer io.Writer
+	// tlsConn is the TLS session once NBD_OPT_STARTTLS succeeded.
+	tlsConn *tls.Conn
 
-	// negotiation is touched by the connection's goroutine only.
+	// The fields below are touched by the connection's goroutine only
+	// (and by startConnection before it starts).
 	negotiation negotiation
+	// options counts the options of the handshake, against MaxOptions.
+	options int
+	// admitted: counted in the Server's MaxConnections; clientKey: the
+	// client counted in MaxConnectionsPerClient ("" for none).
+	admitted  bool
+	clientKey string
+	// refusal, when set, is why every option from now on is refused: the
+	// client's certificate is over MaxConnectionsPerClient.
+	refusal string
+
+	// active is the transmission once the handshake is over: the session
+	// no longer changes, and Server.Revalidate may look at it.
+	active atomic.Pointer[transmission]
 
 	// deadlineMutex guards interrupted and orders it with the deadline
 	// changes, so that a graceful shutdown's interruption is never undone
@@ -59,6 +80,8 @@ func newConnection(server *Server, netConn net.Conn) *connection {
 // serve runs the connection to its end and closes it.
 func (c *connection) serve(ctx context.Context) {
 	defer c.netConn.Close()
+	defer c.closeTLS()
+	defer func() { c.server.admission.release(c.clientKey, c.admitted) }()
 	c.logger.Debug("nbd: connection opened")
 	// The handshake deadline bounds the client (through the socket) and
 	// the Backend calls made while negotiating (through the context).
@@ -75,6 +98,7 @@ func (c *connection) serve(ctx context.Context) {
 	c.logger.Debug("nbd: transmission phase", "export", transmission.exportName,
 		"size", transmission.info.Size, "flags", transmission.flags,
 		"structured_replies", transmission.structuredReplies)
+	c.active.Store(transmission)
 	err = transmission.serve(ctx)
 	c.logEnd("nbd: connection ended", err)
 }
@@ -82,6 +106,17 @@ func (c *connection) serve(ctx context.Context) {
 // logEnd logs why a connection ended, loudly only for the unusual reasons.
 func (c *connection) logEnd(message string, err error) {
 	switch {
+	// The kinds a scan or a misconfigured client repeats at a high rate
+	// are rate-limited, each with its own message. A failed TLS handshake
+	// comes first: it may wrap io.EOF, and is worth a line even then.
+	case errors.Is(err, errTLSHandshake):
+		c.server.logLimited(c.logger, slog.LevelWarn, "nbd: TLS handshake failed; connection closed", "error", err)
+	case errors.Is(err, errTLSRequired):
+		c.server.logLimited(c.logger, slog.LevelWarn, "nbd: plaintext client on a server that requires TLS; connection closed", "error", err)
+	case errors.Is(err, errTooManyOptions):
+		c.server.logLimited(c.logger, slog.LevelWarn, "nbd: too many options in one handshake; connection closed", "error", err)
+	case errors.Is(err, errClientRefused):
+		c.server.logLimited(c.logger, slog.LevelWarn, "nbd: refused client sent NBD_OPT_EXPORT_NAME; connection closed", "error", err)
 	case err == nil, errors.Is(err, io.EOF), errors.Is(err, errAborted), errors.Is(err, net.ErrClosed):
 		c.logger.Debug(message, "reason", err)
 	case c.wasInterrupted() && errors.Is(err, os.ErrDeadlineExceeded):

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"unicode/utf8"
+
+	"github.com/herd-storage/herd/internal/nbd/wire"
 )
 
 // Errors a Backend returns from Open, translated to option replies by
@@ -43,6 +45,20 @@ var (
 	ErrProtocol = errors.New("nbd: protocol violation")
 	// errAborted ends a connection whose client sent NBD_OPT_ABORT.
 	errAborted = errors.New("nbd: client aborted the negotiation")
+	// errTLSRequired ends a connection that tried to go on without TLS
+	// on a server with RequireTLS (spec, "FORCEDTLS mode").
+	errTLSRequired = errors.New("nbd: this server requires TLS (NBD_OPT_STARTTLS) with a client certificate")
+	// errTLSHandshake ends a connection whose TLS handshake failed (no
+	// client certificate, one from another CA, a client speaking
+	// something else); after the ACK to NBD_OPT_STARTTLS there is no
+	// going back to plaintext (spec, "FORCEDTLS mode").
+	errTLSHandshake = errors.New("nbd: TLS handshake failed")
+	// errTooManyOptions ends a connection that sent more than
+	// Server.MaxOptions options.
+	errTooManyOptions = errors.New("nbd: too many options in one handshake")
+	// errClientRefused ends a connection refused by a connection limit
+	// that sent NBD_OPT_EXPORT_NAME, which has no error reply.
+	errClientRefused = errors.New("nbd: connection refused by a connection limit")
 	// errInvalidExportInfo reports a Backend bug: Info returned values
 	// the protocol cannot carry.
 	errInvalidExportInfo = errors.New("nbd: export reported invalid block sizes")
@@ -53,30 +69,30 @@ var (
 // spec asks to map EDQUOT and EFBIG to ENOSPC; host errno values are
 // recognised too so that a Backend may pass errors from the operating system
 // through unchanged.
-func errnoFor(err error) errno {
+func errnoFor(err error) wire.Errno {
 	switch {
 	case err == nil:
-		return errnoNone
+		return wire.NoError
 	case errors.Is(err, ErrReadOnly), errors.Is(err, ErrPermission),
 		errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EACCES), errors.Is(err, syscall.EROFS):
-		return errnoPermission
+		return wire.EPERM
 	case errors.Is(err, ErrNoSpace),
 		errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT), errors.Is(err, syscall.EFBIG):
-		return errnoNoSpace
+		return wire.ENOSPC
 	case errors.Is(err, ErrInvalid), errors.Is(err, syscall.EINVAL):
-		return errnoInvalid
+		return wire.EINVAL
 	case errors.Is(err, ErrNotSupported), errors.Is(err, syscall.ENOTSUP), errors.Is(err, syscall.EOPNOTSUPP):
-		return errnoNotSupported
+		return wire.ENOTSUP
 	case errors.Is(err, ErrOverflow), errors.Is(err, syscall.EOVERFLOW):
-		return errnoOverflow
+		return wire.EOVERFLOW
 	case errors.Is(err, ErrShutdown), errors.Is(err, syscall.ESHUTDOWN), errors.Is(err, context.Canceled):
 		// A cancelled context means the connection or the server is going
 		// away; the spec's value for that is ESHUTDOWN (spec, "Terminating
 		// the transmission phase").
-		return errnoShutdown
+		return wire.ESHUTDOWN
 	default:
 		// ErrIO, context.DeadlineExceeded and everything unknown.
-		return errnoInputOutput
+		return wire.EIO
 	}
 }
 
@@ -85,23 +101,23 @@ func errnoFor(err error) errno {
 func optionReplyFor(err error) uint32 {
 	switch {
 	case errors.Is(err, ErrUnknownExport), errors.Is(err, ErrNotReady):
-		return replyErrorUnknown
+		return wire.RepErrUnknown
 	case errors.Is(err, ErrExportBusy), errors.Is(err, ErrPermission), errors.Is(err, ErrReadOnly):
 		// NBD_REP_ERR_POLICY: "known ... and syntactically valid, but
 		// server-side policy forbids the server to allow the option"; one
 		// writer per VDI is such a policy.
-		return replyErrorPolicy
+		return wire.RepErrPolicy
 	case errors.Is(err, ErrInvalid):
-		return replyErrorInvalid
+		return wire.RepErrInvalid
 	case errors.Is(err, ErrShutdown), errors.Is(err, context.Canceled):
-		return replyErrorShutdown
+		return wire.RepErrShutdown
 	default:
-		return replyErrorUnknown
+		return wire.RepErrUnknown
 	}
 }
 
 // messageFor turns an error into a string the spec allows on the wire: valid
-// UTF-8, no NUL, at most maximumStringLength bytes (spec, "Conventions").
+// UTF-8, no NUL, at most wire.MaximumStringLength bytes (spec, "Conventions").
 func messageFor(err error) string {
 	if err == nil {
 		return ""
@@ -113,10 +129,10 @@ func messageFor(err error) string {
 func cleanString(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	s = strings.ReplaceAll(s, "\x00", "")
-	if len(s) <= maximumStringLength {
+	if len(s) <= wire.MaximumStringLength {
 		return s
 	}
-	cut := maximumStringLength
+	cut := wire.MaximumStringLength
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
@@ -126,7 +142,7 @@ func cleanString(s string) string {
 // validString reports whether a client-supplied string follows the spec's
 // rules for strings: UTF-8, no NUL, at most 4096 bytes.
 func validString(s []byte) bool {
-	return len(s) <= maximumStringLength && utf8.Valid(s) && !containsZeroByte(s)
+	return len(s) <= wire.MaximumStringLength && utf8.Valid(s) && !containsZeroByte(s)
 }
 
 func containsZeroByte(s []byte) bool {

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/herd-storage/herd/internal/nbd/wire"
 )
 
 // The fuzz targets feed bytes from outside (what a client sends) to the
@@ -121,15 +123,15 @@ func serveScript(t *testing.T, input []byte) []byte {
 // Client stream builders shared by the seeds and the tests.
 
 func clientOption(option uint32, data []byte) []byte {
-	message := binary.BigEndian.AppendUint64(nil, magicOption)
+	message := binary.BigEndian.AppendUint64(nil, wire.IHaveOptMagic)
 	message = binary.BigEndian.AppendUint32(message, option)
 	message = binary.BigEndian.AppendUint32(message, uint32(len(data)))
 	return append(message, data...)
 }
 
 func clientRequest(flags, command uint16, cookie, offset uint64, length uint32, payload []byte) []byte {
-	header := make([]byte, requestHeaderLength)
-	binary.BigEndian.PutUint32(header[0:], magicRequest)
+	header := make([]byte, wire.RequestHeaderLength)
+	binary.BigEndian.PutUint32(header[0:], wire.RequestMagic)
 	binary.BigEndian.PutUint16(header[4:], flags)
 	binary.BigEndian.PutUint16(header[6:], command)
 	binary.BigEndian.PutUint64(header[8:], cookie)
@@ -142,22 +144,22 @@ func concat(parts ...[]byte) []byte {
 	return bytes.Join(parts, nil)
 }
 
-var clientFlagsBytes = binary.BigEndian.AppendUint32(nil, clientFlagFixedNewstyle|clientFlagNoZeroes)
+var clientFlagsBytes = binary.BigEndian.AppendUint32(nil, wire.FlagCFixedNewstyle|wire.FlagCNoZeroes)
 
 func handshakeSeeds() [][]byte {
 	return [][]byte{
-		concat(clientFlagsBytes, clientOption(optionGo, exportRequestData("disk", infoBlockSize)), clientRequest(0, commandDisconnect, 0, 0, 0, nil)),
-		concat(binary.BigEndian.AppendUint32(nil, 0), clientOption(optionExportName, []byte("disk")), clientRequest(0, commandRead, 1, 0, 512, nil)),
-		concat(clientFlagsBytes, clientOption(optionList, nil), clientOption(optionInfo, exportRequestData("disk", infoName, infoDescription)), clientOption(optionAbort, nil)),
-		concat(clientFlagsBytes, clientOption(optionStructuredReply, nil),
-			clientOption(optionListMetaContext, metaContextData("disk")),
-			clientOption(optionSetMetaContext, metaContextData("disk", metaContextAllocation)),
-			clientOption(optionGo, exportRequestData("disk")),
-			clientRequest(commandFlagRequestOne, commandBlockStatus, 2, 0, 4096, nil)),
-		concat(clientFlagsBytes, clientOption(optionStartTLS, nil), clientOption(77, []byte("x")), clientOption(optionGo, exportRequestData("missing"))),
-		concat(clientFlagsBytes, clientOption(optionGo, []byte{0, 0, 0, 9, 'd'})),
-		concat(clientFlagsBytes, clientOption(optionSetMetaContext, []byte{0, 0, 0, 4, 'd', 'i', 's', 'k', 0xff, 0xff, 0xff, 0xff})),
-		concat(clientFlagsBytes, binary.BigEndian.AppendUint64(nil, magicOption), []byte{0, 0, 0, 7, 0x7f, 0xff, 0xff, 0xff}),
+		concat(clientFlagsBytes, clientOption(wire.OptGo, exportRequestData("disk", wire.InfoBlockSize)), clientRequest(0, wire.CmdDisc, 0, 0, 0, nil)),
+		concat(binary.BigEndian.AppendUint32(nil, 0), clientOption(wire.OptExportName, []byte("disk")), clientRequest(0, wire.CmdRead, 1, 0, 512, nil)),
+		concat(clientFlagsBytes, clientOption(wire.OptList, nil), clientOption(wire.OptInfo, exportRequestData("disk", wire.InfoName, wire.InfoDescription)), clientOption(wire.OptAbort, nil)),
+		concat(clientFlagsBytes, clientOption(wire.OptStructuredReply, nil),
+			clientOption(wire.OptListMetaContext, metaContextData("disk")),
+			clientOption(wire.OptSetMetaContext, metaContextData("disk", wire.BaseAllocation)),
+			clientOption(wire.OptGo, exportRequestData("disk")),
+			clientRequest(wire.CmdFlagReqOne, wire.CmdBlockStatus, 2, 0, 4096, nil)),
+		concat(clientFlagsBytes, clientOption(wire.OptStartTLS, nil), clientOption(77, []byte("x")), clientOption(wire.OptGo, exportRequestData("missing"))),
+		concat(clientFlagsBytes, clientOption(wire.OptGo, []byte{0, 0, 0, 9, 'd'})),
+		concat(clientFlagsBytes, clientOption(wire.OptSetMetaContext, []byte{0, 0, 0, 4, 'd', 'i', 's', 'k', 0xff, 0xff, 0xff, 0xff})),
+		concat(clientFlagsBytes, binary.BigEndian.AppendUint64(nil, wire.IHaveOptMagic), []byte{0, 0, 0, 7, 0x7f, 0xff, 0xff, 0xff}),
 		concat(clientFlagsBytes, []byte("IHAVEOPU")),
 		{0xff, 0xff, 0xff, 0xff},
 	}
@@ -169,29 +171,29 @@ func requestSeeds() [][]byte {
 	data := pattern(5, 1000)
 	return [][]byte{
 		concat([]byte{1},
-			clientRequest(0, commandWrite, 1, 100, uint32(len(data)), data),
-			clientRequest(commandFlagDontFragment, commandRead, 2, 100, 1000, nil),
-			clientRequest(commandFlagFUA, commandFlush, 3, 0, 0, nil),
-			clientRequest(commandFlagFUA, commandTrim, 4, 0, 8192, nil),
-			clientRequest(commandFlagNoHole, commandWriteZeroes, 5, 4096, 4096, nil),
-			clientRequest(0, commandBlockStatus, 6, 0, 1<<20, nil),
-			clientRequest(0, commandCache, 7, 0, 4096, nil),
-			clientRequest(0, commandDisconnect, 8, 0, 0, nil)),
+			clientRequest(0, wire.CmdWrite, 1, 100, uint32(len(data)), data),
+			clientRequest(wire.CmdFlagDF, wire.CmdRead, 2, 100, 1000, nil),
+			clientRequest(wire.CmdFlagFUA, wire.CmdFlush, 3, 0, 0, nil),
+			clientRequest(wire.CmdFlagFUA, wire.CmdTrim, 4, 0, 8192, nil),
+			clientRequest(wire.CmdFlagNoHole, wire.CmdWriteZeroes, 5, 4096, 4096, nil),
+			clientRequest(0, wire.CmdBlockStatus, 6, 0, 1<<20, nil),
+			clientRequest(0, wire.CmdCache, 7, 0, 4096, nil),
+			clientRequest(0, wire.CmdDisc, 8, 0, 0, nil)),
 		concat([]byte{0},
-			clientRequest(0, commandWrite, 1, 0, 4, []byte{1, 2, 3, 4}),
-			clientRequest(0, commandRead, 2, 0, 4, nil),
-			clientRequest(0, commandRead, 3, 1<<20, 4, nil)),
+			clientRequest(0, wire.CmdWrite, 1, 0, 4, []byte{1, 2, 3, 4}),
+			clientRequest(0, wire.CmdRead, 2, 0, 4, nil),
+			clientRequest(0, wire.CmdRead, 3, 1<<20, 4, nil)),
 		concat([]byte{3},
-			clientRequest(commandFlagFastZero, commandWriteZeroes, 1, 0, 512, nil),
-			clientRequest(0, commandRead, 2, 1, 512, nil),
-			clientRequest(0, commandWrite, 3, 0, 128<<10, make([]byte, 128<<10)),
-			clientRequest(0, commandRead, 4, 0, 128<<10, nil),
+			clientRequest(wire.CmdFlagFastZero, wire.CmdWriteZeroes, 1, 0, 512, nil),
+			clientRequest(0, wire.CmdRead, 2, 1, 512, nil),
+			clientRequest(0, wire.CmdWrite, 3, 0, 128<<10, make([]byte, 128<<10)),
+			clientRequest(0, wire.CmdRead, 4, 0, 128<<10, nil),
 			clientRequest(0, 42, 5, 0, 0, nil)),
 		concat([]byte{1},
-			clientRequest(0xffff, commandRead, 1, 0, 512, nil),
-			clientRequest(0, commandWrite, 2, 1<<64-1, 2, []byte{1, 2}),
-			clientRequest(0, commandBlockStatus, 3, 0, 0, nil)),
-		concat([]byte{0}, clientRequest(0, commandWrite, 1, 0, 1<<20, []byte("short"))),
+			clientRequest(0xffff, wire.CmdRead, 1, 0, 512, nil),
+			clientRequest(0, wire.CmdWrite, 2, 1<<64-1, 2, []byte{1, 2}),
+			clientRequest(0, wire.CmdBlockStatus, 3, 0, 0, nil)),
+		concat([]byte{0}, clientRequest(0, wire.CmdWrite, 1, 0, 1<<20, []byte("short"))),
 		concat([]byte{1}, []byte("garbage that is not a request at all")),
 	}
 }
@@ -207,10 +209,10 @@ func transmissionPrefix(mode byte) []byte {
 	prefix := concat(clientFlagsBytes)
 	if mode&1 != 0 {
 		prefix = concat(prefix,
-			clientOption(optionStructuredReply, nil),
-			clientOption(optionSetMetaContext, metaContextData(name, metaContextAllocation)))
+			clientOption(wire.OptStructuredReply, nil),
+			clientOption(wire.OptSetMetaContext, metaContextData(name, wire.BaseAllocation)))
 	}
-	return concat(prefix, clientOption(optionGo, exportRequestData(name)))
+	return concat(prefix, clientOption(wire.OptGo, exportRequestData(name)))
 }
 
 func FuzzOptionHaggling(f *testing.F) {
@@ -220,7 +222,7 @@ func FuzzOptionHaggling(f *testing.F) {
 	f.Fuzz(func(t *testing.T, input []byte) {
 		output := serveScript(t, input)
 		// The greeting always comes first, whatever the client sends.
-		if len(output) < 18 || binary.BigEndian.Uint64(output) != magicNBD {
+		if len(output) < 18 || binary.BigEndian.Uint64(output) != wire.NBDMagic {
 			t.Fatalf("no greeting in %q", output)
 		}
 	})
@@ -260,35 +262,35 @@ func checkStructuredStream(stream []byte) error {
 			return fmt.Errorf("truncated reply")
 		}
 		switch binary.BigEndian.Uint32(stream) {
-		case magicSimpleReply:
-			if len(stream) < simpleReplyLength {
+		case wire.SimpleReplyMagic:
+			if len(stream) < wire.SimpleReplyHeaderLength {
 				return fmt.Errorf("truncated simple reply")
 			}
-			stream = stream[simpleReplyLength:]
-		case magicStructuredReply:
-			if len(stream) < chunkHeaderLength {
+			stream = stream[wire.SimpleReplyHeaderLength:]
+		case wire.StructuredReplyMagic:
+			if len(stream) < wire.StructuredReplyHeaderLength {
 				return fmt.Errorf("truncated chunk header")
 			}
 			flags := binary.BigEndian.Uint16(stream[4:])
 			chunkType := binary.BigEndian.Uint16(stream[6:])
 			length := int(binary.BigEndian.Uint32(stream[16:]))
-			if len(stream) < chunkHeaderLength+length {
+			if len(stream) < wire.StructuredReplyHeaderLength+length {
 				return fmt.Errorf("truncated chunk payload")
 			}
-			payload := stream[chunkHeaderLength : chunkHeaderLength+length]
-			if flags != replyFlagDone {
+			payload := stream[wire.StructuredReplyHeaderLength : wire.StructuredReplyHeaderLength+length]
+			if flags != wire.ReplyFlagDone {
 				return fmt.Errorf("chunk flags %#x", flags)
 			}
 			switch chunkType {
-			case chunkNone:
+			case wire.ReplyTypeNone:
 				if length != 0 {
 					return fmt.Errorf("NBD_REPLY_TYPE_NONE with payload")
 				}
-			case chunkOffsetData:
+			case wire.ReplyTypeOffsetData:
 				if length < 9 {
 					return fmt.Errorf("data chunk of %d bytes", length)
 				}
-			case chunkBlockStatus:
+			case wire.ReplyTypeBlockStatus:
 				if length < 12 || (length-4)%8 != 0 {
 					return fmt.Errorf("block status chunk of %d bytes", length)
 				}
@@ -297,14 +299,14 @@ func checkStructuredStream(stream []byte) error {
 						return fmt.Errorf("empty extent")
 					}
 				}
-			case chunkError:
+			case wire.ReplyTypeError:
 				if length < 6 || int(binary.BigEndian.Uint16(payload[4:])) != length-6 || binary.BigEndian.Uint32(payload) == 0 {
 					return fmt.Errorf("malformed error chunk")
 				}
 			default:
 				return fmt.Errorf("chunk type %d", chunkType)
 			}
-			stream = stream[chunkHeaderLength+length:]
+			stream = stream[wire.StructuredReplyHeaderLength+length:]
 		default:
 			return fmt.Errorf("reply magic %#x", binary.BigEndian.Uint32(stream))
 		}
@@ -315,7 +317,7 @@ func checkStructuredStream(stream []byte) error {
 // FuzzOptionDecoders checks the pure option decoders: no panic, and a
 // decoded option re-encodes to the same bytes.
 func FuzzOptionDecoders(f *testing.F) {
-	f.Add(exportRequestData("disk", infoName, infoBlockSize))
+	f.Add(exportRequestData("disk", wire.InfoName, wire.InfoBlockSize))
 	f.Add(exportRequestData(""))
 	f.Add(metaContextData("disk", "base:allocation", "qemu:x"))
 	f.Add(metaContextData(""))
@@ -331,13 +333,13 @@ func FuzzOptionDecoders(f *testing.F) {
 				t.Fatalf("meta context request %q re-encodes to %q", data, again)
 			}
 		}
-		if len(data) >= optionHeaderLength {
-			decodeOptionHeader(data[:optionHeaderLength])
+		if len(data) >= wire.OptionHeaderLength {
+			decodeOptionHeader(data[:wire.OptionHeaderLength])
 		}
-		if len(data) >= requestHeaderLength {
-			if r, err := decodeRequestHeader(data[:requestHeaderLength]); err == nil {
-				if again := clientRequest(r.flags, r.command, r.cookie, r.offset, r.length, nil); !bytes.Equal(again, data[:requestHeaderLength]) {
-					t.Fatalf("request %q re-encodes to %q", data[:requestHeaderLength], again)
+		if len(data) >= wire.RequestHeaderLength {
+			if r, err := decodeRequestHeader(data[:wire.RequestHeaderLength]); err == nil {
+				if again := clientRequest(r.Flags, r.Type, r.Cookie, r.Offset, r.Length, nil); !bytes.Equal(again, data[:wire.RequestHeaderLength]) {
+					t.Fatalf("request %q re-encodes to %q", data[:wire.RequestHeaderLength], again)
 				}
 			}
 		}
@@ -367,6 +369,7 @@ func TestScriptedSeeds(t *testing.T) {
 // `go test -fuzz`, when NBD_WRITE_SEED_CORPUS is set.
 func TestWriteSeedCorpus(t *testing.T) {
 	if os.Getenv("NBD_WRITE_SEED_CORPUS") == "" {
+		// Not a missing prerequisite: a generator that runs on request.
 		t.Skip("set NBD_WRITE_SEED_CORPUS=1 to rewrite testdata/fuzz")
 	}
 	write := func(target string, seeds [][]byte) {
@@ -384,8 +387,8 @@ func TestWriteSeedCorpus(t *testing.T) {
 	write("FuzzOptionHaggling", handshakeSeeds())
 	write("FuzzRequests", requestSeeds())
 	write("FuzzOptionDecoders", [][]byte{
-		exportRequestData("disk", infoName, infoBlockSize),
+		exportRequestData("disk", wire.InfoName, wire.InfoBlockSize),
 		metaContextData("disk", "base:allocation", "qemu:x"),
-		clientRequest(commandFlagFUA, commandWrite, 1, 2, 3, nil),
+		clientRequest(wire.CmdFlagFUA, wire.CmdWrite, 1, 2, 3, nil),
 	})
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+
+	"github.com/herd-storage/herd/internal/nbd/wire"
 )
 
 // This file is the handshake phase: the newstyle greeting and the fixed
@@ -33,9 +35,9 @@ func (c *connection) negotiate(ctx context.Context) (*transmission, error) {
 	// handshake flags. This server always offers fixed newstyle and the
 	// omission of the 124 zero bytes.
 	var greeting [18]byte
-	binary.BigEndian.PutUint64(greeting[0:], magicNBD)
-	binary.BigEndian.PutUint64(greeting[8:], magicOption)
-	binary.BigEndian.PutUint16(greeting[16:], handshakeFlagFixedNewstyle|handshakeFlagNoZeroes)
+	binary.BigEndian.PutUint64(greeting[0:], wire.NBDMagic)
+	binary.BigEndian.PutUint64(greeting[8:], wire.IHaveOptMagic)
+	binary.BigEndian.PutUint16(greeting[16:], wire.FlagFixedNewstyle|wire.FlagNoZeroes)
 	if err := c.write(greeting[:]); err != nil {
 		return nil, err
 	}
@@ -54,9 +56,15 @@ func (c *connection) negotiate(ctx context.Context) (*transmission, error) {
 	if unknown := c.negotiation.clientFlags &^ clientFlagsKnown; unknown != 0 {
 		return nil, fmt.Errorf("%w: unknown client flags %#x", ErrProtocol, unknown)
 	}
+	if c.server.RequireTLS && !c.tlsAvailable() {
+		// Such a client can only send NBD_OPT_EXPORT_NAME, which must
+		// then terminate the session (spec, "FORCEDTLS mode"): drop it
+		// now.
+		return nil, fmt.Errorf("%w: the client did not set NBD_FLAG_C_FIXED_NEWSTYLE, without which there is no TLS", errTLSRequired)
+	}
 
 	for {
-		var header [optionHeaderLength]byte
+		var header [wire.OptionHeaderLength]byte
 		if _, err := io.ReadFull(c.reader, header[:]); err != nil {
 			return nil, err
 		}
@@ -64,8 +72,15 @@ func (c *connection) negotiate(ctx context.Context) (*transmission, error) {
 		if err != nil {
 			return nil, err
 		}
+		// Every option costs a reply and often a Backend call: bound
+		// them, so that a client cannot keep the server busy for the
+		// whole handshake timeout.
+		c.options++
+		if c.options > c.server.maxOptions() {
+			return nil, fmt.Errorf("%w: option %d is beyond the limit of %d (MaxOptions)", errTooManyOptions, c.options, c.server.maxOptions())
+		}
 		if length > maximumOptionLength {
-			if option == optionExportName {
+			if option == wire.OptExportName {
 				// No error reply exists for NBD_OPT_EXPORT_NAME, and a
 				// name this long is invalid: terminate (spec,
 				// "NBD_OPT_EXPORT_NAME").
@@ -78,7 +93,7 @@ func (c *connection) negotiate(ctx context.Context) (*transmission, error) {
 				return nil, err
 			}
 			message := fmt.Sprintf("nbd: option data of %d bytes exceeds the %d-byte limit", length, maximumOptionLength)
-			if err := c.sendOptionReply(option, replyErrorTooBig, []byte(message)); err != nil {
+			if err := c.sendOptionReply(option, wire.RepErrTooBig, []byte(message)); err != nil {
 				return nil, err
 			}
 			continue
@@ -97,62 +112,71 @@ func (c *connection) negotiate(ctx context.Context) (*transmission, error) {
 // decodeOptionHeader decodes "C: IHAVEOPT, 32 bits option, 32 bits length"
 // (spec, "Newstyle negotiation").
 func decodeOptionHeader(header []byte) (option, length uint32, err error) {
-	if len(header) != optionHeaderLength {
-		return 0, 0, fmt.Errorf("%w: option header of %d bytes", ErrProtocol, len(header))
+	h, err := wire.ParseOptionHeader(header)
+	if err != nil {
+		return 0, 0, fmt.Errorf("%w: %w", ErrProtocol, err)
 	}
-	if magic := binary.BigEndian.Uint64(header[0:]); magic != magicOption {
-		return 0, 0, fmt.Errorf("%w: option magic %#x", ErrProtocol, magic)
-	}
-	return binary.BigEndian.Uint32(header[8:]), binary.BigEndian.Uint32(header[12:]), nil
+	return h.Option, h.Length, nil
 }
 
 // handleOption answers one option. It returns a transmission when the
 // client enters the transmission phase, an error when the session ends.
 func (c *connection) handleOption(ctx context.Context, option uint32, data []byte) (*transmission, error) {
-	if c.server.isShuttingDown() && option != optionAbort {
+	if c.server.isShuttingDown() && option != wire.OptAbort {
 		// Spec, "Termination of the session during option haggling": a
 		// server being shut down "SHOULD error further options received
 		// (other than an NBD_OPT_ABORT) with NBD_REP_ERR_SHUTDOWN".
-		if option == optionExportName {
+		if option == wire.OptExportName {
 			return nil, ErrShutdown
 		}
-		return nil, c.sendOptionReply(option, replyErrorShutdown, []byte(ErrShutdown.Error()))
+		return nil, c.sendOptionReply(option, wire.RepErrShutdown, []byte(ErrShutdown.Error()))
+	}
+	if option != wire.OptStartTLS && option != wire.OptAbort {
+		if c.server.RequireTLS && !c.session.TLS {
+			// FORCEDTLS mode: "If the server receives any other option,
+			// it MUST reply with NBD_REP_ERR_TLS_REQD if TLS has not been
+			// initiated", and NBD_OPT_EXPORT_NAME, which cannot fail,
+			// "MUST terminate the session" (spec, "FORCEDTLS mode").
+			if option == wire.OptExportName {
+				return nil, fmt.Errorf("%w: NBD_OPT_EXPORT_NAME came before NBD_OPT_STARTTLS", errTLSRequired)
+			}
+			return nil, c.sendOptionReply(option, wire.RepErrTLSReqd, []byte(errTLSRequired.Error()))
+		}
+		if c.refusal != "" {
+			if option == wire.OptExportName {
+				return nil, fmt.Errorf("%w: %s", errClientRefused, c.refusal)
+			}
+			return nil, c.sendOptionReply(option, wire.RepErrPolicy, []byte(c.refusal))
+		}
 	}
 	switch option {
-	case optionExportName:
+	case wire.OptExportName:
 		return c.exportName(ctx, data)
-	case optionAbort:
+	case wire.OptAbort:
 		// "The server MUST reply with NBD_REP_ACK" and SHOULD ignore
 		// any data (spec, "NBD_OPT_ABORT"). The client may already have
 		// closed the connection, so a failed write does not matter.
-		_ = c.sendOptionReply(option, replyAck)
+		_ = c.sendOptionReply(option, wire.RepAck)
 		return nil, errAborted
-	case optionList:
+	case wire.OptList:
 		return nil, c.list(ctx, data)
-	case optionStartTLS:
-		// NOTLS mode (spec, "NOTLS mode"): NBD_REP_ERR_POLICY. When TLS is
-		// added, this is where the ACK is sent, c.netConn is wrapped in a
-		// tls.Server, c.reader and c.writer are rebuilt on top of it and
-		// the negotiation state is reset (spec, "NBD_OPT_STARTTLS").
-		if len(data) != 0 {
-			return nil, c.sendOptionReply(option, replyErrorInvalid, []byte("nbd: NBD_OPT_STARTTLS carries no data"))
-		}
-		return nil, c.sendOptionReply(option, replyErrorPolicy, []byte("nbd: TLS is not configured on this server"))
-	case optionInfo, optionGo:
+	case wire.OptStartTLS:
+		return nil, c.startTLS(ctx, data)
+	case wire.OptInfo, wire.OptGo:
 		return c.infoOrGo(ctx, option, data)
-	case optionStructuredReply:
+	case wire.OptStructuredReply:
 		if len(data) != 0 {
-			return nil, c.sendOptionReply(option, replyErrorInvalid, []byte("nbd: NBD_OPT_STRUCTURED_REPLY carries no data"))
+			return nil, c.sendOptionReply(option, wire.RepErrInvalid, []byte("nbd: NBD_OPT_STRUCTURED_REPLY carries no data"))
 		}
 		c.negotiation.structuredReplies = true
-		return nil, c.sendOptionReply(option, replyAck)
-	case optionListMetaContext, optionSetMetaContext:
+		return nil, c.sendOptionReply(option, wire.RepAck)
+	case wire.OptListMetaContext, wire.OptSetMetaContext:
 		return nil, c.metaContext(option, data)
 	default:
 		// Spec, "Baseline": unknown options get NBD_REP_ERR_UNSUP. This
 		// includes NBD_OPT_EXTENDED_HEADERS, not implemented yet.
 		message := fmt.Sprintf("nbd: option %d is not supported", option)
-		return nil, c.sendOptionReply(option, replyErrorUnsupported, []byte(message))
+		return nil, c.sendOptionReply(option, wire.RepErrUnsup, []byte(message))
 	}
 }
 
@@ -163,18 +187,18 @@ func (c *connection) exportName(ctx context.Context, data []byte) (*transmission
 		return nil, fmt.Errorf("%w: NBD_OPT_EXPORT_NAME with an invalid name", ErrProtocol)
 	}
 	name := string(data)
-	export, info, err := c.openExport(ctx, name)
+	export, info, err := c.openExport(ctx, name, false)
 	if err != nil {
 		return nil, fmt.Errorf("nbd: open export %q: %w", name, err)
 	}
 	flags := transmissionFlags(info, c.negotiation.structuredReplies)
 	// S: 64 bits size, 16 bits transmission flags, 124 zero bytes unless
 	// NBD_FLAG_C_NO_ZEROES (spec, "Newstyle negotiation").
-	reply := make([]byte, 10, 10+exportNameZeroPadding)
+	reply := make([]byte, 10, 10+wire.ExportNameZeroPadding)
 	binary.BigEndian.PutUint64(reply[0:], info.Size)
 	binary.BigEndian.PutUint16(reply[8:], flags)
-	if c.negotiation.clientFlags&clientFlagNoZeroes == 0 {
-		reply = reply[:10+exportNameZeroPadding]
+	if c.negotiation.clientFlags&wire.FlagCNoZeroes == 0 {
+		reply = reply[:10+wire.ExportNameZeroPadding]
 	}
 	if err := c.write(reply); err != nil {
 		c.closeExport(export)
@@ -188,9 +212,9 @@ func (c *connection) exportName(ctx context.Context, data []byte) (*transmission
 func (c *connection) infoOrGo(ctx context.Context, option uint32, data []byte) (*transmission, error) {
 	request, err := parseExportRequest(data)
 	if err != nil {
-		return nil, c.sendOptionReply(option, replyErrorInvalid, []byte(messageFor(err)))
+		return nil, c.sendOptionReply(option, wire.RepErrInvalid, []byte(messageFor(err)))
 	}
-	export, info, err := c.openExport(ctx, request.name)
+	export, info, err := c.openExport(ctx, request.name, option == wire.OptInfo)
 	if err != nil {
 		c.logger.Info("nbd: cannot open export", "export", request.name, "error", err)
 		return nil, c.sendOptionReply(option, optionReplyFor(err), []byte(messageFor(err)))
@@ -200,14 +224,14 @@ func (c *connection) infoOrGo(ctx context.Context, option uint32, data []byte) (
 		c.closeExport(export)
 		return nil, err
 	}
-	if option == optionInfo {
+	if option == wire.OptInfo {
 		// Close before the ACK: closing may release what opening took
 		// (herd's VDI write lock), and a client that goes on to open the
 		// export elsewhere right after the ACK must find it released.
 		c.closeExport(export)
-		return nil, c.sendOptionReply(option, replyAck)
+		return nil, c.sendOptionReply(option, wire.RepAck)
 	}
-	if err := c.sendOptionReply(option, replyAck); err != nil {
+	if err := c.sendOptionReply(option, wire.RepAck); err != nil {
 		c.closeExport(export)
 		return nil, err
 	}
@@ -219,23 +243,23 @@ func (c *connection) infoOrGo(ctx context.Context, option uint32, data []byte) (
 func (c *connection) sendExportInformation(option uint32, request exportRequest, info ExportInfo, flags uint16) error {
 	// NBD_INFO_EXPORT is mandatory before the ACK.
 	var export [12]byte
-	binary.BigEndian.PutUint16(export[0:], infoExport)
+	binary.BigEndian.PutUint16(export[0:], wire.InfoExport)
 	binary.BigEndian.PutUint64(export[2:], info.Size)
 	binary.BigEndian.PutUint16(export[10:], flags)
-	if err := c.sendOptionReply(option, replyInfo, export[:]); err != nil {
+	if err := c.sendOptionReply(option, wire.RepInfo, export[:]); err != nil {
 		return err
 	}
-	if request.wants(infoName) {
+	if request.wants(wire.InfoName) {
 		name := info.Name
 		if name == "" {
 			name = request.name
 		}
-		if err := c.sendOptionReply(option, replyInfo, infoType(infoName), []byte(cleanString(name))); err != nil {
+		if err := c.sendOptionReply(option, wire.RepInfo, infoType(wire.InfoName), []byte(cleanString(name))); err != nil {
 			return err
 		}
 	}
-	if request.wants(infoDescription) && info.Description != "" {
-		if err := c.sendOptionReply(option, replyInfo, infoType(infoDescription), []byte(cleanString(info.Description))); err != nil {
+	if request.wants(wire.InfoDescription) && info.Description != "" {
+		if err := c.sendOptionReply(option, wire.RepInfo, infoType(wire.InfoDescription), []byte(cleanString(info.Description))); err != nil {
 			return err
 		}
 	}
@@ -243,11 +267,11 @@ func (c *connection) sendExportInformation(option uint32, request exportRequest,
 	// allows ("The server MAY send information requests back which are not
 	// explicitly requested"), so that every client learns the limits.
 	var blockSize [14]byte
-	binary.BigEndian.PutUint16(blockSize[0:], infoBlockSize)
+	binary.BigEndian.PutUint16(blockSize[0:], wire.InfoBlockSize)
 	binary.BigEndian.PutUint32(blockSize[2:], info.BlockSizeMinimum)
 	binary.BigEndian.PutUint32(blockSize[6:], info.BlockSizePreferred)
 	binary.BigEndian.PutUint32(blockSize[10:], info.PayloadSizeMaximum)
-	if err := c.sendOptionReply(option, replyInfo, blockSize[:]); err != nil {
+	if err := c.sendOptionReply(option, wire.RepInfo, blockSize[:]); err != nil {
 		return err
 	}
 	// "The server MUST NOT send any zero padding bytes after the
@@ -262,12 +286,12 @@ func infoType(kind uint16) []byte {
 // list handles NBD_OPT_LIST (spec, "NBD_OPT_LIST").
 func (c *connection) list(ctx context.Context, data []byte) error {
 	if len(data) != 0 {
-		return c.sendOptionReply(optionList, replyErrorInvalid, []byte("nbd: NBD_OPT_LIST carries no data"))
+		return c.sendOptionReply(wire.OptList, wire.RepErrInvalid, []byte("nbd: NBD_OPT_LIST carries no data"))
 	}
-	exports, err := c.server.Backend.List(ctx)
+	exports, err := c.server.Backend.List(ctx, c.session)
 	if err != nil {
 		c.logger.Info("nbd: cannot list exports", "error", err)
-		return c.sendOptionReply(optionList, optionReplyFor(err), []byte(messageFor(err)))
+		return c.sendOptionReply(wire.OptList, optionReplyFor(err), []byte(messageFor(err)))
 	}
 	for _, export := range exports {
 		if !validString([]byte(export.Name)) {
@@ -277,18 +301,18 @@ func (c *connection) list(ctx context.Context, data []byte) error {
 		// NBD_REP_SERVER: 32 bits name length, name, description.
 		name := binary.BigEndian.AppendUint32(nil, uint32(len(export.Name)))
 		name = append(name, export.Name...)
-		if err := c.sendOptionReply(optionList, replyServer, name, []byte(cleanString(export.Description))); err != nil {
+		if err := c.sendOptionReply(wire.OptList, wire.RepServer, name, []byte(cleanString(export.Description))); err != nil {
 			return err
 		}
 	}
-	return c.sendOptionReply(optionList, replyAck)
+	return c.sendOptionReply(wire.OptList, wire.RepAck)
 }
 
 // metaContext handles NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT
 // (spec, "Metadata querying" and the two options). The only context is
 // base:allocation.
 func (c *connection) metaContext(option uint32, data []byte) error {
-	set := option == optionSetMetaContext
+	set := option == wire.OptSetMetaContext
 	if set {
 		// "Issuing this command replaces all previously-set metadata
 		// contexts (including when this command fails)".
@@ -296,11 +320,11 @@ func (c *connection) metaContext(option uint32, data []byte) error {
 		c.negotiation.metaContextExport = ""
 	}
 	if !c.negotiation.structuredReplies {
-		return c.sendOptionReply(option, replyErrorInvalid, []byte("nbd: negotiate structured replies before metadata contexts"))
+		return c.sendOptionReply(option, wire.RepErrInvalid, []byte("nbd: negotiate structured replies before metadata contexts"))
 	}
 	request, err := parseMetaContextRequest(data)
 	if err != nil {
-		return c.sendOptionReply(option, replyErrorInvalid, []byte(messageFor(err)))
+		return c.sendOptionReply(option, wire.RepErrInvalid, []byte(messageFor(err)))
 	}
 	selected := false
 	if !set && len(request.queries) == 0 {
@@ -310,7 +334,7 @@ func (c *connection) metaContext(option uint32, data []byte) error {
 	}
 	for _, query := range request.queries {
 		switch {
-		case query == metaContextAllocation:
+		case query == wire.BaseAllocation:
 			selected = true
 		case query == "base:" && !set:
 			// "base:" is a wildcard for LIST and ignored by SET (spec,
@@ -327,8 +351,8 @@ func (c *connection) metaContext(option uint32, data []byte) error {
 			id = allocationContextID
 		}
 		payload := binary.BigEndian.AppendUint32(nil, id)
-		payload = append(payload, metaContextAllocation...)
-		if err := c.sendOptionReply(option, replyMetaContext, payload); err != nil {
+		payload = append(payload, wire.BaseAllocation...)
+		if err := c.sendOptionReply(option, wire.RepMetaContext, payload); err != nil {
 			return err
 		}
 	}
@@ -336,12 +360,15 @@ func (c *connection) metaContext(option uint32, data []byte) error {
 		c.negotiation.allocationSelected = selected
 		c.negotiation.metaContextExport = request.exportName
 	}
-	return c.sendOptionReply(option, replyAck)
+	return c.sendOptionReply(option, wire.RepAck)
 }
 
 // openExport opens name through the Backend and validates what it reports.
-func (c *connection) openExport(ctx context.Context, name string) (Export, ExportInfo, error) {
-	export, err := c.server.Backend.Open(ctx, name, c.session)
+// infoOnly: the open is for NBD_OPT_INFO.
+func (c *connection) openExport(ctx context.Context, name string, infoOnly bool) (Export, ExportInfo, error) {
+	session := c.session
+	session.InfoOnly = infoOnly
+	export, err := c.server.Backend.Open(ctx, name, session)
 	if err != nil {
 		return nil, ExportInfo{}, err
 	}
@@ -370,11 +397,8 @@ func (c *connection) sendOptionReply(option, replyType uint32, payload ...[]byte
 	for _, part := range payload {
 		length += len(part)
 	}
-	reply := make([]byte, optionReplyHeaderLength, optionReplyHeaderLength+length)
-	binary.BigEndian.PutUint64(reply[0:], magicOptionReply)
-	binary.BigEndian.PutUint32(reply[8:], option)
-	binary.BigEndian.PutUint32(reply[12:], replyType)
-	binary.BigEndian.PutUint32(reply[16:], uint32(length))
+	reply := make([]byte, 0, wire.OptionReplyHeaderLength+length)
+	reply = wire.OptionReplyHeader{Option: option, Type: replyType, Length: uint32(length)}.Append(reply)
 	for _, part := range payload {
 		reply = append(reply, part...)
 	}
@@ -388,35 +412,35 @@ func (c *connection) sendOptionReply(option, replyType uint32, payload ...[]byte
 // "Transmission flags"). A flag is only set for a feature the server will
 // honour.
 func transmissionFlags(info ExportInfo, structuredReplies bool) uint16 {
-	flags := transmissionFlagHasFlags | transmissionFlagSendCache
+	flags := wire.FlagHasFlags | wire.FlagSendCache
 	if info.ReadOnly {
-		flags |= transmissionFlagReadOnly
+		flags |= wire.FlagReadOnly
 	}
 	if info.CanFlush {
-		flags |= transmissionFlagSendFlush
+		flags |= wire.FlagSendFlush
 	}
 	if info.CanFUA {
-		flags |= transmissionFlagSendFUA
+		flags |= wire.FlagSendFUA
 	}
 	if info.CanTrim && !info.ReadOnly {
-		flags |= transmissionFlagSendTrim
+		flags |= wire.FlagSendTrim
 	}
 	if info.CanWriteZeroes && !info.ReadOnly {
-		flags |= transmissionFlagSendWriteZeroes
+		flags |= wire.FlagSendWriteZeroes
 		// NBD_FLAG_SEND_FAST_ZERO "MUST [be] 0 if
 		// NBD_FLAG_SEND_WRITE_ZEROES is not set".
 		if info.CanFastZero {
-			flags |= transmissionFlagSendFastZero
+			flags |= wire.FlagSendFastZero
 		}
 	}
 	if structuredReplies {
 		// Every READ is answered with at most one data chunk, so DF is
 		// always honoured; the flag "MUST [be left] clear if structured
 		// replies have not been negotiated".
-		flags |= transmissionFlagSendDontFragment
+		flags |= wire.FlagSendDF
 	}
 	if info.CanMultiConn {
-		flags |= transmissionFlagCanMultiConn
+		flags |= wire.FlagCanMultiConn
 	}
 	return flags
 }
@@ -430,11 +454,11 @@ func normaliseExportInfo(info ExportInfo) (ExportInfo, error) {
 	if info.BlockSizePreferred == 0 {
 		info.BlockSizePreferred = max(4096, info.BlockSizeMinimum)
 	}
-	if info.PayloadSizeMaximum == 0 || info.PayloadSizeMaximum > maximumPayloadLength {
-		info.PayloadSizeMaximum = maximumPayloadLength
+	if info.PayloadSizeMaximum == 0 || info.PayloadSizeMaximum > wire.MaximumPayloadLength {
+		info.PayloadSizeMaximum = wire.MaximumPayloadLength
 	}
 	switch {
-	case !powerOfTwo(info.BlockSizeMinimum) || info.BlockSizeMinimum > maximumMinimumBlockSize:
+	case !powerOfTwo(info.BlockSizeMinimum) || info.BlockSizeMinimum > wire.MaximumMinimumBlockSize:
 		return info, fmt.Errorf("%w: minimum %d is not a power of two up to 64 KiB", errInvalidExportInfo, info.BlockSizeMinimum)
 	case !powerOfTwo(info.BlockSizePreferred) || info.BlockSizePreferred < max(512, info.BlockSizeMinimum):
 		return info, fmt.Errorf("%w: preferred %d is not a power of two of at least 512 and the minimum", errInvalidExportInfo, info.BlockSizePreferred)

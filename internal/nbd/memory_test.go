@@ -15,8 +15,18 @@ const memoryBlockSize = 4096
 
 // memoryBackend is a Backend of in-memory sparse disks, for tests.
 type memoryBackend struct {
-	mu    sync.Mutex // guards disks
+	mu    sync.Mutex // guards disks and sessions
 	disks map[string]*memoryDisk
+	// sessions records the session of every List and Open call, for
+	// tests of what the server tells the Backend about its client.
+	sessions []Session
+}
+
+// recordedSessions returns the sessions of the List and Open calls so far.
+func (b *memoryBackend) recordedSessions() []Session {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]Session(nil), b.sessions...)
 }
 
 func newMemoryBackend(disks ...*memoryDisk) *memoryBackend {
@@ -27,9 +37,10 @@ func newMemoryBackend(disks ...*memoryDisk) *memoryBackend {
 	return backend
 }
 
-func (b *memoryBackend) List(ctx context.Context) ([]ExportSummary, error) {
+func (b *memoryBackend) List(ctx context.Context, session Session) ([]ExportSummary, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.sessions = append(b.sessions, session)
 	var summaries []ExportSummary
 	for _, disk := range b.disks {
 		summaries = append(summaries, ExportSummary{Name: disk.name, Description: disk.description})
@@ -43,6 +54,7 @@ func (b *memoryBackend) List(ctx context.Context) ([]ExportSummary, error) {
 func (b *memoryBackend) Open(ctx context.Context, name string, session Session) (Export, error) {
 	base, _, snapshot := strings.Cut(name, "@")
 	b.mu.Lock()
+	b.sessions = append(b.sessions, session)
 	disk := b.disks[base]
 	b.mu.Unlock()
 	if disk == nil {

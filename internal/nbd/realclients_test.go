@@ -13,24 +13,24 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/herd-storage/herd/internal/testenv"
 )
 
 const realClientTimeout = 3 * time.Minute
 
-// requireTool returns the path of a client program, or skips the test.
+// requireTool returns the path of a client program, or skips the test
+// (fails it under CI=true, see internal/testenv).
 func requireTool(t *testing.T, name string) string {
 	t.Helper()
-	path, err := exec.LookPath(name)
-	if err != nil {
-		t.Skipf("%s is not installed", name)
-	}
-	return path
+	return testenv.LookPath(t, name, "")
 }
 
 // runTool runs a client and returns its combined output and exit code.
@@ -410,11 +410,10 @@ print("OK")
 func TestPythonLibnbd(t *testing.T) {
 	// Debian's python, not a pyenv one first in PATH (CLIENTS.md).
 	const python = "/usr/bin/python3"
-	if _, err := os.Stat(python); err != nil {
-		t.Skip("/usr/bin/python3 is not installed")
-	}
+	_, err := os.Stat(python)
+	testenv.Require(t, python, err)
 	if output, code := runTool(t, python, "-c", "import nbd"); code != 0 {
-		t.Skipf("python3-libnbd is not installed: %s", output)
+		testenv.Require(t, "python3-libnbd", fmt.Errorf("import nbd: exit status %d: %s", code, strings.TrimSpace(output)))
 	}
 	_, _, base := realClientServer(t)
 	script := filepath.Join(t.TempDir(), "libnbd_test.py")
@@ -429,7 +428,7 @@ func TestPythonLibnbd(t *testing.T) {
 func TestFio(t *testing.T) {
 	fio := requireTool(t, "fio")
 	if output, _ := runTool(t, fio, "--enghelp=nbd"); !strings.Contains(output, "uri") {
-		t.Skipf("fio has no nbd engine: %s", output)
+		testenv.Require(t, "fio's nbd engine", fmt.Errorf("fio --enghelp=nbd: %s", strings.TrimSpace(output)))
 	}
 	_, _, base := realClientServer(t)
 	// Four jobs, each its own connection (multi-conn), on disjoint
@@ -459,5 +458,137 @@ group_reporting=1
 	output := mustRun(t, fio, path)
 	if !strings.Contains(output, "err= 0") || strings.Contains(output, "verify:") {
 		t.Fatalf("fio:\n%s", output)
+	}
+}
+
+// realClientTLSServer is realClientServer requiring TLS with client
+// certificates; it also returns a directory of client credentials for
+// QEMU and libnbd, whose certificate is named commonName, and the server's
+// log.
+func realClientTLSServer(t *testing.T, commonName string) (*testServer, *memoryDisk, string, *logCapture) {
+	t.Helper()
+	pki := testCertificates(t)
+	disk := newMemoryDisk("disk", 64<<20)
+	readOnly := newMemoryDisk("ro", 1<<20)
+	readOnly.info.ReadOnly = true
+	logs := &logCapture{}
+	server := startServer(t, newMemoryBackend(disk, readOnly), withTLS(pki, true), logs.configure)
+	return server, disk, pki.writeClientDirectory(t, commonName), logs
+}
+
+// expectOnlyClient checks that the Backend saw only TLS sessions of the
+// client named commonName, and at least one.
+func expectOnlyClient(t *testing.T, server *testServer, commonName string) {
+	t.Helper()
+	sessions := server.backend.recordedSessions()
+	if len(sessions) == 0 {
+		t.Fatalf("the Backend was never called")
+	}
+	for _, session := range sessions {
+		if !session.TLS || session.Client != commonName {
+			t.Fatalf("session %+v, want TLS from %s", session, commonName)
+		}
+	}
+}
+
+func TestQemuTLS(t *testing.T) {
+	qemuImg := requireTool(t, "qemu-img")
+	qemuIO := requireTool(t, "qemu-io")
+	server, disk, directory, logs := realClientTLSServer(t, "qemu-client")
+	host, port, err := net.SplitHostPort(server.address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	credentials := "tls-creds-x509,id=tls0,endpoint=client,dir=" + directory
+	image := fmt.Sprintf("driver=nbd,host=%s,port=%s,export=disk,tls-creds=tls0", host, port)
+
+	var info struct {
+		VirtualSize int64 `json:"virtual-size"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, qemuImg, "info", "--output=json", "--object", credentials, "--image-opts", image)), &info); err != nil {
+		t.Fatal(err)
+	}
+	if info.VirtualSize != 64<<20 {
+		t.Fatalf("qemu-img info over TLS: size %d", info.VirtualSize)
+	}
+	output := mustRun(t, qemuIO, "--object", credentials, "--image-opts",
+		"-c", "write -P 0xcd 4096 70000", "-c", "read -P 0xcd 4096 70000", "-c", "flush", image)
+	if strings.Contains(output, "failed") {
+		t.Fatalf("qemu-io over TLS:\n%s", output)
+	}
+	if contents := disk.contents(); !bytes.Equal(contents[4096:4096+70000], bytes.Repeat([]byte{0xcd}, 70000)) {
+		t.Fatalf("the export does not hold what qemu-io wrote over TLS")
+	}
+	expectOnlyClient(t, server, "qemu-client")
+
+	// Without TLS the server says what it wants.
+	output, code := runTool(t, qemuImg, "info", "nbd://"+server.address+"/disk")
+	if code == 0 || !strings.Contains(output, "requires TLS (NBD_OPT_STARTTLS) with a client certificate") {
+		t.Fatalf("plaintext qemu-img info on a TLS server: exit %d:\n%s", code, output)
+	}
+	// A client certificate of another CA is refused.
+	pki := testCertificates(t)
+	_, certificatePEM, keyPEM, err := pki.otherCA.issue("qemu-client", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(directory, "client-cert.pem"), certificatePEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(directory, "client-key.pem"), keyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// QEMU checks its own certificate against ca-cert.pem: trust both
+	// CAs there, so that the refusal is the server's. (GnuTLS then sends
+	// no certificate at all, as the server asks for one of its CA.)
+	if err := os.WriteFile(filepath.Join(directory, "ca-cert.pem"), append(append([]byte(nil), pki.ca.pem...), pki.otherCA.pem...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if output, code := runTool(t, qemuImg, "info", "--object", credentials, "--image-opts", image); code == 0 {
+		t.Fatalf("qemu-img info with a certificate of another CA succeeded:\n%s", output)
+	}
+	logs.waitForLine(t, "TLS handshake failed", "certificate")
+	expectOnlyClient(t, server, "qemu-client")
+}
+
+func TestNbdinfoTLS(t *testing.T) {
+	nbdinfo := requireTool(t, "nbdinfo")
+	server, _, directory, _ := realClientTLSServer(t, "libnbd-client")
+	uri := "nbds://" + server.address + "/disk?tls-certificates=" + directory
+
+	var report struct {
+		TLS     bool
+		Exports []map[string]any
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, nbdinfo, "--json", uri)), &report); err != nil {
+		t.Fatal(err)
+	}
+	if !report.TLS || len(report.Exports) != 1 || report.Exports[0]["export-size"] != float64(64<<20) || report.Exports[0]["is_read_only"] != false {
+		t.Fatalf("nbdinfo --json over TLS: %+v", report)
+	}
+	// --list sends NBD_OPT_LIST, then NBD_OPT_INFO for each export.
+	var list struct{ Exports []map[string]any }
+	listURI := "nbds://" + server.address + "/?tls-certificates=" + directory
+	if err := json.Unmarshal([]byte(mustRun(t, nbdinfo, "--list", "--json", listURI)), &list); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Exports) != 2 || list.Exports[0]["export-name"] != "disk" || list.Exports[1]["is_read_only"] != true {
+		t.Fatalf("nbdinfo --list over TLS: %+v", list.Exports)
+	}
+	expectOnlyClient(t, server, "libnbd-client")
+	infoOnly := 0
+	for _, session := range server.backend.recordedSessions() {
+		if session.InfoOnly {
+			infoOnly++
+		}
+	}
+	if infoOnly < 2 {
+		t.Fatalf("%d NBD_OPT_INFO opens, want one per listed export at least", infoOnly)
+	}
+
+	// libnbd shows the server's message in its debug output only.
+	output, code := runTool(t, "env", "LIBNBD_DEBUG=1", nbdinfo, "nbd://"+server.address+"/disk")
+	if code == 0 || !strings.Contains(output, "server error message: nbd: this server requires TLS (NBD_OPT_STARTTLS) with a client certificate") {
+		t.Fatalf("plaintext nbdinfo on a TLS server: exit %d:\n%s", code, output)
 	}
 }

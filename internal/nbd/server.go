@@ -2,22 +2,32 @@ package nbd
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
+
+	"github.com/herd-storage/herd/internal/bufpool"
+	"github.com/herd-storage/herd/internal/nbd/wire"
+	"github.com/herd-storage/herd/internal/netserve"
 )
 
 // Defaults for the Server's limits.
 const (
-	defaultMaxRequestsInFlight = 64
-	defaultMaxBufferedBytes    = 64 << 20
-	defaultHandshakeTimeout    = 30 * time.Second
-	acceptRetryDelayMaximum    = time.Second
+	defaultMaxRequestsInFlight     = 64
+	defaultMaxBufferedBytes        = 64 << 20
+	defaultHandshakeTimeout        = 30 * time.Second
+	defaultMemoryBudget            = 256 << 20
+	defaultReplyTimeout            = 30 * time.Second
+	defaultMaxConnections          = 1024
+	defaultMaxConnectionsPerClient = 64
+	// defaultMaxOptions leaves room for nbdinfo --list, which sends one
+	// NBD_OPT_INFO per export after the NBD_OPT_LIST.
+	defaultMaxOptions = 1024
 )
 
 // Server serves NBD clients on any number of listeners. Set its exported
@@ -37,8 +47,63 @@ type Server struct {
 	// the 32 MiB maximum payload. Zero means 64 MiB.
 	MaxBufferedBytes int64
 	// HandshakeTimeout bounds the whole option haggling of a connection,
-	// so idle half-open clients do not pile up. Zero means 30 s.
+	// the TLS handshake included, so idle half-open clients do not pile
+	// up. Zero means 30 s.
 	HandshakeTimeout time.Duration
+
+	// TLSConfig, when set, makes the server accept NBD_OPT_STARTTLS: it
+	// replies NBD_REP_ACK, runs a TLS server handshake with this
+	// configuration and goes on haggling over TLS (spec, "TLS support").
+	// To know its clients the configuration should set ClientAuth to
+	// tls.RequireAndVerifyClientCert and ClientCAs: Session.Client is the
+	// verified certificate's CommonName. Nil: NBD_OPT_STARTTLS is refused
+	// with NBD_REP_ERR_POLICY (spec, "NOTLS mode").
+	TLSConfig *tls.Config
+	// RequireTLS, with TLSConfig, is the spec's FORCEDTLS mode: before
+	// TLS, every option but NBD_OPT_STARTTLS and NBD_OPT_ABORT is refused
+	// with NBD_REP_ERR_TLS_REQD, NBD_OPT_EXPORT_NAME closes the
+	// connection, and a client without NBD_FLAG_C_FIXED_NEWSTYLE (which
+	// cannot use TLS) is dropped. Serve fails if it is set without
+	// TLSConfig.
+	RequireTLS bool
+
+	// MemoryBudget bounds the payload bytes (WRITE data received, READ
+	// data being gathered and sent) held by all the connections of this
+	// Server together, so that many connections that send requests and
+	// never read the replies cannot grow the node's memory without
+	// bound. A connection waiting for room stops reading requests. It is
+	// raised to at least the 32 MiB maximum payload. Zero means 256 MiB.
+	MemoryBudget int64
+	// Memory, when set, is the budget to use instead of one of
+	// MemoryBudget bytes: Servers that share it (the TCP port and the
+	// local socket) share one bound.
+	Memory *bufpool.Budget
+	// MemoryPerClient bounds the payload bytes of one client (one
+	// certificate, one remote IP, or the local socket) within the
+	// budget, so that one client's stalled connections cannot take all
+	// of it. Zero means a quarter of the budget, and never less than
+	// the 32 MiB maximum payload.
+	MemoryPerClient int64
+	// ReplyTimeout is the write deadline of every reply in the
+	// transmission phase: a client that does not read its replies for
+	// this long is disconnected, and the memory its replies held is
+	// freed. Zero means 30 s.
+	ReplyTimeout time.Duration
+	// MaxConnections bounds the connections served at once; a connection
+	// beyond it is closed right after accept. Zero means 1024.
+	MaxConnections int
+	// MaxConnectionsPerClient bounds the connections of one client: its
+	// certificate's CommonName once TLS is up, before that (or without
+	// TLS) its IP address, or "local" for a Unix socket. A connection
+	// beyond it is closed right after accept when the address is over
+	// the limit; when the certificate is (known only after the TLS
+	// handshake), every later option but NBD_OPT_ABORT is refused with
+	// NBD_REP_ERR_POLICY and a message saying why, and
+	// NBD_OPT_EXPORT_NAME closes the connection. Zero means 64.
+	MaxConnectionsPerClient int
+	// MaxOptions bounds the options of one handshake; the connection
+	// ends when a client sends more. Zero means 1024.
+	MaxOptions int
 
 	initOnce sync.Once
 	// forceContext is cancelled when a Shutdown's context expires: every
@@ -46,25 +111,81 @@ type Server struct {
 	forceContext context.Context
 	forceCancel  context.CancelFunc
 
+	// memory is the budget of MemoryBudget bytes all connections share.
+	memory *bufpool.Budget
+	// clientBudgets (guarded by clientMemoryMu) holds each connected
+	// client's share of memory, by client key.
+	clientMemoryMu sync.Mutex
+	clientBudgets  map[string]*clientBudget
+
 	nextConnectionID   atomic.Uint64
 	buffersOutstanding atomic.Int64 // payload buffers taken and not returned, for tests
+	// bufferBytesOutstanding and bufferBytesPeak count the bytes of
+	// those buffers, for tests of MemoryBudget.
+	bufferBytesOutstanding atomic.Int64
+	bufferBytesPeak        atomic.Int64
 
-	// mu guards the fields below.
-	mu           sync.Mutex
-	listeners    map[net.Listener]struct{}
-	connections  map[*connection]struct{}
-	active       int  // Serve loops plus connections still running
-	shuttingDown bool // set once by Shutdown; never cleared
-	idle         chan struct{}
+	// admission counts connections against MaxConnections and
+	// MaxConnectionsPerClient.
+	admission admission
+	// limitLog rate-limits the log lines of limits that bite.
+	limitLog limitLog
+
+	// tracker holds the listeners being served and the connections
+	// running; it is closed once, by the first Shutdown, and never
+	// reopened.
+	tracker netserve.Tracker[*connection]
 }
 
 func (s *Server) init() {
 	s.initOnce.Do(func() {
 		s.forceContext, s.forceCancel = context.WithCancel(context.Background())
-		s.listeners = make(map[net.Listener]struct{})
-		s.connections = make(map[*connection]struct{})
-		s.idle = make(chan struct{})
+		s.memory = s.Memory
+		if s.memory == nil {
+			s.memory = bufpool.NewBudget(s.memoryBudget())
+		}
 	})
+}
+
+func (s *Server) memoryPerClient() int64 {
+	if s.MemoryPerClient > 0 {
+		return max(s.MemoryPerClient, wire.MaximumPayloadLength)
+	}
+	return max(s.memoryBudget()/4, wire.MaximumPayloadLength)
+}
+
+// clientMemory returns the budget of the client named by key, shared by
+// its connections; call releaseClientMemory once per call when the
+// connection's transmission ends.
+func (s *Server) clientMemory(key string) *bufpool.Budget {
+	s.clientMemoryMu.Lock()
+	defer s.clientMemoryMu.Unlock()
+	if s.clientBudgets == nil {
+		s.clientBudgets = map[string]*clientBudget{}
+	}
+	b, ok := s.clientBudgets[key]
+	if !ok {
+		b = &clientBudget{budget: bufpool.NewBudget(s.memoryPerClient())}
+		s.clientBudgets[key] = b
+	}
+	b.users++
+	return b.budget
+}
+
+func (s *Server) releaseClientMemory(key string) {
+	s.clientMemoryMu.Lock()
+	defer s.clientMemoryMu.Unlock()
+	if b, ok := s.clientBudgets[key]; ok {
+		if b.users--; b.users == 0 {
+			delete(s.clientBudgets, key)
+		}
+	}
+}
+
+// clientBudget is one client's share of the memory budget.
+type clientBudget struct {
+	budget *bufpool.Budget
+	users  int // transmissions using it
 }
 
 func (s *Server) logger() *slog.Logger {
@@ -85,7 +206,7 @@ func (s *Server) maxBufferedBytes() int64 {
 	if s.MaxBufferedBytes <= 0 {
 		return defaultMaxBufferedBytes
 	}
-	return max(s.MaxBufferedBytes, maximumPayloadLength)
+	return max(s.MaxBufferedBytes, wire.MaximumPayloadLength)
 }
 
 func (s *Server) handshakeTimeout() time.Duration {
@@ -93,6 +214,48 @@ func (s *Server) handshakeTimeout() time.Duration {
 		return s.HandshakeTimeout
 	}
 	return defaultHandshakeTimeout
+}
+
+func (s *Server) memoryBudget() int64 {
+	if s.MemoryBudget <= 0 {
+		return defaultMemoryBudget
+	}
+	return max(s.MemoryBudget, wire.MaximumPayloadLength)
+}
+
+func (s *Server) replyTimeout() time.Duration {
+	if s.ReplyTimeout > 0 {
+		return s.ReplyTimeout
+	}
+	return defaultReplyTimeout
+}
+
+func (s *Server) maxConnections() int {
+	if s.MaxConnections > 0 {
+		return s.MaxConnections
+	}
+	return defaultMaxConnections
+}
+
+func (s *Server) maxConnectionsPerClient() int {
+	if s.MaxConnectionsPerClient > 0 {
+		return s.MaxConnectionsPerClient
+	}
+	return defaultMaxConnectionsPerClient
+}
+
+func (s *Server) maxOptions() int {
+	if s.MaxOptions > 0 {
+		return s.MaxOptions
+	}
+	return defaultMaxOptions
+}
+
+// memoryBudgetShared returns the node-wide budget (made on first use, as
+// tests may serve a connection without Serve).
+func (s *Server) memoryBudgetShared() *bufpool.Budget {
+	s.init()
+	return s.memory
 }
 
 // Serve accepts connections on listener and serves each on its own
@@ -107,92 +270,46 @@ func (s *Server) Serve(ctx context.Context, listener net.Listener) error {
 	if s.Backend == nil {
 		return errors.New("nbd: Server.Backend is nil")
 	}
-	s.init()
-	s.mu.Lock()
-	if s.shuttingDown {
-		s.mu.Unlock()
-		listener.Close()
-		return ErrServerClosed
+	if s.RequireTLS && s.TLSConfig == nil {
+		return errors.New("nbd: Server.RequireTLS is set without a TLSConfig")
 	}
-	s.listeners[listener] = struct{}{}
-	s.active++
-	s.mu.Unlock()
-
+	s.init()
 	stop := context.AfterFunc(ctx, func() { s.beginShutdown() })
-	err := s.acceptLoop(ctx, listener)
+	err := s.tracker.Accept(listener, s.logger(), "nbd: accept failed; retrying", func(netConn net.Conn) {
+		s.startConnection(ctx, netConn)
+	})
 	stop()
-	s.mu.Lock()
-	delete(s.listeners, listener)
-	s.mu.Unlock()
 	listener.Close()
-	s.release()
 
 	if ctx.Err() != nil {
 		// Also covers stop() winning the race against the AfterFunc.
 		<-s.beginShutdown()
 		return ctx.Err()
 	}
-	return err
-}
-
-func (s *Server) acceptLoop(ctx context.Context, listener net.Listener) error {
-	var retryDelay time.Duration
-	for {
-		netConn, err := listener.Accept()
-		if err != nil {
-			if s.isShuttingDown() || ctx.Err() != nil {
-				return ErrServerClosed
-			}
-			if !retryableAcceptError(err) {
-				return fmt.Errorf("nbd: accept: %w", err)
-			}
-			// Running out of file descriptors is an operating error:
-			// back off and keep serving the connections we have.
-			retryDelay = min(max(2*retryDelay, 5*time.Millisecond), acceptRetryDelayMaximum)
-			s.logger().Warn("nbd: accept failed; retrying", "error", err, "delay", retryDelay)
-			timer := time.NewTimer(retryDelay)
-			select {
-			case <-timer.C:
-			case <-ctx.Done():
-				timer.Stop()
-			case <-s.forceContext.Done():
-				timer.Stop()
-			}
-			continue
-		}
-		retryDelay = 0
-		s.startConnection(ctx, netConn)
+	if errors.Is(err, netserve.ErrStopped) {
+		return ErrServerClosed
 	}
-}
-
-func retryableAcceptError(err error) bool {
-	var netError net.Error
-	if errors.As(err, &netError) && netError.Timeout() {
-		return true
-	}
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
-		errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.ENOBUFS) || errors.Is(err, syscall.ENOMEM)
+	return fmt.Errorf("nbd: accept: %w", err)
 }
 
 func (s *Server) startConnection(serveContext context.Context, netConn net.Conn) {
-	c := newConnection(s, netConn)
-	s.mu.Lock()
-	if s.shuttingDown {
-		s.mu.Unlock()
+	// Refuse before anything is sent or allocated: a flood of
+	// connections costs one accept and one close each.
+	key := addressClientKey(netConn)
+	if message, reason := s.admission.admit(s, key); message != "" {
+		s.logLimited(s.logger(), slog.LevelWarn, message, "remote", netConn.RemoteAddr().String(), "reason", reason)
 		netConn.Close()
 		return
 	}
-	s.connections[c] = struct{}{}
-	s.active++
-	s.mu.Unlock()
-
+	c := newConnection(s, netConn)
+	c.admitted, c.clientKey = true, key
+	if !s.tracker.Add(c) {
+		s.admission.release(key, true)
+		netConn.Close()
+		return
+	}
 	go func() {
-		defer func() {
-			s.mu.Lock()
-			delete(s.connections, c)
-			s.mu.Unlock()
-			s.release()
-		}()
+		defer s.tracker.Remove(c)
 		ctx, cancel := context.WithCancel(context.WithoutCancel(serveContext))
 		stop := context.AfterFunc(s.forceContext, cancel)
 		defer stop()
@@ -201,23 +318,44 @@ func (s *Server) startConnection(serveContext context.Context, netConn net.Conn)
 	}()
 }
 
-// release records the end of a Serve loop or a connection.
-func (s *Server) release() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.active--
-	if s.active < 0 {
-		panic("nbd: server active count went negative")
+// Revalidate asks the Backend (if it is a Revalidator) whether each
+// connection in its transmission phase may keep the export it opened,
+// and ends at once those that may not: their requests in flight are
+// cancelled and the client sees the connection close. It returns how many
+// it ended. Herd's server calls it when the cluster's client records
+// change, so that revoking a client cuts its open connections too.
+func (s *Server) Revalidate() int {
+	revalidator, ok := s.Backend.(Revalidator)
+	if !ok {
+		return 0
 	}
-	if s.shuttingDown && s.active == 0 {
-		close(s.idle)
+	var active []*connection
+	s.tracker.Each(func(c *connection) {
+		if c.active.Load() != nil {
+			active = append(active, c)
+		}
+	})
+	refused := 0
+	for _, c := range active { // outside the tracker's lock: the Backend may wait
+		t := c.active.Load()
+		if err := revalidator.Revalidate(c.session, t.exportName, t.flags&wire.FlagReadOnly == 0); err != nil {
+			c.logger.Warn("nbd: client no longer allowed its export; connection closed", "client", c.session.Client, "export", t.exportName, "error", err)
+			c.hardClose()
+			refused++
+		}
 	}
+	return refused
+}
+
+// Connections is the number of connections open now.
+func (s *Server) Connections() int {
+	n := 0
+	s.tracker.Each(func(*connection) { n++ })
+	return n
 }
 
 func (s *Server) isShuttingDown() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.shuttingDown
+	return s.tracker.Closed()
 }
 
 // Shutdown stops the server gracefully: it closes the listeners, stops every
@@ -236,12 +374,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 	}
+	// Close the connections before cancelling the requests, so that a
+	// request ended by the cancellation finds its connection closed and
+	// sends nothing, rather than racing the close with an error reply.
+	s.tracker.Each(func(c *connection) { c.netConn.Close() })
 	s.forceCancel()
-	s.mu.Lock()
-	for c := range s.connections {
-		c.netConn.Close()
-	}
-	s.mu.Unlock()
 	<-idle
 	return ctx.Err()
 }
@@ -250,21 +387,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // closed when every Serve loop and connection has ended.
 func (s *Server) beginShutdown() <-chan struct{} {
 	s.init()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.shuttingDown {
-		s.shuttingDown = true
-		for listener := range s.listeners {
-			listener.Close()
-		}
-		for c := range s.connections {
-			c.interrupt()
-		}
-		if s.active == 0 {
-			close(s.idle)
-		}
-	}
-	return s.idle
+	return s.tracker.Close(func(c *connection) { c.interrupt() })
 }
 
 // Close shuts the server down gracefully and waits for every connection to

@@ -6,41 +6,32 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
+	"os"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/herd-storage/herd/internal/bufpool"
+	"github.com/herd-storage/herd/internal/nbd/wire"
+	"github.com/herd-storage/herd/internal/tlsbatch"
 )
 
 // This file is the transmission phase (spec, "Transmission"): one goroutine
 // reads and validates requests, each valid request is served on its own
 // goroutine, and replies are written under writeMutex.
 
-// request is a decoded request header (spec, "Request message").
-type request struct {
-	flags   uint16
-	command uint16
-	cookie  uint64
-	offset  uint64
-	length  uint32
-}
-
 // decodeRequestHeader decodes C: magic, 16 bits flags, 16 bits type, 64 bits
-// cookie, 64 bits offset, 32 bits length.
-func decodeRequestHeader(header []byte) (request, error) {
-	if len(header) != requestHeaderLength {
-		return request{}, fmt.Errorf("%w: request header of %d bytes", ErrProtocol, len(header))
+// cookie, 64 bits offset, 32 bits length (spec, "Request message"). A bad
+// magic number means the stream cannot be resynchronised: hard disconnect.
+func decodeRequestHeader(header []byte) (wire.RequestHeader, error) {
+	request, err := wire.ParseRequestHeader(header)
+	if err != nil {
+		return wire.RequestHeader{}, fmt.Errorf("%w: %w", ErrProtocol, err)
 	}
-	if magic := binary.BigEndian.Uint32(header[0:]); magic != magicRequest {
-		// The stream cannot be resynchronised: hard disconnect.
-		return request{}, fmt.Errorf("%w: request magic %#x", ErrProtocol, magic)
-	}
-	return request{
-		flags:   binary.BigEndian.Uint16(header[4:]),
-		command: binary.BigEndian.Uint16(header[6:]),
-		cookie:  binary.BigEndian.Uint64(header[8:]),
-		offset:  binary.BigEndian.Uint64(header[16:]),
-		length:  binary.BigEndian.Uint32(header[24:]),
-	}, nil
+	return request, nil
 }
 
 // transmission is the state of a connection in the transmission phase.
@@ -60,10 +51,19 @@ type transmission struct {
 	cancel context.CancelFunc
 
 	// slots holds one token per request in flight; budget the payload
-	// bytes they hold.
+	// bytes they hold, and memory (the Server's, shared by every
+	// connection) the same bytes again. A request takes its slot, then
+	// its bytes of budget, then of memory, and gives them back in the
+	// reverse order once its reply is written.
 	slots    chan struct{}
-	budget   *byteBudget
+	budget   *bufpool.Budget
+	client   *bufpool.Budget // the client's share of memory (all its connections)
+	memory   *bufpool.Budget
 	inFlight sync.WaitGroup
+
+	// cut is set once a reply could not be written: the connection is
+	// gone, so requests still buffered are not served.
+	cut atomic.Bool
 
 	// writeMutex serialises replies; writeError (guarded by it) is the
 	// first write failure, after which nothing more is written.
@@ -81,7 +81,9 @@ func (c *connection) newTransmission(export Export, info ExportInfo, flags uint1
 		structuredReplies: c.negotiation.structuredReplies,
 		blockStatus:       c.negotiation.allocationSelected && c.negotiation.metaContextExport == name,
 		slots:             make(chan struct{}, c.server.maxRequestsInFlight()),
-		budget:            newByteBudget(c.server.maxBufferedBytes()),
+		budget:            bufpool.NewBudget(c.server.maxBufferedBytes()),
+		client:            c.server.clientMemory(c.clientKey),
+		memory:            c.server.memoryBudgetShared(),
 	}
 }
 
@@ -91,6 +93,7 @@ func (c *connection) newTransmission(export Export, info ExportInfo, flags uint1
 func (t *transmission) serve(ctx context.Context) error {
 	t.ctx, t.cancel = context.WithCancel(ctx)
 	defer t.cancel()
+	defer t.connection.server.releaseClientMemory(t.connection.clientKey)
 	err := t.readRequests()
 	// A soft disconnect (NBD_CMD_DISC), a graceful server shutdown and a
 	// client that closed its end between requests let the requests in
@@ -107,7 +110,7 @@ func (t *transmission) serve(ctx context.Context) error {
 	if err := t.export.Close(); err != nil {
 		t.connection.logger.Warn("nbd: closing export", "export", t.exportName, "error", err)
 	}
-	if used := t.budget.inUse(); used != 0 {
+	if used := t.budget.InUse(); used != 0 {
 		panic(fmt.Sprintf("nbd: %d budget bytes still held after the last request", used))
 	}
 	return err
@@ -116,8 +119,11 @@ func (t *transmission) serve(ctx context.Context) error {
 // readRequests reads requests until NBD_CMD_DISC (nil) or an error.
 func (t *transmission) readRequests() error {
 	reader := t.connection.reader
-	var header [requestHeaderLength]byte
+	var header [wire.RequestHeaderLength]byte
 	for {
+		if t.cut.Load() {
+			return errRepliesCut
+		}
 		if _, err := io.ReadFull(reader, header[:]); err != nil {
 			return err
 		}
@@ -125,20 +131,20 @@ func (t *transmission) readRequests() error {
 		if err != nil {
 			return err
 		}
-		if request.command == commandDisconnect {
+		if request.Type == wire.CmdDisc {
 			// "A client MUST NOT send anything to the server after
 			// sending an NBD_CMD_DISC command", so stop reading.
 			return nil
 		}
-		if request.command == commandWrite && request.length > maximumPayloadLength {
+		if request.Type == wire.CmdWrite && request.Length > wire.MaximumPayloadLength {
 			// The payload must be consumed to stay in sync, and a
 			// payload this large is deemed a denial of service (spec,
 			// "Size constraints"): hard disconnect.
-			return fmt.Errorf("%w: write of %d bytes exceeds the %d-byte limit", ErrProtocol, request.length, maximumPayloadLength)
+			return fmt.Errorf("%w: write of %d bytes exceeds the %d-byte limit", ErrProtocol, request.Length, wire.MaximumPayloadLength)
 		}
-		if code, message := t.validate(request); code != errnoNone {
-			if request.command == commandWrite {
-				if _, err := io.CopyN(io.Discard, reader, int64(request.length)); err != nil {
+		if code, message := t.validate(request); code != wire.NoError {
+			if request.Type == wire.CmdWrite {
+				if _, err := io.CopyN(io.Discard, reader, int64(request.Length)); err != nil {
 					return err
 				}
 			}
@@ -147,17 +153,25 @@ func (t *transmission) readRequests() error {
 		}
 
 		var budgetBytes int64
-		if request.command == commandRead || request.command == commandWrite {
-			budgetBytes = int64(request.length)
+		if request.Type == wire.CmdRead || request.Type == wire.CmdWrite {
+			budgetBytes = int64(request.Length)
 		}
 		t.slots <- struct{}{}
-		t.budget.acquire(budgetBytes)
-		var payload *buffer
-		if request.command == commandWrite {
-			payload = t.getBuffer(int(request.length))
-			if _, err := io.ReadFull(reader, payload.bytes); err != nil {
+		// Acquire fails only on a closed budget; these are never closed
+		// (a hard disconnect wakes no reader blocked here, but the
+		// requests holding the budget finish and release it, each within
+		// the reply timeout).
+		t.budget.Acquire(budgetBytes)
+		t.acquireClientMemory(budgetBytes)
+		t.acquireMemory(budgetBytes)
+		var payload *bufpool.Buffer
+		if request.Type == wire.CmdWrite {
+			payload = t.getBuffer(int(request.Length))
+			if _, err := io.ReadFull(reader, payload.Bytes); err != nil {
 				t.putBuffer(payload)
-				t.budget.release(budgetBytes)
+				t.memory.Release(budgetBytes)
+				t.client.Release(budgetBytes)
+				t.budget.Release(budgetBytes)
 				<-t.slots
 				return err
 			}
@@ -167,128 +181,162 @@ func (t *transmission) readRequests() error {
 	}
 }
 
+// errRepliesCut ends a transmission whose replies can no longer be written.
+var errRepliesCut = errors.New("nbd: replies can no longer be written; connection cut")
+
+// acquireClientMemory takes n bytes of the client's share of the memory
+// budget: one client's connections that do not read their replies hold
+// at most that share, and other clients are served from the rest.
+func (t *transmission) acquireClientMemory(n int64) {
+	if n == 0 || t.client.TryAcquire(n) {
+		return
+	}
+	server := t.connection.server
+	server.logLimited(t.connection.logger, slog.LevelInfo,
+		"nbd: the client's share of the memory budget exhausted; connection stops reading requests until its replies free memory",
+		"client_memory", server.memoryPerClient())
+	t.client.Acquire(n)
+}
+
+// acquireMemory takes n bytes of the Server's memory budget, waiting for
+// room (and so not reading further requests) if every connection together
+// holds the whole budget. Waiting is normal under load, but says that the
+// budget limits the node: logged, once a second at most.
+func (t *transmission) acquireMemory(n int64) {
+	if n == 0 || t.memory.TryAcquire(n) {
+		return
+	}
+	server := t.connection.server
+	server.logLimited(t.connection.logger, slog.LevelInfo,
+		"nbd: node memory budget exhausted; connection stops reading requests until replies free memory",
+		"memory_budget", server.memoryBudget())
+	t.memory.Acquire(n)
+}
+
 // validate checks a request against the spec and the negotiated features. It
-// returns errnoNone for a request to serve, else the error to reply with.
-func (t *transmission) validate(r request) (errno, string) {
+// returns wire.NoError for a request to serve, else the error to reply with.
+func (t *transmission) validate(r wire.RequestHeader) (wire.Errno, string) {
 	var allowedFlags uint16
-	switch r.command {
-	case commandRead:
+	switch r.Type {
+	case wire.CmdRead:
 		if t.structuredReplies {
-			allowedFlags = commandFlagDontFragment
+			allowedFlags = wire.CmdFlagDF
 		}
-	case commandWrite, commandFlush, commandTrim, commandCache:
-	case commandWriteZeroes:
-		allowedFlags = commandFlagNoHole
-		if t.flags&transmissionFlagSendFastZero != 0 {
-			allowedFlags |= commandFlagFastZero
+	case wire.CmdWrite, wire.CmdFlush, wire.CmdTrim, wire.CmdCache:
+	case wire.CmdWriteZeroes:
+		allowedFlags = wire.CmdFlagNoHole
+		if t.flags&wire.FlagSendFastZero != 0 {
+			allowedFlags |= wire.CmdFlagFastZero
 		}
-	case commandBlockStatus:
-		allowedFlags = commandFlagRequestOne
+	case wire.CmdBlockStatus:
+		allowedFlags = wire.CmdFlagReqOne
 	default:
 		// "The server SHOULD return NBD_EINVAL if it receives an
 		// unknown command."
-		return errnoInvalid, fmt.Sprintf("nbd: unknown command %d", r.command)
+		return wire.EINVAL, fmt.Sprintf("nbd: unknown command %d", r.Type)
 	}
 	// FUA is "valid for all commands, provided NBD_FLAG_SEND_FUA has been
 	// negotiated" (spec, "Command flags").
-	if t.flags&transmissionFlagSendFUA != 0 {
-		allowedFlags |= commandFlagFUA
+	if t.flags&wire.FlagSendFUA != 0 {
+		allowedFlags |= wire.CmdFlagFUA
 	}
-	if extra := r.flags &^ allowedFlags; extra != 0 {
+	if extra := r.Flags &^ allowedFlags; extra != 0 {
 		// "The server SHOULD return NBD_EINVAL if it receives an unknown
 		// command flag" or one not applicable to the request.
-		return errnoInvalid, fmt.Sprintf("nbd: command flags %#x are not valid for command %d", extra, r.command)
+		return wire.EINVAL, fmt.Sprintf("nbd: command flags %#x are not valid for command %d", extra, r.Type)
 	}
 
-	length := uint64(r.length)
-	inRange := r.offset <= t.info.Size && length <= t.info.Size-r.offset
-	switch r.command {
-	case commandRead:
-		if r.length > t.info.PayloadSizeMaximum {
+	length := uint64(r.Length)
+	inRange := r.Offset <= t.info.Size && length <= t.info.Size-r.Offset
+	switch r.Type {
+	case wire.CmdRead:
+		if r.Length > t.info.PayloadSizeMaximum {
 			if t.structuredReplies {
 				// "the server is also permitted to reject large read
 				// requests up front with NBD_EOVERFLOW".
-				return errnoOverflow, fmt.Sprintf("nbd: read of %d bytes exceeds the maximum payload of %d", r.length, t.info.PayloadSizeMaximum)
+				return wire.EOVERFLOW, fmt.Sprintf("nbd: read of %d bytes exceeds the maximum payload of %d", r.Length, t.info.PayloadSizeMaximum)
 			}
-			return errnoInvalid, fmt.Sprintf("nbd: read of %d bytes exceeds the maximum payload of %d", r.length, t.info.PayloadSizeMaximum)
+			return wire.EINVAL, fmt.Sprintf("nbd: read of %d bytes exceeds the maximum payload of %d", r.Length, t.info.PayloadSizeMaximum)
 		}
 		if !inRange {
-			return errnoInvalid, "nbd: read beyond the end of the export"
+			return wire.EINVAL, "nbd: read beyond the end of the export"
 		}
-	case commandWrite:
+	case wire.CmdWrite:
 		if t.info.ReadOnly {
-			return errnoPermission, "nbd: export is read-only"
+			return wire.EPERM, "nbd: export is read-only"
 		}
-		if r.length > t.info.PayloadSizeMaximum {
-			return errnoInvalid, fmt.Sprintf("nbd: write of %d bytes exceeds the maximum payload of %d", r.length, t.info.PayloadSizeMaximum)
+		if r.Length > t.info.PayloadSizeMaximum {
+			return wire.EINVAL, fmt.Sprintf("nbd: write of %d bytes exceeds the maximum payload of %d", r.Length, t.info.PayloadSizeMaximum)
 		}
 		if !inRange {
 			// "The server SHOULD return NBD_ENOSPC if it receives a
 			// write request including one or more sectors beyond the
 			// size of the device."
-			return errnoNoSpace, "nbd: write beyond the end of the export"
+			return wire.ENOSPC, "nbd: write beyond the end of the export"
 		}
-	case commandFlush:
-		if t.flags&transmissionFlagSendFlush == 0 {
-			return errnoInvalid, "nbd: flush was not negotiated"
+	case wire.CmdFlush:
+		if t.flags&wire.FlagSendFlush == 0 {
+			return wire.EINVAL, "nbd: flush was not negotiated"
 		}
-		if r.offset != 0 || r.length != 0 {
-			return errnoInvalid, "nbd: flush offset and length must be zero"
+		if r.Offset != 0 || r.Length != 0 {
+			return wire.EINVAL, "nbd: flush offset and length must be zero"
 		}
-		return errnoNone, ""
-	case commandTrim:
+		return wire.NoError, ""
+	case wire.CmdTrim:
 		if t.info.ReadOnly {
-			return errnoPermission, "nbd: export is read-only"
+			return wire.EPERM, "nbd: export is read-only"
 		}
-		if t.flags&transmissionFlagSendTrim == 0 {
-			return errnoInvalid, "nbd: trim was not negotiated"
+		if t.flags&wire.FlagSendTrim == 0 {
+			return wire.EINVAL, "nbd: trim was not negotiated"
 		}
 		if !inRange {
-			return errnoInvalid, "nbd: trim beyond the end of the export"
+			return wire.EINVAL, "nbd: trim beyond the end of the export"
 		}
-	case commandCache:
+	case wire.CmdCache:
 		if !inRange {
-			return errnoInvalid, "nbd: cache beyond the end of the export"
+			return wire.EINVAL, "nbd: cache beyond the end of the export"
 		}
-	case commandWriteZeroes:
+	case wire.CmdWriteZeroes:
 		if t.info.ReadOnly {
-			return errnoPermission, "nbd: export is read-only"
+			return wire.EPERM, "nbd: export is read-only"
 		}
-		if t.flags&transmissionFlagSendWriteZeroes == 0 {
-			return errnoInvalid, "nbd: write zeroes was not negotiated"
+		if t.flags&wire.FlagSendWriteZeroes == 0 {
+			return wire.EINVAL, "nbd: write zeroes was not negotiated"
 		}
 		if !inRange {
-			return errnoNoSpace, "nbd: write zeroes beyond the end of the export"
+			return wire.ENOSPC, "nbd: write zeroes beyond the end of the export"
 		}
-	case commandBlockStatus:
+	case wire.CmdBlockStatus:
 		if !t.blockStatus {
 			// "Servers SHOULD reply with NBD_EINVAL to clients sending
 			// NBD_CMD_BLOCK_STATUS without selecting at least one
 			// metadata context."
-			return errnoInvalid, "nbd: no metadata context was selected for this export"
+			return wire.EINVAL, "nbd: no metadata context was selected for this export"
 		}
-		if r.length == 0 {
-			return errnoInvalid, "nbd: block status of zero bytes"
+		if r.Length == 0 {
+			return wire.EINVAL, "nbd: block status of zero bytes"
 		}
 		if !inRange {
-			return errnoInvalid, "nbd: block status beyond the end of the export"
+			return wire.EINVAL, "nbd: block status beyond the end of the export"
 		}
 	}
 	// Offsets and lengths must be multiples of the minimum block size; the
 	// end of an export whose size is not a multiple is still reachable
 	// (spec, "Size constraints").
 	minimum := uint64(t.info.BlockSizeMinimum)
-	if r.offset%minimum != 0 || (length%minimum != 0 && r.offset+length != t.info.Size) {
-		return errnoInvalid, fmt.Sprintf("nbd: request not aligned to the minimum block size of %d", minimum)
+	if r.Offset%minimum != 0 || (length%minimum != 0 && r.Offset+length != t.info.Size) {
+		return wire.EINVAL, fmt.Sprintf("nbd: request not aligned to the minimum block size of %d", minimum)
 	}
-	return errnoNone, ""
+	return wire.NoError, ""
 }
 
 // handle serves one valid request on its own goroutine.
-func (t *transmission) handle(r request, payload *buffer, budgetBytes int64) {
+func (t *transmission) handle(r wire.RequestHeader, payload *bufpool.Buffer, budgetBytes int64) {
 	defer t.inFlight.Done()
 	defer func() { <-t.slots }()
-	defer t.budget.release(budgetBytes)
+	defer t.budget.Release(budgetBytes)
+	defer t.client.Release(budgetBytes)
+	defer t.memory.Release(budgetBytes)
 	defer t.putBuffer(payload)
 	defer func() {
 		// A panic in the Backend is a bug, but one connection's bug must
@@ -296,91 +344,91 @@ func (t *transmission) handle(r request, payload *buffer, budgetBytes int64) {
 		// and drop this connection.
 		if recovered := recover(); recovered != nil {
 			t.connection.logger.Error("nbd: panic while serving a request",
-				"command", r.command, "panic", recovered, "stack", string(debug.Stack()))
+				"command", r.Type, "panic", recovered, "stack", string(debug.Stack()))
 			t.cancel()
 			t.connection.hardClose()
 		}
 	}()
 
-	fua := r.flags&commandFlagFUA != 0
-	length := uint64(r.length)
-	switch r.command {
-	case commandRead:
+	fua := r.Flags&wire.CmdFlagFUA != 0
+	length := uint64(r.Length)
+	switch r.Type {
+	case wire.CmdRead:
 		t.read(r)
-	case commandWrite:
+	case wire.CmdWrite:
 		var err error
 		if length > 0 {
-			err = t.export.WriteAt(t.ctx, payload.bytes, r.offset, fua)
+			err = t.export.WriteAt(t.ctx, payload.Bytes, r.Offset, fua)
 		}
 		t.replyStatus(r, err)
-	case commandFlush:
+	case wire.CmdFlush:
 		t.replyStatus(r, t.export.Flush(t.ctx))
-	case commandTrim:
+	case wire.CmdTrim:
 		var err error
 		if length > 0 {
-			err = t.export.Trim(t.ctx, r.offset, length, fua)
+			err = t.export.Trim(t.ctx, r.Offset, length, fua)
 		}
 		t.replyStatus(r, err)
-	case commandCache:
+	case wire.CmdCache:
 		var err error
 		if cacher, ok := t.export.(Cacher); ok && length > 0 {
-			err = cacher.Cache(t.ctx, r.offset, length)
+			err = cacher.Cache(t.ctx, r.Offset, length)
 		}
 		t.replyStatus(r, err)
-	case commandWriteZeroes:
-		if r.flags&commandFlagFastZero != 0 && !t.info.CanFastZero {
+	case wire.CmdWriteZeroes:
+		if r.Flags&wire.CmdFlagFastZero != 0 && !t.info.CanFastZero {
 			// Unreachable while FAST_ZERO is only advertised with
 			// CanFastZero, kept so that a change there stays safe.
-			t.replyError(r, errnoNotSupported, "nbd: fast zero is not supported")
+			t.replyError(r, wire.ENOTSUP, "nbd: fast zero is not supported")
 			return
 		}
 		var err error
 		if length > 0 {
-			err = t.export.WriteZeroes(t.ctx, r.offset, length, r.flags&commandFlagNoHole != 0, fua)
+			err = t.export.WriteZeroes(t.ctx, r.Offset, length, r.Flags&wire.CmdFlagNoHole != 0, fua)
 		}
 		t.replyStatus(r, err)
-	case commandBlockStatus:
+	case wire.CmdBlockStatus:
 		t.blockStatusReply(r)
 	default:
-		panic(fmt.Sprintf("nbd: command %d passed validation", r.command))
+		panic(fmt.Sprintf("nbd: command %d passed validation", r.Type))
 	}
 }
 
-func (t *transmission) read(r request) {
-	data := t.getBuffer(int(r.length))
+func (t *transmission) read(r wire.RequestHeader) {
+	data := t.getBuffer(int(r.Length))
 	defer t.putBuffer(data)
-	if r.length > 0 {
-		if err := t.export.ReadAt(t.ctx, data.bytes, r.offset); err != nil {
+	if r.Length > 0 {
+		if err := t.export.ReadAt(t.ctx, data.Bytes, r.Offset); err != nil {
 			t.replyError(r, errnoFor(err), messageFor(err))
 			return
 		}
 	}
 	if !t.structuredReplies {
 		// Spec, "Simple reply message": header, then length bytes.
-		t.send(simpleReplyHeader(r.cookie, errnoNone), data.bytes)
+		t.send(simpleReplyHeader(r.Cookie, wire.NoError), data.Bytes)
 		return
 	}
-	if r.length == 0 {
+	if r.Length == 0 {
 		// A data chunk must describe at least one byte.
-		t.send(chunkHeader(r.cookie, replyFlagDone, chunkNone, 0))
+		t.send(chunkHeader(r.Cookie, wire.ReplyFlagDone, wire.ReplyTypeNone, 0))
 		return
 	}
 	// One NBD_REPLY_TYPE_OFFSET_DATA chunk, final because the data is
 	// complete before it is sent (spec, "Structured replies" under
 	// NBD_CMD_READ). A single chunk also satisfies NBD_CMD_FLAG_DF.
-	header := chunkHeader(r.cookie, replyFlagDone, chunkOffsetData, 8+r.length)
-	header = binary.BigEndian.AppendUint64(header, r.offset)
-	t.send(header, data.bytes)
+	header := chunkHeader(r.Cookie, wire.ReplyFlagDone, wire.ReplyTypeOffsetData, 8+r.Length)
+	header = binary.BigEndian.AppendUint64(header, r.Offset)
+	t.send(header, data.Bytes)
 }
 
-func (t *transmission) blockStatusReply(r request) {
-	extents, err := t.export.BlockStatus(t.ctx, r.offset, uint64(r.length))
+func (t *transmission) blockStatusReply(r wire.RequestHeader) {
+	extents, err := t.export.BlockStatus(t.ctx, r.Offset, uint64(r.Length))
 	if err != nil {
 		t.replyError(r, errnoFor(err), messageFor(err))
 		return
 	}
-	descriptors := encodeExtents(extents, r.length, r.flags&commandFlagRequestOne != 0)
-	header := chunkHeader(r.cookie, replyFlagDone, chunkBlockStatus, uint32(4+len(descriptors)))
+	descriptors := encodeExtents(extents, r.Length, r.Flags&wire.CmdFlagReqOne != 0)
+	header := chunkHeader(r.Cookie, wire.ReplyFlagDone, wire.ReplyTypeBlockStatus, uint32(4+len(descriptors)))
 	header = binary.BigEndian.AppendUint32(header, allocationContextID)
 	t.send(header, descriptors)
 }
@@ -407,10 +455,10 @@ func encodeExtents(extents []Extent, length uint32, requestOne bool) []byte {
 		}
 		flags := uint32(0)
 		if extent.Hole {
-			flags |= stateHole
+			flags |= wire.StateHole
 		}
 		if extent.Zero {
-			flags |= stateZero
+			flags |= wire.StateZero
 		}
 		piece := uint32(min(extent.Length, uint64(remaining)))
 		remaining -= piece
@@ -419,7 +467,7 @@ func encodeExtents(extents []Extent, length uint32, requestOne bool) []byte {
 			binary.BigEndian.PutUint32(last, binary.BigEndian.Uint32(last)+piece)
 			continue
 		}
-		if count == maximumExtentsPerReply || (requestOne && count == 1) {
+		if count == wire.MaximumBlockStatusDescriptors || (requestOne && count == 1) {
 			break
 		}
 		descriptors = binary.BigEndian.AppendUint32(descriptors, piece)
@@ -437,61 +485,56 @@ func encodeExtents(extents []Extent, length uint32, requestOne bool) []byte {
 }
 
 // replyStatus answers a request without payload.
-func (t *transmission) replyStatus(r request, err error) {
+func (t *transmission) replyStatus(r wire.RequestHeader, err error) {
 	if err != nil {
 		t.replyError(r, errnoFor(err), messageFor(err))
 		return
 	}
 	// A simple reply is allowed for everything but READ even when
 	// structured replies were negotiated (spec, "Simple reply message").
-	t.send(simpleReplyHeader(r.cookie, errnoNone))
+	t.send(simpleReplyHeader(r.Cookie, wire.NoError))
 }
 
 // replyError answers r with an error: a simple reply without payload, or,
 // with structured replies, an NBD_REPLY_TYPE_ERROR chunk carrying the message
 // ("The server SHOULD prefer sending errors via a structured reply").
-func (t *transmission) replyError(r request, code errno, message string) {
-	if code == errnoNone {
+func (t *transmission) replyError(r wire.RequestHeader, code wire.Errno, message string) {
+	if code == wire.NoError {
 		panic("nbd: error reply without an error")
 	}
-	if r.command != commandRead && r.command != commandBlockStatus {
-		t.connection.logger.Debug("nbd: request failed", "command", r.command, "errno", code, "message", message)
+	if r.Type != wire.CmdRead && r.Type != wire.CmdBlockStatus {
+		t.connection.logger.Debug("nbd: request failed", "command", r.Type, "errno", code, "message", message)
 	}
 	if !t.structuredReplies {
-		t.send(simpleReplyHeader(r.cookie, code))
+		t.send(simpleReplyHeader(r.Cookie, code))
 		return
 	}
 	message = cleanString(message)
-	header := chunkHeader(r.cookie, replyFlagDone, chunkError, uint32(6+len(message)))
+	header := chunkHeader(r.Cookie, wire.ReplyFlagDone, wire.ReplyTypeError, uint32(6+len(message)))
 	header = binary.BigEndian.AppendUint32(header, uint32(code))
 	header = binary.BigEndian.AppendUint16(header, uint16(len(message)))
 	t.send(header, []byte(message))
 }
 
 // simpleReplyHeader: S: magic, 32 bits error, 64 bits cookie.
-func simpleReplyHeader(cookie uint64, code errno) []byte {
-	header := make([]byte, simpleReplyLength, simpleReplyLength+8)
-	binary.BigEndian.PutUint32(header[0:], magicSimpleReply)
-	binary.BigEndian.PutUint32(header[4:], uint32(code))
-	binary.BigEndian.PutUint64(header[8:], cookie)
-	return header
+func simpleReplyHeader(cookie uint64, code wire.Errno) []byte {
+	return wire.SimpleReplyHeader{Error: code, Cookie: cookie}.Append(make([]byte, 0, wire.SimpleReplyHeaderLength+8))
 }
 
 // chunkHeader: S: magic, 16 bits flags, 16 bits type, 64 bits cookie, 32 bits
 // payload length. The capacity leaves room for a short fixed payload prefix.
 func chunkHeader(cookie uint64, flags, chunkType uint16, length uint32) []byte {
-	header := make([]byte, chunkHeaderLength, chunkHeaderLength+8)
-	binary.BigEndian.PutUint32(header[0:], magicStructuredReply)
-	binary.BigEndian.PutUint16(header[4:], flags)
-	binary.BigEndian.PutUint16(header[6:], chunkType)
-	binary.BigEndian.PutUint64(header[8:], cookie)
-	binary.BigEndian.PutUint32(header[16:], length)
-	return header
+	header := wire.StructuredReplyHeader{Flags: flags, Type: chunkType, Cookie: cookie, Length: length}
+	return header.Append(make([]byte, 0, wire.StructuredReplyHeaderLength+8))
 }
 
 // send writes one reply (its parts in one vectored write). After a failed
 // write the connection is closed and nothing more is sent: a reply cut
 // short leaves the stream unparseable.
+//
+// Each write has the reply timeout as its deadline: a client that sends
+// requests but does not read the replies would otherwise hold their
+// buffers, and its share of the Server's memory budget, for ever.
 func (t *transmission) send(parts ...[]byte) {
 	buffers := net.Buffers(parts)
 	t.writeMutex.Lock()
@@ -499,21 +542,57 @@ func (t *transmission) send(parts ...[]byte) {
 	if t.writeError != nil {
 		return
 	}
-	if _, err := buffers.WriteTo(t.connection.writer); err != nil {
+	connection := t.connection
+	timeout := connection.server.replyTimeout()
+	connection.netConn.SetWriteDeadline(time.Now().Add(timeout))
+	var err error
+	if connection.tlsConn != nil {
+		// One vectored write's worth of system calls, not one per
+		// part and TLS record.
+		_, err = tlsbatch.Write(connection.tlsConn, buffers)
+	} else {
+		_, err = buffers.WriteTo(connection.writer)
+	}
+	if err != nil {
 		t.writeError = err
-		t.connection.hardClose()
+		// Nothing more reaches the client: read no more of what it
+		// sent. The requests already running finish (a write cut off
+		// between its replicas would leave them different).
+		t.cut.Store(true)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			connection.server.logLimited(connection.logger, slog.LevelWarn,
+				"nbd: client did not read its replies within the reply timeout; disconnecting it",
+				"reply_timeout", timeout)
+		}
+		connection.hardClose()
 	}
 }
 
-func (t *transmission) getBuffer(n int) *buffer {
-	t.connection.server.buffersOutstanding.Add(1)
-	return getBuffer(n)
+// getBuffer returns a pooled buffer of n bytes; n was validated against
+// the export's maximum payload.
+func (t *transmission) getBuffer(n int) *bufpool.Buffer {
+	server := t.connection.server
+	server.buffersOutstanding.Add(1)
+	bytes := server.bufferBytesOutstanding.Add(int64(n))
+	for {
+		peak := server.bufferBytesPeak.Load()
+		if bytes <= peak || server.bufferBytesPeak.CompareAndSwap(peak, bytes) {
+			break
+		}
+	}
+	return bufpool.Get(n)
 }
 
-func (t *transmission) putBuffer(b *buffer) {
+func (t *transmission) putBuffer(b *bufpool.Buffer) {
 	if b == nil {
 		return
 	}
-	t.connection.server.buffersOutstanding.Add(-1)
-	putBuffer(b)
+	server := t.connection.server
+	server.buffersOutstanding.Add(-1)
+	server.bufferBytesOutstanding.Add(-int64(len(b.Bytes)))
+	b.Release()
 }
+
+// Every payload this server accepts fits in a pooled buffer (a negative
+// difference does not compile).
+const _ uint = bufpool.MaximumLength - wire.MaximumPayloadLength

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/herd-storage/herd/internal/nbd/wire"
 )
 
 func pattern(seed byte, n int) []byte {
@@ -33,40 +35,40 @@ func TestCommands(t *testing.T) {
 			if size != 1<<20 {
 				t.Fatalf("size %d", size)
 			}
-			if flags&transmissionFlagReadOnly != 0 {
+			if flags&wire.FlagReadOnly != 0 {
 				t.Fatalf("flags %#x", flags)
 			}
 			ok := func(what string, r reply) reply {
 				t.Helper()
-				if r.errno != errnoNone {
+				if r.errno != wire.NoError {
 					t.Fatalf("%s: %v", what, r)
 				}
 				return r
 			}
 
 			data := pattern(1, 10000)
-			ok("write", c.roundTrip(0, commandWrite, 4097, uint32(len(data)), data))
-			ok("write FUA", c.roundTrip(commandFlagFUA, commandWrite, 100000, 3, []byte{1, 2, 3}))
-			if got := ok("read", c.roundTrip(0, commandRead, 4097, uint32(len(data)), nil)).data; !bytes.Equal(got, data) {
+			ok("write", c.roundTrip(0, wire.CmdWrite, 4097, uint32(len(data)), data))
+			ok("write FUA", c.roundTrip(wire.CmdFlagFUA, wire.CmdWrite, 100000, 3, []byte{1, 2, 3}))
+			if got := ok("read", c.roundTrip(0, wire.CmdRead, 4097, uint32(len(data)), nil)).data; !bytes.Equal(got, data) {
 				t.Fatalf("read back differs")
 			}
-			ok("flush", c.roundTrip(0, commandFlush, 0, 0, nil))
-			ok("flush FUA", c.roundTrip(commandFlagFUA, commandFlush, 0, 0, nil))
-			ok("cache", c.roundTrip(0, commandCache, 0, 4096, nil))
-			ok("zero-length write", c.roundTrip(0, commandWrite, 0, 0, nil))
-			r := ok("zero-length read", c.roundTrip(0, commandRead, 0, 0, nil))
-			if structured && r.chunkType != chunkNone {
+			ok("flush", c.roundTrip(0, wire.CmdFlush, 0, 0, nil))
+			ok("flush FUA", c.roundTrip(wire.CmdFlagFUA, wire.CmdFlush, 0, 0, nil))
+			ok("cache", c.roundTrip(0, wire.CmdCache, 0, 4096, nil))
+			ok("zero-length write", c.roundTrip(0, wire.CmdWrite, 0, 0, nil))
+			r := ok("zero-length read", c.roundTrip(0, wire.CmdRead, 0, 0, nil))
+			if structured && r.chunkType != wire.ReplyTypeNone {
 				t.Fatalf("zero-length structured read: %v", r)
 			}
 
 			// Zeroes, with and without NO_HOLE.
-			ok("write zeroes", c.roundTrip(0, commandWriteZeroes, 4097, 100, nil))
+			ok("write zeroes", c.roundTrip(0, wire.CmdWriteZeroes, 4097, 100, nil))
 			data = append(append(make([]byte, 0, 10000), make([]byte, 100)...), data[100:]...)
-			ok("write zeroes no hole", c.roundTrip(commandFlagNoHole, commandWriteZeroes, 200000, 8192, nil))
-			if got := ok("read", c.roundTrip(0, commandRead, 4097, 10000, nil)).data; !bytes.Equal(got, data) {
+			ok("write zeroes no hole", c.roundTrip(wire.CmdFlagNoHole, wire.CmdWriteZeroes, 200000, 8192, nil))
+			if got := ok("read", c.roundTrip(0, wire.CmdRead, 4097, 10000, nil)).data; !bytes.Equal(got, data) {
 				t.Fatalf("read after write zeroes differs")
 			}
-			ok("trim", c.roundTrip(commandFlagFUA, commandTrim, 0, 1<<20, nil))
+			ok("trim", c.roundTrip(wire.CmdFlagFUA, wire.CmdTrim, 0, 1<<20, nil))
 			if disk.allocatedBlocks() != 0 {
 				t.Fatalf("%d blocks allocated after trimming everything", disk.allocatedBlocks())
 			}
@@ -80,9 +82,9 @@ func TestStructuredReadIsOneDataChunk(t *testing.T) {
 	server := startServer(t, newMemoryBackend(disk))
 	c, _, _ := connect(t, server.address, "disk", connectOptions{structured: true})
 	data := pattern(9, 65536)
-	c.roundTrip(0, commandWrite, 12345, uint32(len(data)), data)
-	r := c.roundTrip(commandFlagDontFragment, commandRead, 12345, uint32(len(data)), nil)
-	if r.chunkType != chunkOffsetData || binary.BigEndian.Uint64(r.payload) != 12345 || !bytes.Equal(r.data, data) {
+	c.roundTrip(0, wire.CmdWrite, 12345, uint32(len(data)), data)
+	r := c.roundTrip(wire.CmdFlagDF, wire.CmdRead, 12345, uint32(len(data)), nil)
+	if r.chunkType != wire.ReplyTypeOffsetData || binary.BigEndian.Uint64(r.payload) != 12345 || !bytes.Equal(r.data, data) {
 		t.Fatalf("read: %v", r)
 	}
 	c.disconnect()
@@ -92,12 +94,12 @@ func TestBlockStatus(t *testing.T) {
 	disk := newMemoryDisk("disk", 1<<20)
 	server := startServer(t, newMemoryBackend(disk))
 	c, _, _ := connect(t, server.address, "disk", connectOptions{structured: true, blockStatus: true})
-	c.roundTrip(0, commandWrite, 8192, 4096, pattern(3, 4096))
-	c.roundTrip(0, commandWrite, 65536, 100, pattern(3, 100))
+	c.roundTrip(0, wire.CmdWrite, 8192, 4096, pattern(3, 4096))
+	c.roundTrip(0, wire.CmdWrite, 65536, 100, pattern(3, 100))
 
 	descriptors := func(r reply) [][2]uint32 {
 		t.Helper()
-		if r.errno != errnoNone || r.chunkType != chunkBlockStatus {
+		if r.errno != wire.NoError || r.chunkType != wire.ReplyTypeBlockStatus {
 			t.Fatalf("block status: %v", r)
 		}
 		if id := binary.BigEndian.Uint32(r.payload); id != allocationContextID {
@@ -109,26 +111,26 @@ func TestBlockStatus(t *testing.T) {
 		}
 		return out
 	}
-	hole := stateHole | stateZero
-	got := fmt.Sprint(descriptors(c.roundTrip(0, commandBlockStatus, 0, 1<<20, nil)))
+	hole := wire.StateHole | wire.StateZero
+	got := fmt.Sprint(descriptors(c.roundTrip(0, wire.CmdBlockStatus, 0, 1<<20, nil)))
 	want := fmt.Sprint([][2]uint32{{8192, hole}, {4096, 0}, {65536 - 12288, hole}, {4096, 0}, {1<<20 - 65536 - 4096, hole}})
 	if got != want {
 		t.Fatalf("extents %s, want %s", got, want)
 	}
-	got = fmt.Sprint(descriptors(c.roundTrip(commandFlagRequestOne, commandBlockStatus, 100, 1<<20-100, nil)))
+	got = fmt.Sprint(descriptors(c.roundTrip(wire.CmdFlagReqOne, wire.CmdBlockStatus, 100, 1<<20-100, nil)))
 	if want := fmt.Sprint([][2]uint32{{8092, hole}}); got != want {
 		t.Fatalf("REQ_ONE extents %s, want %s", got, want)
 	}
-	got = fmt.Sprint(descriptors(c.roundTrip(0, commandBlockStatus, 8192, 10, nil)))
+	got = fmt.Sprint(descriptors(c.roundTrip(0, wire.CmdBlockStatus, 8192, 10, nil)))
 	if want := fmt.Sprint([][2]uint32{{10, 0}}); got != want {
 		t.Fatalf("short request extents %s, want %s", got, want)
 	}
 	for name, r := range map[string]reply{
-		"zero length":  c.roundTrip(0, commandBlockStatus, 0, 0, nil),
-		"past the end": c.roundTrip(0, commandBlockStatus, 1<<20-10, 11, nil),
-		"DF flag":      c.roundTrip(commandFlagDontFragment, commandBlockStatus, 0, 10, nil),
+		"zero length":  c.roundTrip(0, wire.CmdBlockStatus, 0, 0, nil),
+		"past the end": c.roundTrip(0, wire.CmdBlockStatus, 1<<20-10, 11, nil),
+		"DF flag":      c.roundTrip(wire.CmdFlagDF, wire.CmdBlockStatus, 0, 10, nil),
 	} {
-		if r.errno != errnoInvalid || r.chunkType != chunkError || r.message == "" {
+		if r.errno != wire.EINVAL || r.chunkType != wire.ReplyTypeError || r.message == "" {
 			t.Errorf("%s: %v", name, r)
 		}
 	}
@@ -169,12 +171,12 @@ func TestEncodeExtents(t *testing.T) {
 		}
 	}
 	// Alternating extents are capped at the spec's 2^20 descriptors.
-	many := make([]Extent, maximumExtentsPerReply+10)
+	many := make([]Extent, wire.MaximumBlockStatusDescriptors+10)
 	for i := range many {
 		many[i] = Extent{Length: 1, Hole: i%2 == 0}
 	}
-	if got := len(encodeExtents(many, 1<<30, false)) / 8; got != maximumExtentsPerReply {
-		t.Errorf("%d descriptors, want %d", got, maximumExtentsPerReply)
+	if got := len(encodeExtents(many, 1<<30, false)) / 8; got != wire.MaximumBlockStatusDescriptors {
+		t.Errorf("%d descriptors, want %d", got, wire.MaximumBlockStatusDescriptors)
 	}
 }
 
@@ -187,7 +189,7 @@ func TestInvalidRequests(t *testing.T) {
 			disk.info.CanFUA = false
 			server := startServer(t, newMemoryBackend(disk))
 			c, _, flags := connect(t, server.address, "disk", connectOptions{structured: structured})
-			if flags&transmissionFlagSendFUA != 0 {
+			if flags&wire.FlagSendFUA != 0 {
 				t.Fatalf("flags %#x advertise FUA", flags)
 			}
 			for _, test := range []struct {
@@ -197,47 +199,47 @@ func TestInvalidRequests(t *testing.T) {
 				offset  uint64
 				length  uint32
 				payload []byte
-				want    errno
+				want    wire.Errno
 			}{
-				{"unknown command", 0, 9, 0, 0, nil, errnoInvalid},
-				{"unknown command 8", 0, 8, 0, 0, nil, errnoInvalid},
-				{"unknown flag", 1 << 9, commandRead, 0, 512, nil, errnoInvalid},
-				{"FUA not negotiated", commandFlagFUA, commandWrite, 0, 512, make([]byte, 512), errnoInvalid},
-				{"NO_HOLE on write", commandFlagNoHole, commandWrite, 0, 512, make([]byte, 512), errnoInvalid},
-				{"REQ_ONE on read", commandFlagRequestOne, commandRead, 0, 512, nil, errnoInvalid},
-				{"FAST_ZERO not advertised", commandFlagFastZero, commandWriteZeroes, 0, 512, nil, errnoInvalid},
-				{"read past the end", 0, commandRead, 1<<20 - 512, 1024, nil, errnoInvalid},
-				{"read offset past the end", 0, commandRead, 1 << 40, 512, nil, errnoInvalid},
-				{"read offset overflow", 0, commandRead, 1<<64 - 512, 1024, nil, errnoInvalid},
-				{"write past the end", 0, commandWrite, 1<<20 - 512, 1024, make([]byte, 1024), errnoNoSpace},
-				{"zeroes past the end", 0, commandWriteZeroes, 1 << 20, 512, nil, errnoNoSpace},
-				{"trim past the end", 0, commandTrim, 1 << 20, 512, nil, errnoInvalid},
-				{"cache past the end", 0, commandCache, 1 << 20, 512, nil, errnoInvalid},
-				{"unaligned read", 0, commandRead, 1, 512, nil, errnoInvalid},
-				{"unaligned write", 0, commandWrite, 0, 100, make([]byte, 100), errnoInvalid},
-				{"flush with length", 0, commandFlush, 0, 512, nil, errnoInvalid},
-				{"block status without context", 0, commandBlockStatus, 0, 512, nil, errnoInvalid},
-				{"write over the maximum payload", 0, commandWrite, 0, 1<<20 + 512, make([]byte, 1<<20+512), errnoInvalid},
+				{"unknown command", 0, 9, 0, 0, nil, wire.EINVAL},
+				{"unknown command 8", 0, 8, 0, 0, nil, wire.EINVAL},
+				{"unknown flag", 1 << 9, wire.CmdRead, 0, 512, nil, wire.EINVAL},
+				{"FUA not negotiated", wire.CmdFlagFUA, wire.CmdWrite, 0, 512, make([]byte, 512), wire.EINVAL},
+				{"NO_HOLE on write", wire.CmdFlagNoHole, wire.CmdWrite, 0, 512, make([]byte, 512), wire.EINVAL},
+				{"REQ_ONE on read", wire.CmdFlagReqOne, wire.CmdRead, 0, 512, nil, wire.EINVAL},
+				{"FAST_ZERO not advertised", wire.CmdFlagFastZero, wire.CmdWriteZeroes, 0, 512, nil, wire.EINVAL},
+				{"read past the end", 0, wire.CmdRead, 1<<20 - 512, 1024, nil, wire.EINVAL},
+				{"read offset past the end", 0, wire.CmdRead, 1 << 40, 512, nil, wire.EINVAL},
+				{"read offset overflow", 0, wire.CmdRead, 1<<64 - 512, 1024, nil, wire.EINVAL},
+				{"write past the end", 0, wire.CmdWrite, 1<<20 - 512, 1024, make([]byte, 1024), wire.ENOSPC},
+				{"zeroes past the end", 0, wire.CmdWriteZeroes, 1 << 20, 512, nil, wire.ENOSPC},
+				{"trim past the end", 0, wire.CmdTrim, 1 << 20, 512, nil, wire.EINVAL},
+				{"cache past the end", 0, wire.CmdCache, 1 << 20, 512, nil, wire.EINVAL},
+				{"unaligned read", 0, wire.CmdRead, 1, 512, nil, wire.EINVAL},
+				{"unaligned write", 0, wire.CmdWrite, 0, 100, make([]byte, 100), wire.EINVAL},
+				{"flush with length", 0, wire.CmdFlush, 0, 512, nil, wire.EINVAL},
+				{"block status without context", 0, wire.CmdBlockStatus, 0, 512, nil, wire.EINVAL},
+				{"write over the maximum payload", 0, wire.CmdWrite, 0, 1<<20 + 512, make([]byte, 1<<20+512), wire.EINVAL},
 			} {
 				r := c.roundTrip(test.flags, test.command, test.offset, test.length, test.payload)
 				if r.errno != test.want {
 					t.Errorf("%s: %v, want errno %d", test.name, r, test.want)
 				}
-				if structured && (r.chunkType != chunkError || r.message == "") {
+				if structured && (r.chunkType != wire.ReplyTypeError || r.message == "") {
 					t.Errorf("%s: want an error chunk with a message, got %v", test.name, r)
 				}
 			}
 			// Reads over the maximum payload: EINVAL with simple
 			// replies, EOVERFLOW (retry smaller) with structured ones.
-			want := errnoInvalid
+			want := wire.EINVAL
 			if structured {
-				want = errnoOverflow
+				want = wire.EOVERFLOW
 			}
-			if r := c.roundTrip(0, commandRead, 0, 1<<20+512, nil); r.errno != want {
+			if r := c.roundTrip(0, wire.CmdRead, 0, 1<<20+512, nil); r.errno != want {
 				t.Errorf("oversized read: %v, want %d", r, want)
 			}
 			// The connection still works, and nothing was written.
-			if r := c.roundTrip(0, commandRead, 0, 512, nil); r.errno != errnoNone || !bytes.Equal(r.data, make([]byte, 512)) {
+			if r := c.roundTrip(0, wire.CmdRead, 0, 512, nil); r.errno != wire.NoError || !bytes.Equal(r.data, make([]byte, 512)) {
 				t.Fatalf("read after the invalid requests: %v", r)
 			}
 			if disk.allocatedBlocks() != 0 {
@@ -252,19 +254,19 @@ func TestReadOnlyExport(t *testing.T) {
 	disk := newMemoryDisk("disk", 1<<20)
 	server := startServer(t, newMemoryBackend(disk))
 	c, _, flags := connect(t, server.address, "disk@snapshot", connectOptions{structured: true})
-	if flags&transmissionFlagReadOnly == 0 || flags&(transmissionFlagSendTrim|transmissionFlagSendWriteZeroes) != 0 {
+	if flags&wire.FlagReadOnly == 0 || flags&(wire.FlagSendTrim|wire.FlagSendWriteZeroes) != 0 {
 		t.Fatalf("read-only flags %#x", flags)
 	}
 	for name, r := range map[string]reply{
-		"write":        c.roundTrip(0, commandWrite, 0, 4, []byte{1, 2, 3, 4}),
-		"trim":         c.roundTrip(0, commandTrim, 0, 4096, nil),
-		"write zeroes": c.roundTrip(0, commandWriteZeroes, 0, 4096, nil),
+		"write":        c.roundTrip(0, wire.CmdWrite, 0, 4, []byte{1, 2, 3, 4}),
+		"trim":         c.roundTrip(0, wire.CmdTrim, 0, 4096, nil),
+		"write zeroes": c.roundTrip(0, wire.CmdWriteZeroes, 0, 4096, nil),
 	} {
-		if r.errno != errnoPermission {
+		if r.errno != wire.EPERM {
 			t.Errorf("%s on a read-only export: %v, want EPERM", name, r)
 		}
 	}
-	if r := c.roundTrip(0, commandRead, 0, 4, nil); r.errno != errnoNone {
+	if r := c.roundTrip(0, wire.CmdRead, 0, 4, nil); r.errno != wire.NoError {
 		t.Fatalf("read: %v", r)
 	}
 	if disk.allocatedBlocks() != 0 {
@@ -278,10 +280,10 @@ func TestFastZero(t *testing.T) {
 	disk.info.CanFastZero = true
 	server := startServer(t, newMemoryBackend(disk))
 	c, _, flags := connect(t, server.address, "disk", connectOptions{})
-	if flags&transmissionFlagSendFastZero == 0 {
+	if flags&wire.FlagSendFastZero == 0 {
 		t.Fatalf("flags %#x without NBD_FLAG_SEND_FAST_ZERO", flags)
 	}
-	if r := c.roundTrip(commandFlagFastZero, commandWriteZeroes, 0, 1<<20, nil); r.errno != errnoNone {
+	if r := c.roundTrip(wire.CmdFlagFastZero, wire.CmdWriteZeroes, 0, 1<<20, nil); r.errno != wire.NoError {
 		t.Fatalf("fast zero: %v", r)
 	}
 	c.disconnect()
@@ -300,23 +302,23 @@ func TestBackendErrorsMapToErrno(t *testing.T) {
 	c, _, _ := connect(t, server.address, "disk", connectOptions{structured: true})
 	for _, test := range []struct {
 		err  error
-		want errno
+		want wire.Errno
 	}{
-		{fmt.Errorf("gateway: replica down: %w", ErrIO), errnoInputOutput},
-		{fmt.Errorf("gateway: %w", ErrNoSpace), errnoNoSpace},
-		{syscall.EDQUOT, errnoNoSpace},
-		{ErrReadOnly, errnoPermission},
-		{ErrInvalid, errnoInvalid},
-		{ErrShutdown, errnoShutdown},
-		{errors.New("something else"), errnoInputOutput},
+		{fmt.Errorf("gateway: replica down: %w", ErrIO), wire.EIO},
+		{fmt.Errorf("gateway: %w", ErrNoSpace), wire.ENOSPC},
+		{syscall.EDQUOT, wire.ENOSPC},
+		{ErrReadOnly, wire.EPERM},
+		{ErrInvalid, wire.EINVAL},
+		{ErrShutdown, wire.ESHUTDOWN},
+		{errors.New("something else"), wire.EIO},
 	} {
 		injected.Store(&test.err)
-		r := c.roundTrip(0, commandWrite, 0, 4, []byte{1, 2, 3, 4})
+		r := c.roundTrip(0, wire.CmdWrite, 0, 4, []byte{1, 2, 3, 4})
 		if r.errno != test.want || r.message != test.err.Error() {
 			t.Errorf("%v: %v, want errno %d", test.err, r, test.want)
 		}
-		r = c.roundTrip(0, commandRead, 0, 4, nil)
-		if r.errno != test.want || r.chunkType != chunkError {
+		r = c.roundTrip(0, wire.CmdRead, 0, 4, nil)
+		if r.errno != test.want || r.chunkType != wire.ReplyTypeError {
 			t.Errorf("read with %v: %v, want errno %d", test.err, r, test.want)
 		}
 	}
@@ -326,21 +328,21 @@ func TestBackendErrorsMapToErrno(t *testing.T) {
 func TestErrnoFor(t *testing.T) {
 	for _, test := range []struct {
 		err  error
-		want errno
+		want wire.Errno
 	}{
-		{nil, errnoNone},
-		{ErrPermission, errnoPermission},
-		{syscall.EROFS, errnoPermission},
-		{ErrIO, errnoInputOutput},
-		{ErrNoSpace, errnoNoSpace},
-		{syscall.EFBIG, errnoNoSpace},
-		{ErrInvalid, errnoInvalid},
-		{ErrOverflow, errnoOverflow},
-		{ErrNotSupported, errnoNotSupported},
-		{context.Canceled, errnoShutdown},
-		{context.DeadlineExceeded, errnoInputOutput},
-		{fmt.Errorf("wrapped twice: %w", fmt.Errorf("once: %w", ErrNoSpace)), errnoNoSpace},
-		{io.ErrUnexpectedEOF, errnoInputOutput},
+		{nil, wire.NoError},
+		{ErrPermission, wire.EPERM},
+		{syscall.EROFS, wire.EPERM},
+		{ErrIO, wire.EIO},
+		{ErrNoSpace, wire.ENOSPC},
+		{syscall.EFBIG, wire.ENOSPC},
+		{ErrInvalid, wire.EINVAL},
+		{ErrOverflow, wire.EOVERFLOW},
+		{ErrNotSupported, wire.ENOTSUP},
+		{context.Canceled, wire.ESHUTDOWN},
+		{context.DeadlineExceeded, wire.EIO},
+		{fmt.Errorf("wrapped twice: %w", fmt.Errorf("once: %w", ErrNoSpace)), wire.ENOSPC},
+		{io.ErrUnexpectedEOF, wire.EIO},
 	} {
 		if got := errnoFor(test.err); got != test.want {
 			t.Errorf("errnoFor(%v) = %d, want %d", test.err, got, test.want)
@@ -365,15 +367,15 @@ func TestRequestsAreServedConcurrently(t *testing.T) {
 	c, _, _ := connect(t, server.address, "disk", connectOptions{structured: true})
 	for i := range requests {
 		if i%2 == 0 {
-			c.sendRequest(0, commandRead, uint64(i), uint64(i)*4096, 4096, nil)
+			c.sendRequest(0, wire.CmdRead, uint64(i), uint64(i)*4096, 4096, nil)
 		} else {
-			c.sendRequest(0, commandWrite, uint64(i), uint64(i)*4096, 4096, pattern(byte(i), 4096))
+			c.sendRequest(0, wire.CmdWrite, uint64(i), uint64(i)*4096, 4096, pattern(byte(i), 4096))
 		}
 	}
 	seen := map[uint64]bool{}
 	for range requests {
 		r := c.readReply()
-		if r.errno != errnoNone || seen[r.cookie] {
+		if r.errno != wire.NoError || seen[r.cookie] {
 			t.Fatalf("reply %v (duplicate: %v)", r, seen[r.cookie])
 		}
 		seen[r.cookie] = true
@@ -418,7 +420,7 @@ func TestInFlightLimits(t *testing.T) {
 			const requests = 8
 			go func() {
 				for i := range requests {
-					c.sendRequest(0, commandRead, uint64(i), uint64(i)*uint64(test.length), test.length, nil)
+					c.sendRequest(0, wire.CmdRead, uint64(i), uint64(i)*uint64(test.length), test.length, nil)
 				}
 			}()
 			waitFor(t, "requests to reach the limit", func() bool { return inFlight.Load() == test.wantInFlight })
@@ -432,7 +434,7 @@ func TestInFlightLimits(t *testing.T) {
 			}
 			close(release)
 			for range requests {
-				if r := c.readReply(); r.errno != errnoNone {
+				if r := c.readReply(); r.errno != wire.NoError {
 					t.Fatalf("reply %v", r)
 				}
 			}
@@ -455,14 +457,14 @@ func TestDisconnectWaitsForRequestsInFlight(t *testing.T) {
 	}
 	server := startServer(t, newMemoryBackend(disk))
 	c, _, _ := connect(t, server.address, "disk", connectOptions{})
-	c.sendRequest(0, commandWrite, 7, 0, 4, []byte{9, 9, 9, 9})
-	c.sendRequest(0, commandDisconnect, 8, 0, 0, nil)
+	c.sendRequest(0, wire.CmdWrite, 7, 0, 4, []byte{9, 9, 9, 9})
+	c.sendRequest(0, wire.CmdDisc, 8, 0, 0, nil)
 	<-entered
 	if disk.closes.Load() != 0 {
 		t.Fatalf("export closed with a request in flight")
 	}
 	close(release)
-	if r := c.readReply(); r.cookie != 7 || r.errno != errnoNone {
+	if r := c.readReply(); r.cookie != 7 || r.errno != wire.NoError {
 		t.Fatalf("reply %v", r)
 	}
 	c.expectClosed()
@@ -478,15 +480,15 @@ func TestClientVanishingMidRequest(t *testing.T) {
 	for name, send := range map[string]func(c *testClient){
 		"half a header": func(c *testClient) { c.write([]byte{0x25, 0x60, 0x95}) },
 		"half a payload": func(c *testClient) {
-			header := make([]byte, requestHeaderLength)
-			binary.BigEndian.PutUint32(header, magicRequest)
-			binary.BigEndian.PutUint16(header[6:], commandWrite)
+			header := make([]byte, wire.RequestHeaderLength)
+			binary.BigEndian.PutUint32(header, wire.RequestMagic)
+			binary.BigEndian.PutUint16(header[6:], wire.CmdWrite)
 			binary.BigEndian.PutUint32(header[24:], 8<<20)
 			c.write(append(header, make([]byte, 1<<20)...))
 		},
 		"requests in flight": func(c *testClient) {
 			for i := range 32 {
-				c.sendRequest(0, commandRead, uint64(i), 0, 4<<20, nil)
+				c.sendRequest(0, wire.CmdRead, uint64(i), 0, 4<<20, nil)
 			}
 		},
 	} {
@@ -501,7 +503,7 @@ func TestClientVanishingMidRequest(t *testing.T) {
 	}
 	// The server still serves others.
 	c, _, _ := connect(t, server.address, "disk", connectOptions{})
-	if r := c.roundTrip(0, commandRead, 0, 512, nil); r.errno != errnoNone {
+	if r := c.roundTrip(0, wire.CmdRead, 0, 512, nil); r.errno != wire.NoError {
 		t.Fatalf("read: %v", r)
 	}
 	c.disconnect()
@@ -513,7 +515,7 @@ func TestGarbageAfterHandshake(t *testing.T) {
 	random := rand.New(rand.NewPCG(1, 2))
 	for i := range 20 {
 		c, _, _ := connect(t, server.address, "disk", connectOptions{structured: i%2 == 0})
-		garbage := make([]byte, requestHeaderLength+random.IntN(4096))
+		garbage := make([]byte, wire.RequestHeaderLength+random.IntN(4096))
 		for j := range garbage {
 			garbage[j] = byte(random.Uint32())
 		}
@@ -537,7 +539,7 @@ func TestOversizedWriteDisconnects(t *testing.T) {
 	disk := newMemoryDisk("disk", 1<<30)
 	server := startServer(t, newMemoryBackend(disk))
 	c, _, _ := connect(t, server.address, "disk", connectOptions{})
-	c.sendRequest(0, commandWrite, 1, 0, maximumPayloadLength+1, nil)
+	c.sendRequest(0, wire.CmdWrite, 1, 0, wire.MaximumPayloadLength+1, nil)
 	c.expectClosed()
 }
 
@@ -551,10 +553,10 @@ func TestBackendPanicDropsOnlyThatConnection(t *testing.T) {
 	}
 	server := startServer(t, newMemoryBackend(disk))
 	c, _, _ := connect(t, server.address, "disk", connectOptions{})
-	c.sendRequest(0, commandTrim, 1, 0, 4096, nil)
+	c.sendRequest(0, wire.CmdTrim, 1, 0, 4096, nil)
 	c.expectClosed()
 	other, _, _ := connect(t, server.address, "disk", connectOptions{})
-	if r := other.roundTrip(0, commandRead, 0, 512, nil); r.errno != errnoNone {
+	if r := other.roundTrip(0, wire.CmdRead, 0, 512, nil); r.errno != wire.NoError {
 		t.Fatalf("read: %v", r)
 	}
 	other.disconnect()
@@ -573,7 +575,7 @@ func TestShutdownIsGraceful(t *testing.T) {
 	}
 	server := startServer(t, newMemoryBackend(disk))
 	c, _, _ := connect(t, server.address, "disk", connectOptions{})
-	c.sendRequest(0, commandWrite, 5, 0, 4, []byte{1, 2, 3, 4})
+	c.sendRequest(0, wire.CmdWrite, 5, 0, 4, []byte{1, 2, 3, 4})
 	<-entered
 	closed := make(chan error, 1)
 	go func() { closed <- server.Close() }()
@@ -591,7 +593,7 @@ func TestShutdownIsGraceful(t *testing.T) {
 	default:
 	}
 	close(release)
-	if r := c.readReply(); r.cookie != 5 || r.errno != errnoNone {
+	if r := c.readReply(); r.cookie != 5 || r.errno != wire.NoError {
 		t.Fatalf("reply %v", r)
 	}
 	c.expectClosed()
@@ -610,7 +612,7 @@ func TestShutdownDeadlineCancelsRequests(t *testing.T) {
 	}
 	server := startServer(t, newMemoryBackend(disk))
 	c, _, _ := connect(t, server.address, "disk", connectOptions{})
-	c.sendRequest(0, commandFlush, 5, 0, 0, nil)
+	c.sendRequest(0, wire.CmdFlush, 5, 0, 0, nil)
 	<-entered
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -631,7 +633,7 @@ func TestServeContextCancellation(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- server.Serve(ctx, listener) }()
 	c, _, _ := connect(t, listener.Addr().String(), "disk", connectOptions{})
-	if r := c.roundTrip(0, commandRead, 0, 512, nil); r.errno != errnoNone {
+	if r := c.roundTrip(0, wire.CmdRead, 0, 512, nil); r.errno != wire.NoError {
 		t.Fatalf("read: %v", r)
 	}
 	cancel()
@@ -652,6 +654,6 @@ func TestServeContextCancellation(t *testing.T) {
 func TestHandshakeTimeout(t *testing.T) {
 	server := startServer(t, newTestBackend(), func(s *Server) { s.HandshakeTimeout = 100 * time.Millisecond })
 	c := dial(t, server.address)
-	c.greet(clientFlagFixedNewstyle)
+	c.greet(wire.FlagCFixedNewstyle)
 	c.expectClosed()
 }

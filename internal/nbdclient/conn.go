@@ -2,6 +2,7 @@ package nbdclient
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,6 +11,9 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/herd-storage/herd/internal/nbd/wire"
+	"github.com/herd-storage/herd/internal/tlsbatch"
 )
 
 // closeTimeout bounds how long Close waits for the requests in flight before
@@ -22,12 +26,12 @@ type Flag uint16
 const (
 	// FUA (force unit access): the reply comes only once the data is on
 	// stable storage. Valid for WriteAt, Zero and Trim; needs CanFUA.
-	FUA = Flag(commandFlagFUA)
+	FUA = Flag(wire.CmdFlagFUA)
 	// NoHole: Zero must leave the range allocated (no hole punched).
-	NoHole = Flag(commandFlagNoHole)
+	NoHole = Flag(wire.CmdFlagNoHole)
 	// FastZero: Zero fails quickly with ENOTSUP instead of writing zeroes
 	// slowly. Needs CanFastZero.
-	FastZero = Flag(commandFlagFastZero)
+	FastZero = Flag(wire.CmdFlagFastZero)
 )
 
 // Extent is one run of a base:allocation block status answer (spec,
@@ -103,32 +107,32 @@ func (c *Conn) Size() uint64 { return c.size }
 func (c *Conn) ExportName() string { return c.exportName }
 
 // ReadOnly: the server refuses writes (NBD_FLAG_READ_ONLY).
-func (c *Conn) ReadOnly() bool { return c.flags&flagReadOnly != 0 }
+func (c *Conn) ReadOnly() bool { return c.flags&wire.FlagReadOnly != 0 }
 
 // CanFlush: the server has a write cache that Flush empties
 // (NBD_FLAG_SEND_FLUSH).
-func (c *Conn) CanFlush() bool { return c.flags&flagSendFlush != 0 }
+func (c *Conn) CanFlush() bool { return c.flags&wire.FlagSendFlush != 0 }
 
 // CanFUA: the FUA flag is honoured (NBD_FLAG_SEND_FUA).
-func (c *Conn) CanFUA() bool { return c.flags&flagSendFUA != 0 }
+func (c *Conn) CanFUA() bool { return c.flags&wire.FlagSendFUA != 0 }
 
 // CanTrim: Trim is available (NBD_FLAG_SEND_TRIM).
-func (c *Conn) CanTrim() bool { return c.flags&flagSendTrim != 0 && !c.ReadOnly() }
+func (c *Conn) CanTrim() bool { return c.flags&wire.FlagSendTrim != 0 && !c.ReadOnly() }
 
 // CanZero: Zero is available (NBD_FLAG_SEND_WRITE_ZEROES).
-func (c *Conn) CanZero() bool { return c.flags&flagSendWriteZeroes != 0 && !c.ReadOnly() }
+func (c *Conn) CanZero() bool { return c.flags&wire.FlagSendWriteZeroes != 0 && !c.ReadOnly() }
 
 // CanFastZero: the FastZero flag is available (NBD_FLAG_SEND_FAST_ZERO).
-func (c *Conn) CanFastZero() bool { return c.flags&flagSendFastZero != 0 && c.CanZero() }
+func (c *Conn) CanFastZero() bool { return c.flags&wire.FlagSendFastZero != 0 && c.CanZero() }
 
 // CanMultiConn: flushes and FUA writes on one connection to this export
 // cover the writes completed on every other connection to it
 // (NBD_FLAG_CAN_MULTI_CONN), so parallel connections need one Flush.
-func (c *Conn) CanMultiConn() bool { return c.flags&flagCanMultiConn != 0 }
+func (c *Conn) CanMultiConn() bool { return c.flags&wire.FlagCanMultiConn != 0 }
 
 // Rotational: the server says the storage has seek costs
 // (NBD_FLAG_ROTATIONAL).
-func (c *Conn) Rotational() bool { return c.flags&flagRotational != 0 }
+func (c *Conn) Rotational() bool { return c.flags&wire.FlagRotational != 0 }
 
 // StructuredReplies: structured replies were negotiated, so errors carry the
 // server's messages.
@@ -275,13 +279,8 @@ func (c *Conn) send(ctx context.Context, call *call, flags uint16, payload []byt
 
 	// C: magic, 16 bits flags, 16 bits type, 64 bits handle, 64 bits
 	// offset, 32 bits length, payload (spec, "Request message").
-	header := make([]byte, requestHeaderLength)
-	binary.BigEndian.PutUint32(header[0:], magicRequest)
-	binary.BigEndian.PutUint16(header[4:], flags)
-	binary.BigEndian.PutUint16(header[6:], call.command)
-	binary.BigEndian.PutUint64(header[8:], call.handle)
-	binary.BigEndian.PutUint64(header[16:], call.offset)
-	binary.BigEndian.PutUint32(header[24:], call.length)
+	request := wire.RequestHeader{Flags: flags, Type: call.command, Cookie: call.handle, Offset: call.offset, Length: call.length}
+	header := request.Append(make([]byte, 0, wire.RequestHeaderLength))
 	if err := c.write(ctx, header, payload); err != nil {
 		// A request may have been cut halfway: the stream is lost.
 		c.fail(fmt.Errorf("sending %s: %w", call.describe(), err))
@@ -293,6 +292,18 @@ func (c *Conn) send(ctx context.Context, call *call, flags uint16, payload []byt
 	return nil
 }
 
+// writeBuffers is one vectored write (over TLS: as few records and
+// system calls as tlsbatch manages).
+func (c *Conn) writeBuffers(buffers net.Buffers) error {
+	var err error
+	if t, ok := c.netConn.(*tls.Conn); ok {
+		_, err = tlsbatch.Write(t, buffers)
+	} else {
+		_, err = buffers.WriteTo(c.netConn)
+	}
+	return err
+}
+
 // write writes header and payload as one vectored write; cancelling ctx
 // interrupts it.
 func (c *Conn) write(ctx context.Context, header, payload []byte) error {
@@ -301,8 +312,7 @@ func (c *Conn) write(ctx context.Context, header, payload []byte) error {
 		buffers = append(buffers, payload)
 	}
 	if ctx.Done() == nil {
-		_, err := buffers.WriteTo(c.netConn)
-		return err
+		return c.writeBuffers(buffers)
 	}
 	var mu sync.Mutex // orders the interruption with the end of the write
 	finished, interrupted := false, false
@@ -314,7 +324,7 @@ func (c *Conn) write(ctx context.Context, header, payload []byte) error {
 			c.netConn.SetWriteDeadline(time.Unix(1, 0))
 		}
 	})
-	_, err := buffers.WriteTo(c.netConn)
+	err := c.writeBuffers(buffers)
 	stop()
 	mu.Lock()
 	finished = true
@@ -409,7 +419,7 @@ func (c *Conn) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 	var err error
 	for done := 0; done < len(p); {
 		n := min(len(p)-done, int(c.payloadMaximum))
-		call := &call{command: commandRead, offset: offset + uint64(done), length: uint32(n), buffer: p[done : done+n]}
+		call := &call{command: wire.CmdRead, offset: offset + uint64(done), length: uint32(n), buffer: p[done : done+n]}
 		if err = c.send(ctx, call, 0, nil); err != nil {
 			break
 		}
@@ -438,7 +448,7 @@ func (c *Conn) WriteAt(ctx context.Context, p []byte, offset uint64, flags Flag)
 	var err error
 	for done := 0; done < len(p); {
 		n := min(len(p)-done, int(c.payloadMaximum))
-		call := &call{command: commandWrite, offset: offset + uint64(done), length: uint32(n)}
+		call := &call{command: wire.CmdWrite, offset: offset + uint64(done), length: uint32(n)}
 		if err = c.send(ctx, call, uint16(flags), p[done:done+n]); err != nil {
 			break
 		}
@@ -461,7 +471,7 @@ func (c *Conn) Flush(ctx context.Context) error {
 	if !c.CanFlush() {
 		return nil
 	}
-	call := &call{command: commandFlush}
+	call := &call{command: wire.CmdFlush}
 	if err := c.send(ctx, call, 0, nil); err != nil {
 		return err
 	}
@@ -480,7 +490,7 @@ func (c *Conn) Trim(ctx context.Context, offset, length uint64, flags Flag) erro
 	if err := c.checkFlags(flags, FUA, "TRIM"); err != nil {
 		return err
 	}
-	return c.ranged(ctx, commandTrim, offset, length, flags)
+	return c.ranged(ctx, wire.CmdTrim, offset, length, flags)
 }
 
 // Zero makes the range read as zeroes (NBD_CMD_WRITE_ZEROES); flags may be
@@ -495,7 +505,7 @@ func (c *Conn) Zero(ctx context.Context, offset, length uint64, flags Flag) erro
 	if err := c.checkFlags(flags, FUA|NoHole|FastZero, "WRITE_ZEROES"); err != nil {
 		return err
 	}
-	return c.ranged(ctx, commandWriteZeroes, offset, length, flags)
+	return c.ranged(ctx, wire.CmdWriteZeroes, offset, length, flags)
 }
 
 // ranged sends a command without payload over [offset, offset+length), split
@@ -534,7 +544,7 @@ func (c *Conn) BlockStatus(ctx context.Context, offset, length uint64) ([]Extent
 	}
 	var extents []Extent
 	for done := uint64(0); done < length; {
-		call := &call{command: commandBlockStatus, offset: offset + done, length: uint32(min(length-done, maximumRequestLength))}
+		call := &call{command: wire.CmdBlockStatus, offset: offset + done, length: uint32(min(length-done, maximumRequestLength))}
 		if err := c.send(ctx, call, 0, nil); err != nil {
 			return nil, err
 		}
@@ -604,9 +614,7 @@ func (c *Conn) sendDisconnect() {
 		return
 	}
 	defer func() { <-c.writeSlot }()
-	header := make([]byte, requestHeaderLength)
-	binary.BigEndian.PutUint32(header[0:], magicRequest)
-	binary.BigEndian.PutUint16(header[6:], commandDisconnect)
+	header := wire.RequestHeader{Type: wire.CmdDisc}.Append(make([]byte, 0, wire.RequestHeaderLength))
 	c.netConn.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	c.netConn.Write(header)
 }
@@ -658,32 +666,36 @@ func (c *Conn) discard(n uint64) error {
 
 // readReplies reads and dispatches replies; it returns why it stopped.
 func (c *Conn) readReplies() error {
-	var header [chunkHeaderLength]byte
+	var header [wire.StructuredReplyHeaderLength]byte
 	for {
 		if err := c.readFull(header[:4]); err != nil {
 			return err
 		}
 		switch magic := binary.BigEndian.Uint32(header[:4]); magic {
-		case magicSimpleReply:
+		case wire.SimpleReplyMagic:
 			// S: magic, 32 bits error, 64 bits handle (spec, "Simple
 			// reply message").
-			if err := c.readFull(header[4:simpleReplyLength]); err != nil {
+			if err := c.readFull(header[4:wire.SimpleReplyHeaderLength]); err != nil {
 				return err
 			}
-			if err := c.simpleReply(binary.BigEndian.Uint32(header[4:]), binary.BigEndian.Uint64(header[8:])); err != nil {
+			reply, err := wire.ParseSimpleReplyHeader(header[:wire.SimpleReplyHeaderLength])
+			if err != nil {
+				return protocolError("%v", err)
+			}
+			if err := c.simpleReply(reply.Error, reply.Cookie); err != nil {
 				return err
 			}
-		case magicStructuredReply:
+		case wire.StructuredReplyMagic:
 			// S: magic, 16 bits flags, 16 bits type, 64 bits handle, 32
 			// bits length (spec, "Structured reply chunk message").
-			if err := c.readFull(header[4:chunkHeaderLength]); err != nil {
+			if err := c.readFull(header[4:wire.StructuredReplyHeaderLength]); err != nil {
 				return err
 			}
-			flags := binary.BigEndian.Uint16(header[4:])
-			chunkType := binary.BigEndian.Uint16(header[6:])
-			handle := binary.BigEndian.Uint64(header[8:])
-			length := binary.BigEndian.Uint32(header[16:])
-			if err := c.chunk(flags, chunkType, handle, length); err != nil {
+			chunk, err := wire.ParseStructuredReplyHeader(header[:])
+			if err != nil {
+				return protocolError("%v", err)
+			}
+			if err := c.chunk(chunk.Flags, chunk.Type, chunk.Cookie, chunk.Length); err != nil {
 				return err
 			}
 		default:
@@ -703,27 +715,27 @@ func (c *Conn) lookup(handle uint64) (*call, error) {
 	return call, nil
 }
 
-func (c *Conn) simpleReply(errno uint32, handle uint64) error {
+func (c *Conn) simpleReply(errno wire.Errno, handle uint64) error {
 	call, err := c.lookup(handle)
 	if err != nil {
 		return err
 	}
 	switch {
-	case call.command == commandRead && c.structuredReplies:
+	case call.command == wire.CmdRead && c.structuredReplies:
 		// "MUST NOT use a simple reply for NBD_CMD_READ" once structured
 		// replies are negotiated (spec, "Structured reply chunk message").
 		return protocolError("simple reply to %s after structured replies were negotiated", call.describe())
-	case call.command == commandBlockStatus && errno == 0:
+	case call.command == wire.CmdBlockStatus && errno == wire.NoError:
 		return protocolError("simple reply to BLOCK_STATUS (a structured reply is required)")
 	}
-	if errno != 0 {
-		c.finish(call, call.commandError(errno, ""), nil)
-		if errno == errnoShutdown {
+	if errno != wire.NoError {
+		c.finish(call, call.commandError(uint32(errno), ""), nil)
+		if errno == wire.ESHUTDOWN {
 			c.serverShuttingDown()
 		}
 		return nil
 	}
-	if call.command == commandRead {
+	if call.command == wire.CmdRead {
 		// S: length bytes of data.
 		if err := c.receive(call, call.buffer); err != nil {
 			return err
@@ -770,26 +782,26 @@ func (c *Conn) chunk(flags, chunkType uint16, handle uint64, length uint32) erro
 		return err
 	}
 	switch chunkType {
-	case chunkNone:
+	case wire.ReplyTypeNone:
 		// "length MUST be 0"; "MUST always be used with the
 		// NBD_REPLY_FLAG_DONE bit set".
-		if length != 0 || flags&replyFlagDone == 0 {
+		if length != 0 || flags&wire.ReplyFlagDone == 0 {
 			return protocolError("NBD_REPLY_TYPE_NONE chunk with length %d and flags %#x", length, flags)
 		}
-	case chunkOffsetData:
+	case wire.ReplyTypeOffsetData:
 		if err := c.offsetData(call, length); err != nil {
 			return err
 		}
-	case chunkOffsetHole:
+	case wire.ReplyTypeOffsetHole:
 		if err := c.offsetHole(call, length); err != nil {
 			return err
 		}
-	case chunkBlockStatus:
+	case wire.ReplyTypeBlockStatus:
 		if err := c.blockStatusChunk(call, length); err != nil {
 			return err
 		}
 	default:
-		if chunkType&chunkErrorBit == 0 {
+		if chunkType&wire.ReplyTypeErrorBit == 0 {
 			// "For all other messages with unknown or unexpected type
 			// ..., the client MUST initiate a hard disconnect."
 			return protocolError("unknown chunk type %d in the reply to %s", chunkType, call.describe())
@@ -800,7 +812,7 @@ func (c *Conn) chunk(flags, chunkType uint16, handle uint64, length uint32) erro
 	}
 	// Unknown reply flags are ignored ("Clients MUST ignore unrecognized
 	// flags").
-	if flags&replyFlagDone != 0 {
+	if flags&wire.ReplyFlagDone != 0 {
 		return c.complete(call)
 	}
 	return nil
@@ -811,19 +823,19 @@ func (c *Conn) complete(call *call) error {
 	if call.chunkError != nil {
 		c.finish(call, call.chunkError, nil)
 		var commandError *Error
-		if errors.As(call.chunkError, &commandError) && commandError.Errno == errnoShutdown {
+		if errors.As(call.chunkError, &commandError) && wire.Errno(commandError.Errno) == wire.ESHUTDOWN {
 			c.serverShuttingDown()
 		}
 		return nil
 	}
 	switch call.command {
-	case commandRead:
+	case wire.CmdRead:
 		// "When no error is detected, the server MUST send enough data
 		// chunks to cover the entire region".
 		if call.coveredBytes != uint64(call.length) {
 			return protocolError("the reply to %s covers only %d bytes", call.describe(), call.coveredBytes)
 		}
-	case commandBlockStatus:
+	case wire.CmdBlockStatus:
 		if !call.sawStatus {
 			return protocolError("the reply to %s has no block status chunk", call.describe())
 		}
@@ -872,7 +884,7 @@ func (c *Conn) place(call *call, offset, n uint64) (uint64, error) {
 // offsetData handles NBD_REPLY_TYPE_OFFSET_DATA: 64 bits offset, length - 8
 // bytes of data; "length MUST be at least 9".
 func (c *Conn) offsetData(call *call, length uint32) error {
-	if call.command != commandRead {
+	if call.command != wire.CmdRead {
 		return protocolError("data chunk in the reply to %s", call.describe())
 	}
 	if length < 9 || length-8 > call.length {
@@ -893,7 +905,7 @@ func (c *Conn) offsetData(call *call, length uint32) error {
 // offsetHole handles NBD_REPLY_TYPE_OFFSET_HOLE: 64 bits offset, 32 bits
 // hole size (nonzero); "length MUST be exactly 12".
 func (c *Conn) offsetHole(call *call, length uint32) error {
-	if call.command != commandRead {
+	if call.command != wire.CmdRead {
 		return protocolError("hole chunk in the reply to %s", call.describe())
 	}
 	if length != 12 {
@@ -918,14 +930,14 @@ func (c *Conn) offsetHole(call *call, length uint32) error {
 // request's end are refused, except that the last may reach beyond it (the
 // spec allows that); it is cut to the request.
 func (c *Conn) blockStatusChunk(call *call, length uint32) error {
-	if call.command != commandBlockStatus {
+	if call.command != wire.CmdBlockStatus {
 		return protocolError("block status chunk in the reply to %s", call.describe())
 	}
 	if length < 12 || (length-4)%8 != 0 {
 		return protocolError("block status chunk of length %d", length)
 	}
 	count := (length - 4) / 8
-	if count > maximumDescriptors {
+	if count > wire.MaximumBlockStatusDescriptors {
 		return protocolError("block status chunk with %d descriptors", count)
 	}
 	var field [8]byte
@@ -957,7 +969,7 @@ func (c *Conn) blockStatusChunk(call *call, length uint32) error {
 		remaining -= n
 		// Unknown status bits are ignored ("clients MUST ignore unknown
 		// flags").
-		call.building = appendExtent(call.building, Extent{Length: n, Hole: status&stateHole != 0, Zero: status&stateZero != 0})
+		call.building = appendExtent(call.building, Extent{Length: n, Hole: status&wire.StateHole != 0, Zero: status&wire.StateZero != 0})
 	}
 	return nil
 }
@@ -987,7 +999,7 @@ func (c *Conn) errorChunk(call *call, chunkType uint16, length uint32) error {
 	}
 	commandError := call.commandError(errno, cleanMessage(message))
 	rest := uint64(length - 6 - messageLength)
-	if chunkType == chunkErrorOffset {
+	if chunkType == wire.ReplyTypeErrorOffset {
 		if rest != 8 {
 			return protocolError("NBD_REPLY_TYPE_ERROR_OFFSET chunk with %d bytes after the message", rest)
 		}
@@ -995,7 +1007,7 @@ func (c *Conn) errorChunk(call *call, chunkType uint16, length uint32) error {
 			return err
 		}
 		offset := binary.BigEndian.Uint64(fields[:])
-		if call.command != commandFlush {
+		if call.command != wire.CmdFlush {
 			// The offset "MUST lie within the original offset and length
 			// of the request".
 			if offset < call.offset || offset-call.offset >= uint64(call.length) {

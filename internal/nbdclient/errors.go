@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"unicode"
+
+	"github.com/herd-storage/herd/internal/nbd/wire"
 )
 
 // Sentinel errors; test with errors.Is.
@@ -44,7 +46,7 @@ func (e *OptionError) ReplyName() string {
 	if name, ok := replyErrorNames[e.Reply]; ok {
 		return name
 	}
-	return fmt.Sprintf("NBD_REP_ERR_%d", e.Reply&^replyErrorBit)
+	return fmt.Sprintf("NBD_REP_ERR_%d", e.Reply&^wire.RepFlagError)
 }
 
 func (e *OptionError) Error() string {
@@ -76,7 +78,7 @@ type Error struct {
 
 // ErrnoName is the spec's name of Errno, such as "ENOSPC".
 func (e *Error) ErrnoName() string {
-	if name, ok := errnoNames[e.Errno]; ok {
+	if name, ok := errnoNames[wire.Errno(e.Errno)]; ok {
 		return name
 	}
 	return fmt.Sprintf("error %d", e.Errno)
@@ -113,8 +115,8 @@ func protocolError(format string, args ...any) error {
 // be able to send escape sequences to the user's terminal), at most the
 // spec's 4096 bytes.
 func cleanMessage(raw []byte) string {
-	if len(raw) > maximumStringLength {
-		raw = raw[:maximumStringLength]
+	if len(raw) > wire.MaximumStringLength {
+		raw = raw[:wire.MaximumStringLength]
 	}
 	text := strings.ToValidUTF8(string(raw), "\uFFFD")
 	text = strings.Map(func(r rune) rune {

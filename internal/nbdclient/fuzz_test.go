@@ -8,6 +8,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/herd-storage/herd/internal/nbd/wire"
 )
 
 // fuzzConn is a net.Conn whose peer sends fixed bytes and swallows
@@ -29,11 +31,11 @@ func (c *fuzzConn) SetWriteDeadline(t time.Time) error { return nil }
 // Their handles are 1 to 5, so that the fuzzer can hit them.
 func fuzzCalls() []*call {
 	return []*call{
-		{command: commandRead, offset: 4096, length: 4096, buffer: make([]byte, 4096)},
-		{command: commandBlockStatus, offset: 0, length: 1 << 20},
-		{command: commandWrite, offset: 512, length: 100},
-		{command: commandFlush},
-		{command: commandRead, offset: 1<<20 - 100, length: 100, buffer: make([]byte, 100)},
+		{command: wire.CmdRead, offset: 4096, length: 4096, buffer: make([]byte, 4096)},
+		{command: wire.CmdBlockStatus, offset: 0, length: 1 << 20},
+		{command: wire.CmdWrite, offset: 512, length: 100},
+		{command: wire.CmdFlush},
+		{command: wire.CmdRead, offset: 1<<20 - 100, length: 100, buffer: make([]byte, 100)},
 	}
 }
 
@@ -49,7 +51,7 @@ func FuzzReplies(f *testing.F) {
 	f.Add(true, simple(0, 1, make([]byte, 4096)))
 	f.Add(true, append(simple(5, 3, nil), simple(0, 4, nil)...))
 	f.Fuzz(func(t *testing.T, simpleReplies bool, data []byte) {
-		state := negotiated{exportName: "vm1", size: 1 << 20, flags: flagHasFlags | flagSendFlush,
+		state := negotiated{exportName: "vm1", size: 1 << 20, flags: wire.FlagHasFlags | wire.FlagSendFlush,
 			structuredReplies: !simpleReplies, blockStatus: !simpleReplies, allocationID: 7,
 			blockSizeMinimum: 1, blockSizePreferred: 4096, payloadMaximum: 32 << 20}
 		netConn := &fuzzConn{reader: bytes.NewReader(data)}
@@ -76,11 +78,11 @@ func FuzzReplies(f *testing.F) {
 				continue
 			}
 			switch call.command {
-			case commandRead:
+			case wire.CmdRead:
 				if call.coveredBytes != uint64(call.length) {
 					t.Fatalf("read reported success with %d of %d bytes", call.coveredBytes, call.length)
 				}
-			case commandBlockStatus:
+			case wire.CmdBlockStatus:
 				var total uint64
 				for _, extent := range call.extents {
 					if extent.Length == 0 {
@@ -101,21 +103,21 @@ func replySeeds() [][]byte {
 	join := func(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
 	return [][]byte{
 		join(
-			chunk(0, chunkOffsetData, 1, be64(4096), make([]byte, 2048)),
-			chunk(replyFlagDone, chunkOffsetHole, 1, be64(6144), be32(2048)),
-			chunk(replyFlagDone, chunkBlockStatus, 2, be32(7), be32(4096), be32(3), be32(8192), be32(0)),
+			chunk(0, wire.ReplyTypeOffsetData, 1, be64(4096), make([]byte, 2048)),
+			chunk(wire.ReplyFlagDone, wire.ReplyTypeOffsetHole, 1, be64(6144), be32(2048)),
+			chunk(wire.ReplyFlagDone, wire.ReplyTypeBlockStatus, 2, be32(7), be32(4096), be32(3), be32(8192), be32(0)),
 			simple(0, 3, nil),
-			chunk(replyFlagDone, chunkNone, 4),
-			chunk(replyFlagDone, chunkOffsetData, 5, be64(1<<20-100), make([]byte, 100)),
+			chunk(wire.ReplyFlagDone, wire.ReplyTypeNone, 4),
+			chunk(wire.ReplyFlagDone, wire.ReplyTypeOffsetData, 5, be64(1<<20-100), make([]byte, 100)),
 		),
 		join(
-			chunk(replyFlagDone, chunkError, 1, be32(5), be16(4), []byte("oops")),
-			chunk(replyFlagDone, chunkErrorOffset, 2, be32(22), be16(0), be64(10)),
-			chunk(replyFlagDone, chunkErrorBit+50, 3, be32(28), be16(1), []byte("x")),
+			chunk(wire.ReplyFlagDone, wire.ReplyTypeError, 1, be32(5), be16(4), []byte("oops")),
+			chunk(wire.ReplyFlagDone, wire.ReplyTypeErrorOffset, 2, be32(22), be16(0), be64(10)),
+			chunk(wire.ReplyFlagDone, wire.ReplyTypeErrorBit+50, 3, be32(28), be16(1), []byte("x")),
 			simple(108, 4, nil),
 		),
-		chunk(replyFlagDone, chunkOffsetData, 1, be64(4096), make([]byte, 4097)),
-		chunk(0, chunkOffsetHole, 5, be64(1<<20-100), be32(50)),
+		chunk(wire.ReplyFlagDone, wire.ReplyTypeOffsetData, 1, be64(4096), make([]byte, 4097)),
+		chunk(0, wire.ReplyTypeOffsetHole, 5, be64(1<<20-100), be32(50)),
 	}
 }
 
@@ -129,7 +131,7 @@ func FuzzHandshake(f *testing.F) {
 	s = defaultScript()
 	s.noStructure = true
 	f.Add(s.bytes())
-	f.Add(append(defaultScript().bytes(), chunk(replyFlagDone, chunkNone, 1)...))
+	f.Add(append(defaultScript().bytes(), chunk(wire.ReplyFlagDone, wire.ReplyTypeNone, 1)...))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		netConn := &fuzzConn{reader: bytes.NewReader(data)}
 		d := Dialer{HandshakeTimeout: time.Second}

@@ -3,12 +3,17 @@ package nbdclient
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
+
+	"github.com/herd-storage/herd/internal/nbd/wire"
+	"github.com/herd-storage/herd/internal/tlsbatch"
 )
 
 // defaultHandshakeTimeout bounds the handshake when the caller's context has
@@ -33,6 +38,10 @@ type Dialer struct {
 	// HandshakeTimeout bounds the handshake when ctx has no deadline. Zero
 	// means 30 s.
 	HandshakeTimeout time.Duration
+	// TLSConfig, when set, upgrades the connection with NBD_OPT_STARTTLS
+	// before any other option (spec, "NBD_OPT_STARTTLS"); a server that
+	// refuses fails the handshake.
+	TLSConfig *tls.Config
 }
 
 // Dial connects to the NBD server at address (host:port) and opens the
@@ -44,9 +53,14 @@ func Dial(ctx context.Context, address, exportName string) (*Conn, error) {
 }
 
 // Dial connects to address and opens exportName; see the package Dial.
+// An address starting with "/" is a unix socket's path.
 func (d *Dialer) Dial(ctx context.Context, address, exportName string) (*Conn, error) {
 	var netDialer net.Dialer
-	netConn, err := netDialer.DialContext(ctx, "tcp", address)
+	network := "tcp"
+	if strings.HasPrefix(address, "/") {
+		network = "unix"
+	}
+	netConn, err := netDialer.DialContext(ctx, network, address)
 	if err != nil {
 		return nil, fmt.Errorf("nbdclient: connect to %s: %w", address, err)
 	}
@@ -62,8 +76,8 @@ func (d *Dialer) Dial(ctx context.Context, address, exportName string) (*Conn, e
 // the Conn in the transmission phase. On error the caller still owns netConn
 // and must close it.
 func (d *Dialer) Handshake(ctx context.Context, netConn net.Conn, exportName string) (*Conn, error) {
-	if len(exportName) > maximumStringLength {
-		return nil, fmt.Errorf("%w: export name of %d bytes (the limit is %d)", ErrInvalid, len(exportName), maximumStringLength)
+	if len(exportName) > wire.MaximumStringLength {
+		return nil, fmt.Errorf("%w: export name of %d bytes (the limit is %d)", ErrInvalid, len(exportName), wire.MaximumStringLength)
 	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
@@ -107,7 +121,7 @@ func (d *Dialer) Handshake(ctx context.Context, netConn net.Conn, exportName str
 	if err := netConn.SetDeadline(time.Time{}); err != nil {
 		return nil, fmt.Errorf("nbdclient: %w", err)
 	}
-	return newConn(netConn, h.reader, state), nil
+	return newConn(h.netConn, h.reader, state), nil
 }
 
 func remoteAddress(netConn net.Conn) string {
@@ -142,25 +156,25 @@ type handshake struct {
 }
 
 func (h *handshake) run() (negotiated, error) {
-	h.state = negotiated{exportName: h.exportName, blockSizeMinimum: 1, blockSizePreferred: 4096, payloadMaximum: defaultPayloadMaximum}
+	h.state = negotiated{exportName: h.exportName, blockSizeMinimum: 1, blockSizePreferred: 4096, payloadMaximum: wire.MaximumPayloadLength}
 	// Spec, "Newstyle negotiation": S: "NBDMAGIC", "IHAVEOPT", 16 bits of
 	// handshake flags.
 	var greeting [18]byte
 	if err := h.readFull(greeting[:], "greeting"); err != nil {
 		return negotiated{}, err
 	}
-	if magic := binary.BigEndian.Uint64(greeting[0:]); magic != magicNBD {
+	if magic := binary.BigEndian.Uint64(greeting[0:]); magic != wire.NBDMagic {
 		return negotiated{}, protocolError("greeting magic %#x: is this an NBD server?", magic)
 	}
 	switch magic := binary.BigEndian.Uint64(greeting[8:]); magic {
-	case magicOption:
-	case magicOldstyle:
+	case wire.IHaveOptMagic:
+	case wire.CliservMagic:
 		return negotiated{}, fmt.Errorf("%w: the server speaks the oldstyle handshake, which has no export names and is not supported", ErrUnsupported)
 	default:
 		return negotiated{}, protocolError("greeting second magic %#x", magic)
 	}
 	serverFlags := binary.BigEndian.Uint16(greeting[16:])
-	if serverFlags&handshakeFlagFixedNewstyle == 0 {
+	if serverFlags&wire.FlagFixedNewstyle == 0 {
 		// Without fixed newstyle only NBD_OPT_EXPORT_NAME may be sent,
 		// and an unknown export just closes the connection: not worth
 		// supporting.
@@ -170,13 +184,18 @@ func (h *handshake) run() (negotiated, error) {
 	// NO_ZEROES only if offered (spec, "Client flags"). Unknown server flags
 	// are ignored ("The client SHOULD ignore any handshake flags it does not
 	// recognize").
-	clientFlags := clientFlagFixedNewstyle
-	if serverFlags&handshakeFlagNoZeroes != 0 {
-		clientFlags |= clientFlagNoZeroes
+	clientFlags := wire.FlagCFixedNewstyle
+	if serverFlags&wire.FlagNoZeroes != 0 {
+		clientFlags |= wire.FlagCNoZeroes
 		h.noZeroes = true
 	}
 	if err := h.write(binary.BigEndian.AppendUint32(nil, clientFlags)); err != nil {
 		return negotiated{}, err
+	}
+	if h.dialer.TLSConfig != nil {
+		if err := h.startTLS(); err != nil {
+			return negotiated{}, err
+		}
 	}
 
 	if !h.dialer.SimpleReplies {
@@ -195,23 +214,50 @@ func (h *handshake) run() (negotiated, error) {
 	return h.state, nil
 }
 
-// structuredReply sends NBD_OPT_STRUCTURED_REPLY (spec,
-// "NBD_OPT_STRUCTURED_REPLY"): an ACK enables structured replies; an error
-// reply leaves simple replies.
-func (h *handshake) structuredReply() error {
-	replyType, data, err := h.option(optionStructuredReply, nil)
+// startTLS sends NBD_OPT_STARTTLS and, once the server acknowledged it,
+// runs a TLS client handshake on the connection; option haggling goes on
+// over TLS. The connection's deadline bounds the TLS handshake too.
+func (h *handshake) startTLS() error {
+	replyType, data, err := h.option(wire.OptStartTLS, nil)
 	if err != nil {
 		return err
 	}
 	switch {
-	case replyType == replyAck:
+	case replyType == wire.RepAck:
+	case replyType&wire.RepFlagError != 0:
+		return h.optionRefused(wire.OptStartTLS, replyType, data, true)
+	default:
+		return protocolError("reply type %#x to NBD_OPT_STARTTLS", replyType)
+	}
+	if h.reader.Buffered() != 0 {
+		return protocolError("the server sent %d bytes after acknowledging NBD_OPT_STARTTLS", h.reader.Buffered())
+	}
+	tlsConn := tls.Client(tlsbatch.Wrap(h.netConn), h.dialer.TLSConfig)
+	if err := tlsConn.Handshake(); err != nil {
+		return fmt.Errorf("nbdclient: TLS with %s: %w", remoteAddress(h.netConn), err)
+	}
+	h.netConn = tlsConn
+	h.reader = bufio.NewReaderSize(tlsConn, readBufferSize)
+	return nil
+}
+
+// structuredReply sends NBD_OPT_STRUCTURED_REPLY (spec,
+// "NBD_OPT_STRUCTURED_REPLY"): an ACK enables structured replies; an error
+// reply leaves simple replies.
+func (h *handshake) structuredReply() error {
+	replyType, data, err := h.option(wire.OptStructuredReply, nil)
+	if err != nil {
+		return err
+	}
+	switch {
+	case replyType == wire.RepAck:
 		if len(data) != 0 {
 			return protocolError("NBD_REP_ACK with %d bytes of data", len(data))
 		}
 		h.state.structuredReplies = true
 		return nil
-	case replyType&replyErrorBit != 0:
-		return h.optionRefused(optionStructuredReply, replyType, data, false)
+	case replyType&wire.RepFlagError != 0:
+		return h.optionRefused(wire.OptStructuredReply, replyType, data, false)
 	default:
 		return protocolError("reply type %#x to NBD_OPT_STRUCTURED_REPLY", replyType)
 	}
@@ -226,40 +272,40 @@ func (h *handshake) setMetaContext() error {
 	data := binary.BigEndian.AppendUint32(nil, uint32(len(h.exportName)))
 	data = append(data, h.exportName...)
 	data = binary.BigEndian.AppendUint32(data, 1)
-	data = binary.BigEndian.AppendUint32(data, uint32(len(metaContextAllocation)))
-	data = append(data, metaContextAllocation...)
-	if err := h.sendOption(optionSetMetaContext, data); err != nil {
+	data = binary.BigEndian.AppendUint32(data, uint32(len(wire.BaseAllocation)))
+	data = append(data, wire.BaseAllocation...)
+	if err := h.sendOption(wire.OptSetMetaContext, data); err != nil {
 		return err
 	}
 	for {
-		replyType, data, err := h.readOptionReply(optionSetMetaContext)
+		replyType, data, err := h.readOptionReply(wire.OptSetMetaContext)
 		if err != nil {
 			return err
 		}
 		switch {
-		case replyType == replyMetaContext:
+		case replyType == wire.RepMetaContext:
 			if len(data) < 4 {
 				return protocolError("NBD_REP_META_CONTEXT of %d bytes", len(data))
 			}
-			if name := string(data[4:]); name != metaContextAllocation {
+			if name := string(data[4:]); name != wire.BaseAllocation {
 				// The server "MUST NOT" select what was not asked for;
 				// its BLOCK_STATUS replies would carry chunks this client
 				// cannot interpret.
 				return protocolError("the server selected metadata context %q, which was not requested", cleanMessage(data[4:]))
 			}
 			if h.state.blockStatus {
-				return protocolError("metadata context %s selected twice", metaContextAllocation)
+				return protocolError("metadata context %s selected twice", wire.BaseAllocation)
 			}
 			h.state.blockStatus = true
 			h.state.allocationID = binary.BigEndian.Uint32(data)
-		case replyType == replyAck:
+		case replyType == wire.RepAck:
 			if len(data) != 0 {
 				return protocolError("NBD_REP_ACK with %d bytes of data", len(data))
 			}
 			return nil
-		case replyType&replyErrorBit != 0:
+		case replyType&wire.RepFlagError != 0:
 			h.state.blockStatus = false
-			return h.optionRefused(optionSetMetaContext, replyType, data, false)
+			return h.optionRefused(wire.OptSetMetaContext, replyType, data, false)
 		default:
 			return protocolError("reply type %#x to NBD_OPT_SET_META_CONTEXT", replyType)
 		}
@@ -274,23 +320,23 @@ func (h *handshake) goOption() error {
 	data := binary.BigEndian.AppendUint32(nil, uint32(len(h.exportName)))
 	data = append(data, h.exportName...)
 	data = binary.BigEndian.AppendUint16(data, 1)
-	data = binary.BigEndian.AppendUint16(data, infoBlockSize)
-	if err := h.sendOption(optionGo, data); err != nil {
+	data = binary.BigEndian.AppendUint16(data, wire.InfoBlockSize)
+	if err := h.sendOption(wire.OptGo, data); err != nil {
 		return err
 	}
 	haveExport := false
 	for {
-		replyType, data, err := h.readOptionReply(optionGo)
+		replyType, data, err := h.readOptionReply(wire.OptGo)
 		if err != nil {
 			return err
 		}
 		switch {
-		case replyType == replyInfo:
+		case replyType == wire.RepInfo:
 			if len(data) < 2 {
 				return protocolError("NBD_REP_INFO of %d bytes", len(data))
 			}
 			switch binary.BigEndian.Uint16(data) {
-			case infoExport:
+			case wire.InfoExport:
 				// 16 bits type, 64 bits size, 16 bits transmission flags.
 				if len(data) != 12 {
 					return protocolError("NBD_INFO_EXPORT of %d bytes", len(data))
@@ -298,7 +344,7 @@ func (h *handshake) goOption() error {
 				h.state.size = binary.BigEndian.Uint64(data[2:])
 				h.state.flags = binary.BigEndian.Uint16(data[10:])
 				haveExport = true
-			case infoBlockSize:
+			case wire.InfoBlockSize:
 				// 16 bits type, 32 bits minimum, preferred, maximum.
 				if len(data) != 14 {
 					return protocolError("NBD_INFO_BLOCK_SIZE of %d bytes", len(data))
@@ -311,7 +357,7 @@ func (h *handshake) goOption() error {
 				// "the client MUST ignore information types that it does
 				// not recognise".
 			}
-		case replyType == replyAck:
+		case replyType == wire.RepAck:
 			if len(data) != 0 {
 				return protocolError("NBD_REP_ACK with %d bytes of data", len(data))
 			}
@@ -319,12 +365,12 @@ func (h *handshake) goOption() error {
 				return protocolError("NBD_OPT_GO acknowledged without NBD_INFO_EXPORT")
 			}
 			return h.checkFlags()
-		case replyType == replyErrorUnsup:
+		case replyType == wire.RepErrUnsup:
 			// A server older than NBD_OPT_GO (spec: "the client MAY
 			// fall back to NBD_OPT_EXPORT_NAME").
 			return h.exportNameOption()
-		case replyType&replyErrorBit != 0:
-			return h.optionRefused(optionGo, replyType, data, true)
+		case replyType&wire.RepFlagError != 0:
+			return h.optionRefused(wire.OptGo, replyType, data, true)
 		default:
 			return protocolError("reply type %#x to NBD_OPT_GO", replyType)
 		}
@@ -334,7 +380,7 @@ func (h *handshake) goOption() error {
 // blockSizes checks NBD_INFO_BLOCK_SIZE against the spec's "Block size
 // constraints" and derives the largest payload this client sends.
 func (h *handshake) blockSizes(minimum, preferred, maximum uint32) error {
-	if !powerOfTwo(minimum) || minimum > maximumMinimumBlockSize {
+	if !powerOfTwo(minimum) || minimum > wire.MaximumMinimumBlockSize {
 		return protocolError("minimum block size %d is not a power of two up to 64 KiB", minimum)
 	}
 	if !powerOfTwo(preferred) || preferred < minimum {
@@ -348,7 +394,7 @@ func (h *handshake) blockSizes(minimum, preferred, maximum uint32) error {
 	// Requests are capped at 32 MiB whatever the server allows, so that
 	// one request never holds the connection for long. The minimum is a
 	// power of two up to 64 KiB, so it divides 32 MiB.
-	h.state.payloadMaximum = min(maximum, defaultPayloadMaximum) / minimum * minimum
+	h.state.payloadMaximum = min(maximum, wire.MaximumPayloadLength) / minimum * minimum
 	return nil
 }
 
@@ -356,10 +402,10 @@ func (h *handshake) blockSizes(minimum, preferred, maximum uint32) error {
 // "NBD_OPT_EXPORT_NAME"): S: 64 bits size, 16 bits flags, 124 zero bytes
 // unless NO_ZEROES; a refusal closes the connection.
 func (h *handshake) exportNameOption() error {
-	if err := h.sendOption(optionExportName, []byte(h.exportName)); err != nil {
+	if err := h.sendOption(wire.OptExportName, []byte(h.exportName)); err != nil {
 		return err
 	}
-	reply := make([]byte, 10, 10+124)
+	reply := make([]byte, 10, 10+wire.ExportNameZeroPadding)
 	if !h.noZeroes {
 		reply = reply[:cap(reply)]
 	}
@@ -377,10 +423,10 @@ func (h *handshake) exportNameOption() error {
 // checkFlags validates the transmission flags (spec, "Transmission flags").
 func (h *handshake) checkFlags() error {
 	flags := h.state.flags
-	if flags&flagHasFlags == 0 {
+	if flags&wire.FlagHasFlags == 0 {
 		return protocolError("transmission flags %#x lack NBD_FLAG_HAS_FLAGS", flags)
 	}
-	if flags&flagSendFastZero != 0 && flags&flagSendWriteZeroes == 0 {
+	if flags&wire.FlagSendFastZero != 0 && flags&wire.FlagSendWriteZeroes == 0 {
 		return protocolError("NBD_FLAG_SEND_FAST_ZERO without NBD_FLAG_SEND_WRITE_ZEROES")
 	}
 	if h.state.size > 1<<63-1 {
@@ -397,7 +443,7 @@ func (h *handshake) checkFlags() error {
 // message, after a polite NBD_OPT_ABORT (spec, "Termination of the session
 // during option haggling": a client "MUST use soft disconnect").
 func (h *handshake) optionRefused(option, replyType uint32, data []byte, fatal bool) error {
-	if replyType != replyErrorShut && !fatal {
+	if replyType != wire.RepErrShutdown && !fatal {
 		return nil
 	}
 	refusal := &OptionError{Export: h.exportName, Option: option, Reply: replyType, Message: cleanMessage(data)}
@@ -409,8 +455,8 @@ func (h *handshake) optionRefused(option, replyType uint32, data []byte, fatal b
 // send; the answer does not matter.
 func (h *handshake) abort() {
 	h.netConn.SetDeadline(time.Now().Add(time.Second))
-	if h.sendOption(optionAbort, nil) == nil {
-		h.readOptionReply(optionAbort)
+	if h.sendOption(wire.OptAbort, nil) == nil {
+		h.readOptionReply(wire.OptAbort)
 	}
 }
 
@@ -423,36 +469,33 @@ func (h *handshake) option(option uint32, data []byte) (uint32, []byte, error) {
 
 // sendOption sends C: "IHAVEOPT", 32 bits option, 32 bits length, data.
 func (h *handshake) sendOption(option uint32, data []byte) error {
-	message := make([]byte, optionHeaderLength, optionHeaderLength+len(data))
-	binary.BigEndian.PutUint64(message[0:], magicOption)
-	binary.BigEndian.PutUint32(message[8:], option)
-	binary.BigEndian.PutUint32(message[12:], uint32(len(data)))
+	message := make([]byte, 0, wire.OptionHeaderLength+len(data))
+	message = wire.OptionHeader{Option: option, Length: uint32(len(data))}.Append(message)
 	return h.write(append(message, data...))
 }
 
 // readOptionReply reads S: magic, 32 bits option, 32 bits reply type, 32 bits
 // length, data (spec, "Fixed newstyle negotiation").
 func (h *handshake) readOptionReply(option uint32) (uint32, []byte, error) {
-	var header [optionReplyHeaderLength]byte
+	var header [wire.OptionReplyHeaderLength]byte
 	if err := h.readFull(header[:], "option reply"); err != nil {
 		return 0, nil, err
 	}
-	if magic := binary.BigEndian.Uint64(header[0:]); magic != magicOptionReply {
-		return 0, nil, protocolError("option reply magic %#x", magic)
+	reply, err := wire.ParseOptionReplyHeader(header[:])
+	if err != nil {
+		return 0, nil, protocolError("%v", err)
 	}
-	if echoed := binary.BigEndian.Uint32(header[8:]); echoed != option {
-		return 0, nil, protocolError("reply to option %d while option %d was sent", echoed, option)
+	if reply.Option != option {
+		return 0, nil, protocolError("reply to option %d while option %d was sent", reply.Option, option)
 	}
-	replyType := binary.BigEndian.Uint32(header[12:])
-	length := binary.BigEndian.Uint32(header[16:])
-	if length > maximumOptionReplyLength {
-		return 0, nil, protocolError("option reply of %d bytes", length)
+	if reply.Length > maximumOptionReplyLength {
+		return 0, nil, protocolError("option reply of %d bytes", reply.Length)
 	}
-	data := make([]byte, length)
+	data := make([]byte, reply.Length)
 	if err := h.readFull(data, "option reply"); err != nil {
 		return 0, nil, err
 	}
-	return replyType, data, nil
+	return reply.Type, data, nil
 }
 
 func (h *handshake) readFull(p []byte, what string) error {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/nbd"
+	"github.com/herd-storage/herd/internal/nbd/wire"
 	"github.com/herd-storage/herd/internal/nbdclient/nbdtest"
 )
 
@@ -348,7 +349,7 @@ func TestClose(t *testing.T) {
 }
 
 func TestErrorText(t *testing.T) {
-	refusal := &OptionError{Export: "vm1", Option: optionGo, Reply: replyErrorBit + 2, Message: "vdi busy"}
+	refusal := &OptionError{Export: "vm1", Option: wire.OptGo, Reply: wire.RepFlagError + 2, Message: "vdi busy"}
 	if got, want := refusal.Error(), `NBD server refused NBD_OPT_GO for export "vm1": NBD_REP_ERR_POLICY: vdi busy`; got != want {
 		t.Errorf("OptionError = %q, want %q", got, want)
 	}

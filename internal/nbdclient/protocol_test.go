@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/herd-storage/herd/internal/nbd/wire"
 )
 
 // This file tests the client against scripted servers that send exactly the
@@ -30,13 +32,13 @@ type script struct {
 }
 
 func defaultScript() script {
-	return script{size: 1 << 20, flags: flagHasFlags | flagSendFlush | flagSendFUA | flagSendTrim | flagSendWriteZeroes,
-		contextName: metaContextAllocation, contextID: 7, blockSize: []uint32{1, 4096, 1 << 20}}
+	return script{size: 1 << 20, flags: wire.FlagHasFlags | wire.FlagSendFlush | wire.FlagSendFUA | wire.FlagSendTrim | wire.FlagSendWriteZeroes,
+		contextName: wire.BaseAllocation, contextID: 7, blockSize: []uint32{1, 4096, 1 << 20}}
 }
 
 func optionReply(option, replyType uint32, data ...[]byte) []byte {
 	payload := bytes.Join(data, nil)
-	out := binary.BigEndian.AppendUint64(nil, magicOptionReply)
+	out := binary.BigEndian.AppendUint64(nil, wire.OptionReplyMagic)
 	out = binary.BigEndian.AppendUint32(out, option)
 	out = binary.BigEndian.AppendUint32(out, replyType)
 	out = binary.BigEndian.AppendUint32(out, uint32(len(payload)))
@@ -50,30 +52,30 @@ func be64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 // bytes is the server's whole handshake output, in the order the client
 // asks: greeting, STRUCTURED_REPLY, SET_META_CONTEXT, GO.
 func (s script) bytes() []byte {
-	out := be64(magicNBD)
-	out = append(out, be64(magicOption)...)
-	out = append(out, be16(handshakeFlagFixedNewstyle|handshakeFlagNoZeroes)...)
+	out := be64(wire.NBDMagic)
+	out = append(out, be64(wire.IHaveOptMagic)...)
+	out = append(out, be16(wire.FlagFixedNewstyle|wire.FlagNoZeroes)...)
 	if s.noStructure {
-		out = append(out, optionReply(optionStructuredReply, replyErrorUnsup)...)
+		out = append(out, optionReply(wire.OptStructuredReply, wire.RepErrUnsup)...)
 	} else {
-		out = append(out, optionReply(optionStructuredReply, replyAck)...)
+		out = append(out, optionReply(wire.OptStructuredReply, wire.RepAck)...)
 		if s.contextName != "" {
-			out = append(out, optionReply(optionSetMetaContext, replyMetaContext, be32(s.contextID), []byte(s.contextName))...)
+			out = append(out, optionReply(wire.OptSetMetaContext, wire.RepMetaContext, be32(s.contextID), []byte(s.contextName))...)
 		}
-		out = append(out, optionReply(optionSetMetaContext, replyAck)...)
+		out = append(out, optionReply(wire.OptSetMetaContext, wire.RepAck)...)
 	}
 	if s.goUnsup {
-		out = append(out, optionReply(optionGo, replyErrorUnsup)...)
+		out = append(out, optionReply(wire.OptGo, wire.RepErrUnsup)...)
 		out = append(out, be64(s.size)...)
 		return append(out, be16(s.flags)...)
 	}
 	if !s.noExportInfo {
-		out = append(out, optionReply(optionGo, replyInfo, be16(infoExport), be64(s.size), be16(s.flags))...)
+		out = append(out, optionReply(wire.OptGo, wire.RepInfo, be16(wire.InfoExport), be64(s.size), be16(s.flags))...)
 	}
 	if s.blockSize != nil {
-		out = append(out, optionReply(optionGo, replyInfo, be16(infoBlockSize), be32(s.blockSize[0]), be32(s.blockSize[1]), be32(s.blockSize[2]))...)
+		out = append(out, optionReply(wire.OptGo, wire.RepInfo, be16(wire.InfoBlockSize), be32(s.blockSize[0]), be32(s.blockSize[1]), be32(s.blockSize[2]))...)
 	}
-	return append(out, optionReply(optionGo, replyAck)...)
+	return append(out, optionReply(wire.OptGo, wire.RepAck)...)
 }
 
 // request is what the scripted server read.
@@ -118,7 +120,7 @@ func scriptedServer(t *testing.T, handshake []byte, answer func(request, io.Writ
 			return
 		}
 		for {
-			var header [optionHeaderLength]byte
+			var header [wire.OptionHeaderLength]byte
 			if _, err := io.ReadFull(conn, header[:]); err != nil {
 				return
 			}
@@ -126,12 +128,12 @@ func scriptedServer(t *testing.T, handshake []byte, answer func(request, io.Writ
 			if _, err := io.CopyN(io.Discard, conn, int64(binary.BigEndian.Uint32(header[12:]))); err != nil {
 				return
 			}
-			if option == optionExportName || (option == optionGo && !bytes.Contains(handshake, optionReply(optionGo, replyErrorUnsup))) {
+			if option == wire.OptExportName || (option == wire.OptGo && !bytes.Contains(handshake, optionReply(wire.OptGo, wire.RepErrUnsup))) {
 				break
 			}
 		}
 		for {
-			var header [requestHeaderLength]byte
+			var header [wire.RequestHeaderLength]byte
 			if _, err := io.ReadFull(conn, header[:]); err != nil {
 				return
 			}
@@ -140,10 +142,10 @@ func scriptedServer(t *testing.T, handshake []byte, answer func(request, io.Writ
 				handle: binary.BigEndian.Uint64(header[8:]), offset: binary.BigEndian.Uint64(header[16:]),
 				length: binary.BigEndian.Uint32(header[24:]),
 			}
-			if r.command == commandWrite {
+			if r.command == wire.CmdWrite {
 				io.CopyN(io.Discard, conn, int64(r.length))
 			}
-			if r.command == commandDisconnect || !answer(r, conn) {
+			if r.command == wire.CmdDisc || !answer(r, conn) {
 				return
 			}
 		}
@@ -152,7 +154,7 @@ func scriptedServer(t *testing.T, handshake []byte, answer func(request, io.Writ
 }
 
 func simple(errno uint32, handle uint64, data []byte) []byte {
-	out := be32(magicSimpleReply)
+	out := be32(wire.SimpleReplyMagic)
 	out = append(out, be32(errno)...)
 	out = append(out, be64(handle)...)
 	return append(out, data...)
@@ -160,7 +162,7 @@ func simple(errno uint32, handle uint64, data []byte) []byte {
 
 func chunk(flags, chunkType uint16, handle uint64, payload ...[]byte) []byte {
 	data := bytes.Join(payload, nil)
-	out := be32(magicStructuredReply)
+	out := be32(wire.StructuredReplyMagic)
 	out = append(out, be16(flags)...)
 	out = append(out, be16(chunkType)...)
 	out = append(out, be64(handle)...)
@@ -172,9 +174,9 @@ func TestStructuredRead(t *testing.T) {
 	data := bytes.Repeat([]byte{0xab}, 4096)
 	address := scriptedServer(t, defaultScript().bytes(), func(r request, w io.Writer) bool {
 		// The hole first, then the data, then an empty final chunk.
-		w.Write(chunk(0, chunkOffsetHole, r.handle, be64(r.offset+4096), be32(4096)))
-		w.Write(chunk(0, chunkOffsetData, r.handle, be64(r.offset), data))
-		w.Write(chunk(replyFlagDone, chunkNone, r.handle))
+		w.Write(chunk(0, wire.ReplyTypeOffsetHole, r.handle, be64(r.offset+4096), be32(4096)))
+		w.Write(chunk(0, wire.ReplyTypeOffsetData, r.handle, be64(r.offset), data))
+		w.Write(chunk(wire.ReplyFlagDone, wire.ReplyTypeNone, r.handle))
 		return true
 	})
 	c := dial(t, nil, address, "vm1")
@@ -193,14 +195,14 @@ func TestStructuredRead(t *testing.T) {
 func TestErrorChunks(t *testing.T) {
 	address := scriptedServer(t, defaultScript().bytes(), func(r request, w io.Writer) bool {
 		switch r.command {
-		case commandRead:
+		case wire.CmdRead:
 			// Part of the data, then an error at an offset inside it.
-			w.Write(chunk(0, chunkOffsetData, r.handle, be64(r.offset), make([]byte, 10)))
-			w.Write(chunk(replyFlagDone, chunkErrorOffset, r.handle, be32(5), be16(12), []byte("sector died"+"!"), be64(r.offset+3)))
-		case commandWrite:
+			w.Write(chunk(0, wire.ReplyTypeOffsetData, r.handle, be64(r.offset), make([]byte, 10)))
+			w.Write(chunk(wire.ReplyFlagDone, wire.ReplyTypeErrorOffset, r.handle, be32(5), be16(12), []byte("sector died"+"!"), be64(r.offset+3)))
+		case wire.CmdWrite:
 			// An error type this client does not know: still an error.
-			w.Write(chunk(replyFlagDone, chunkErrorBit+99, r.handle, be32(28), be16(4), []byte("full"), []byte("extra")))
-		case commandFlush:
+			w.Write(chunk(wire.ReplyFlagDone, wire.ReplyTypeErrorBit+99, r.handle, be32(28), be16(4), []byte("full"), []byte("extra")))
+		case wire.CmdFlush:
 			w.Write(simple(0, r.handle, nil))
 		}
 		return true
@@ -227,54 +229,56 @@ func TestProtocolViolations(t *testing.T) {
 	cases := map[string]func(r request) []byte{
 		"bad magic": func(r request) []byte { return []byte("HTTP/1.1 400 Bad Request\r\n\r\n") },
 		"unknown handle": func(r request) []byte {
-			return chunk(replyFlagDone, chunkOffsetData, r.handle+1, be64(r.offset), make([]byte, r.length))
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeOffsetData, r.handle+1, be64(r.offset), make([]byte, r.length))
 		},
 		"simple reply to a structured read": func(r request) []byte { return simple(0, r.handle, make([]byte, r.length)) },
 		"data before the request": func(r request) []byte {
-			return chunk(replyFlagDone, chunkOffsetData, r.handle, be64(r.offset-1), make([]byte, r.length))
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeOffsetData, r.handle, be64(r.offset-1), make([]byte, r.length))
 		},
 		"data past the request": func(r request) []byte {
-			return chunk(replyFlagDone, chunkOffsetData, r.handle, be64(r.offset+1), make([]byte, r.length))
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeOffsetData, r.handle, be64(r.offset+1), make([]byte, r.length))
 		},
 		"data longer than the request": func(r request) []byte {
-			return chunk(replyFlagDone, chunkOffsetData, r.handle, be64(r.offset), make([]byte, r.length+1))
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeOffsetData, r.handle, be64(r.offset), make([]byte, r.length+1))
 		},
 		"offset overflow": func(r request) []byte {
-			return chunk(replyFlagDone, chunkOffsetHole, r.handle, be64(1<<64-10), be32(100))
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeOffsetHole, r.handle, be64(1<<64-10), be32(100))
 		},
 		"overlapping chunks": func(r request) []byte {
-			return append(chunk(0, chunkOffsetHole, r.handle, be64(r.offset), be32(r.length)),
-				chunk(replyFlagDone, chunkOffsetData, r.handle, be64(r.offset+10), make([]byte, 1))...)
+			return append(chunk(0, wire.ReplyTypeOffsetHole, r.handle, be64(r.offset), be32(r.length)),
+				chunk(wire.ReplyFlagDone, wire.ReplyTypeOffsetData, r.handle, be64(r.offset+10), make([]byte, 1))...)
 		},
 		"incomplete read": func(r request) []byte {
-			return append(chunk(0, chunkOffsetHole, r.handle, be64(r.offset), be32(r.length-1)),
-				chunk(replyFlagDone, chunkNone, r.handle)...)
+			return append(chunk(0, wire.ReplyTypeOffsetHole, r.handle, be64(r.offset), be32(r.length-1)),
+				chunk(wire.ReplyFlagDone, wire.ReplyTypeNone, r.handle)...)
 		},
 		"empty hole": func(r request) []byte {
-			return chunk(replyFlagDone, chunkOffsetHole, r.handle, be64(r.offset), be32(0))
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeOffsetHole, r.handle, be64(r.offset), be32(0))
 		},
-		"short hole chunk": func(r request) []byte { return chunk(replyFlagDone, chunkOffsetHole, r.handle, be64(r.offset)) },
+		"short hole chunk": func(r request) []byte {
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeOffsetHole, r.handle, be64(r.offset))
+		},
 		"none without done": func(r request) []byte {
-			return chunk(0, chunkNone, r.handle)
+			return chunk(0, wire.ReplyTypeNone, r.handle)
 		},
-		"none with data": func(r request) []byte { return chunk(replyFlagDone, chunkNone, r.handle, []byte{0}) },
+		"none with data": func(r request) []byte { return chunk(wire.ReplyFlagDone, wire.ReplyTypeNone, r.handle, []byte{0}) },
 		"unknown chunk type": func(r request) []byte {
-			return chunk(replyFlagDone, 77, r.handle, []byte{1, 2, 3})
+			return chunk(wire.ReplyFlagDone, 77, r.handle, []byte{1, 2, 3})
 		},
 		"block status in a read reply": func(r request) []byte {
-			return chunk(replyFlagDone, chunkBlockStatus, r.handle, be32(7), be32(r.length), be32(0))
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeBlockStatus, r.handle, be32(7), be32(r.length), be32(0))
 		},
 		"error message longer than the chunk": func(r request) []byte {
-			return chunk(replyFlagDone, chunkError, r.handle, be32(5), be16(100), []byte("short"))
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeError, r.handle, be32(5), be16(100), []byte("short"))
 		},
 		"error value zero": func(r request) []byte {
-			return chunk(replyFlagDone, chunkError, r.handle, be32(0), be16(0))
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeError, r.handle, be32(0), be16(0))
 		},
 		"error offset outside": func(r request) []byte {
-			return chunk(replyFlagDone, chunkErrorOffset, r.handle, be32(5), be16(0), be64(r.offset+uint64(r.length)))
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeErrorOffset, r.handle, be32(5), be16(0), be64(r.offset+uint64(r.length)))
 		},
 		"truncated reply": func(r request) []byte {
-			return chunk(replyFlagDone, chunkOffsetData, r.handle, be64(r.offset), make([]byte, r.length))[:30]
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeOffsetData, r.handle, be64(r.offset), make([]byte, r.length))[:30]
 		},
 	}
 	for name, reply := range cases {
@@ -306,26 +310,26 @@ func TestProtocolViolations(t *testing.T) {
 func TestBlockStatusViolations(t *testing.T) {
 	cases := map[string]func(r request) []byte{
 		"wrong context": func(r request) []byte {
-			return chunk(replyFlagDone, chunkBlockStatus, r.handle, be32(8), be32(r.length), be32(0))
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeBlockStatus, r.handle, be32(8), be32(r.length), be32(0))
 		},
 		"empty descriptor": func(r request) []byte {
-			return chunk(replyFlagDone, chunkBlockStatus, r.handle, be32(7), be32(0), be32(0))
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeBlockStatus, r.handle, be32(7), be32(0), be32(0))
 		},
-		"no descriptor": func(r request) []byte { return chunk(replyFlagDone, chunkBlockStatus, r.handle, be32(7)) },
+		"no descriptor": func(r request) []byte { return chunk(wire.ReplyFlagDone, wire.ReplyTypeBlockStatus, r.handle, be32(7)) },
 		"descriptors past the end": func(r request) []byte {
-			return chunk(replyFlagDone, chunkBlockStatus, r.handle, be32(7), be32(r.length), be32(0), be32(1), be32(0))
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeBlockStatus, r.handle, be32(7), be32(r.length), be32(0), be32(1), be32(0))
 		},
 		"two chunks": func(r request) []byte {
-			return append(chunk(0, chunkBlockStatus, r.handle, be32(7), be32(1), be32(0)),
-				chunk(replyFlagDone, chunkBlockStatus, r.handle, be32(7), be32(1), be32(0))...)
+			return append(chunk(0, wire.ReplyTypeBlockStatus, r.handle, be32(7), be32(1), be32(0)),
+				chunk(wire.ReplyFlagDone, wire.ReplyTypeBlockStatus, r.handle, be32(7), be32(1), be32(0))...)
 		},
-		"no status chunk": func(r request) []byte { return chunk(replyFlagDone, chunkNone, r.handle) },
+		"no status chunk": func(r request) []byte { return chunk(wire.ReplyFlagDone, wire.ReplyTypeNone, r.handle) },
 		"simple success":  func(r request) []byte { return simple(0, r.handle, nil) },
 		"ragged length": func(r request) []byte {
-			return chunk(replyFlagDone, chunkBlockStatus, r.handle, be32(7), be32(1), be32(0), []byte{0})
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeBlockStatus, r.handle, be32(7), be32(1), be32(0), []byte{0})
 		},
 		"data for a block": func(r request) []byte {
-			return chunk(replyFlagDone, chunkOffsetData, r.handle, be64(r.offset), []byte{0})
+			return chunk(wire.ReplyFlagDone, wire.ReplyTypeOffsetData, r.handle, be64(r.offset), []byte{0})
 		},
 	}
 	for name, reply := range cases {
@@ -358,7 +362,7 @@ func TestBlockStatusShortAnswers(t *testing.T) {
 		if r.length < 1000 {
 			length = r.length + 5000
 		}
-		w.Write(chunk(replyFlagDone, chunkBlockStatus, r.handle, be32(7), be32(length), be32(stateHole|stateZero|1<<20)))
+		w.Write(chunk(wire.ReplyFlagDone, wire.ReplyTypeBlockStatus, r.handle, be32(7), be32(length), be32(wire.StateHole|wire.StateZero|1<<20)))
 		return true
 	})
 	c := dial(t, nil, address, "vm1")
@@ -398,19 +402,21 @@ func TestHandshakeVariants(t *testing.T) {
 		build func(s *script) []byte
 		want  string
 	}{
-		"not nbd":             {func(s *script) []byte { return []byte("SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n") }, "is this an NBD server?"},
-		"oldstyle":            {func(s *script) []byte { return append(append(be64(magicNBD), be64(magicOldstyle)...), be64(1<<20)...) }, "oldstyle"},
+		"not nbd": {func(s *script) []byte { return []byte("SSH-2.0-OpenSSH_9.2p1 Debian-2\r\n") }, "is this an NBD server?"},
+		"oldstyle": {func(s *script) []byte {
+			return append(append(be64(wire.NBDMagic), be64(wire.CliservMagic)...), be64(1<<20)...)
+		}, "oldstyle"},
 		"not fixed newstyle":  {func(s *script) []byte { return append(s.bytes()[:16], 0, 0) }, "fixed newstyle"},
 		"bad block sizes":     {func(s *script) []byte { s.blockSize = []uint32{3, 4096, 1 << 20}; return s.bytes() }, "minimum block size 3"},
 		"maximum below min":   {func(s *script) []byte { s.blockSize = []uint32{4096, 4096, 512}; return s.bytes() }, "maximum block size 512"},
 		"unrequested context": {func(s *script) []byte { s.contextName = "qemu:dirty-bitmap:x"; return s.bytes() }, "was not requested"},
-		"no has-flags":        {func(s *script) []byte { s.flags = flagSendFlush; return s.bytes() }, "NBD_FLAG_HAS_FLAGS"},
+		"no has-flags":        {func(s *script) []byte { s.flags = wire.FlagSendFlush; return s.bytes() }, "NBD_FLAG_HAS_FLAGS"},
 		"truncated":           {func(s *script) []byte { return s.bytes()[:60] }, "closed the connection during the handshake"},
 		"oversized reply": {func(s *script) []byte {
-			return append(s.bytes()[:18], optionReply(optionStructuredReply, replyAck, make([]byte, 100<<10))...)
+			return append(s.bytes()[:18], optionReply(wire.OptStructuredReply, wire.RepAck, make([]byte, 100<<10))...)
 		}, "option reply of 102400 bytes"},
 		"wrong option echoed": {func(s *script) []byte {
-			return append(s.bytes()[:18], optionReply(optionGo, replyAck)...)
+			return append(s.bytes()[:18], optionReply(wire.OptGo, wire.RepAck)...)
 		}, "reply to option 7 while option 8 was sent"},
 		"go without export info": {func(s *script) []byte { s.noExportInfo = true; return s.bytes() }, "without NBD_INFO_EXPORT"},
 	}
@@ -470,7 +476,7 @@ func TestSilentServer(t *testing.T) {
 // disconnects.
 func TestShutdownReply(t *testing.T) {
 	address := scriptedServer(t, defaultScript().bytes(), func(r request, w io.Writer) bool {
-		w.Write(chunk(replyFlagDone, chunkError, r.handle, be32(errnoShutdown), be16(8), []byte("stopping")))
+		w.Write(chunk(wire.ReplyFlagDone, wire.ReplyTypeError, r.handle, be32(uint32(wire.ESHUTDOWN)), be16(8), []byte("stopping")))
 		return true
 	})
 	c := dial(t, nil, address, "vm1")

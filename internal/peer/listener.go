@@ -2,34 +2,67 @@ package peer
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/herd-storage/herd/internal/tlsbatch"
+	"golang.org/x/time/rate"
+)
+
+// Refusals are logged at most refusalLogBurst at once and then one per
+// refusalLogInterval, so that a scanner or a misconfigured node hammering
+// the port does not flood the log; the next line logged counts the
+// refusals left out.
+const (
+	refusalLogInterval = time.Second
+	refusalLogBurst    = 10
 )
 
 // Listener accepts authenticated connections on the peer port and hands
-// each to the sub-listener of the protocol it asked for.
+// each to the sub-listener of the protocol it asked for; join requests go
+// to the join handler (SetJoinHandler).
 type Listener struct {
-	listener net.Listener
-	key      []byte
-	logger   *slog.Logger
+	listener  net.Listener
+	creds     *Credentials
+	tlsConfig *tls.Config
+	logger    *slog.Logger
 
-	mu        sync.Mutex // guards protocols
+	mu        sync.Mutex // guards protocols and join
 	protocols map[Protocol]*SubListener
+	join      JoinHandler
 
-	closeOnce sync.Once
-	closed    chan struct{}
+	refusalLog       *rate.Limiter
+	refusalsUnlogged atomic.Int64
+	closeOnce        sync.Once
+	closed           chan struct{}
+	ctx              context.Context // cancelled by Close: ends join handlers
+	cancel           context.CancelFunc
 }
 
-// Listen opens the peer port.
-func Listen(address string, key []byte, logger *slog.Logger) (*Listener, error) {
+// Listen opens the peer port, serving as the node creds names.
+func Listen(address string, creds *Credentials, logger *slog.Logger) (*Listener, error) {
+	if err := creds.check(); err != nil {
+		return nil, err
+	}
 	l, err := net.Listen("tcp", address)
 	if err != nil {
 		return nil, err
 	}
-	pl := &Listener{listener: l, key: key, logger: logger, protocols: map[Protocol]*SubListener{}, closed: make(chan struct{})}
+	pl := &Listener{
+		listener:   l,
+		creds:      creds,
+		tlsConfig:  creds.serverConfig(),
+		logger:     logger,
+		protocols:  map[Protocol]*SubListener{},
+		refusalLog: rate.NewLimiter(rate.Every(refusalLogInterval), refusalLogBurst),
+		closed:     make(chan struct{}),
+	}
+	pl.ctx, pl.cancel = context.WithCancel(context.Background())
 	go pl.acceptLoop()
 	return pl, nil
 }
@@ -37,15 +70,23 @@ func Listen(address string, key []byte, logger *slog.Logger) (*Listener, error) 
 // Addr is the listening address.
 func (l *Listener) Addr() net.Addr { return l.listener.Addr() }
 
-// Close stops accepting; sub-listeners return errors from Accept.
+// Close stops accepting; sub-listeners return errors from Accept, and
+// join handlers running see their context cancelled.
 func (l *Listener) Close() error {
-	l.closeOnce.Do(func() { close(l.closed) })
+	l.closeOnce.Do(func() {
+		close(l.closed)
+		l.cancel()
+	})
 	return l.listener.Close()
 }
 
 // Protocol returns the net.Listener that receives authenticated
-// connections for p. Call it before peers may connect.
+// connections for p. Call it before peers may connect. ProtocolJoin is not
+// served this way (see SetJoinHandler).
 func (l *Listener) Protocol(p Protocol) *SubListener {
+	if p == ProtocolJoin {
+		panic("peer: ProtocolJoin is served by SetJoinHandler, not a sub-listener")
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s, ok := l.protocols[p]
@@ -54,6 +95,26 @@ func (l *Listener) Protocol(p Protocol) *SubListener {
 		l.protocols[p] = s
 	}
 	return s
+}
+
+// offered reports whether the port serves p now: a sub-listener for it
+// exists and is open, or, for ProtocolJoin, a join handler is set.
+func (l *Listener) offered(p Protocol) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p == ProtocolJoin {
+		return l.join != nil
+	}
+	sub, ok := l.protocols[p]
+	if !ok {
+		return false
+	}
+	select {
+	case <-sub.closed:
+		return false
+	default:
+		return true
+	}
 }
 
 func (l *Listener) acceptLoop() {
@@ -77,21 +138,35 @@ func (l *Listener) acceptLoop() {
 	}
 }
 
-func (l *Listener) handshake(conn net.Conn) {
-	protocol, err := ServerHandshake(conn, l.key)
+// handshake runs steps 1 to 3 of the connection (handshake.go) as the
+// server, then hands the connection on.
+func (l *Listener) handshake(raw net.Conn) {
+	raw.SetDeadline(time.Now().Add(HandshakeTimeout))
+	conn := tls.Server(tlsbatch.Wrap(raw), l.tlsConfig)
+	if err := conn.Handshake(); err != nil {
+		l.refused(raw.RemoteAddr(), "TLS handshake failed", err)
+		raw.Close()
+		return
+	}
+	identity := identify(conn.ConnectionState())
+	protocol, err := admit(conn, identity, l.creds.Allowed, l.offered)
 	if err != nil {
-		l.logger.Warn("peer: refused connection", "from", conn.RemoteAddr().String(), "reason", err.Error())
+		var attrs []any
+		if identity.node != "" {
+			attrs = append(attrs, "node", identity.node)
+		}
+		l.refused(raw.RemoteAddr(), "greeting refused", err, attrs...)
 		conn.Close()
+		return
+	}
+	raw.SetDeadline(time.Time{})
+	if protocol == ProtocolJoin {
+		l.serveJoin(conn)
 		return
 	}
 	l.mu.Lock()
-	sub, ok := l.protocols[protocol]
+	sub := l.protocols[protocol] // present: admit checked offered
 	l.mu.Unlock()
-	if !ok {
-		l.logger.Warn("peer: refused connection", "from", conn.RemoteAddr().String(), "reason", ErrUnknownProto.Error(), "protocol", protocol)
-		conn.Close()
-		return
-	}
 	select {
 	case sub.conns <- conn:
 	case <-l.closed:
@@ -101,7 +176,22 @@ func (l *Listener) handshake(conn net.Conn) {
 	}
 }
 
-// SubListener is a net.Listener for one protocol on the peer port.
+// refused logs a refused connection at Warn, within the rate limit.
+func (l *Listener) refused(remote net.Addr, what string, err error, attrs ...any) {
+	if !l.refusalLog.Allow() {
+		l.refusalsUnlogged.Add(1)
+		return
+	}
+	attrs = append([]any{"from", remote.String(), "reason", err.Error()}, attrs...)
+	if n := l.refusalsUnlogged.Swap(0); n > 0 {
+		attrs = append(attrs, "refusals_not_logged", n)
+	}
+	l.logger.Warn("peer: refused connection: "+what, attrs...)
+}
+
+// SubListener is a net.Listener for one protocol on the peer port. Its
+// connections are *tls.Conn whose handshake is done (RemoteNode names the
+// node).
 type SubListener struct {
 	parent    *Listener
 	conns     chan net.Conn
@@ -131,19 +221,28 @@ func (s *SubListener) Close() error {
 // Addr implements net.Listener.
 func (s *SubListener) Addr() net.Addr { return s.parent.Addr() }
 
-// Dial connects to a peer and authenticates for protocol.
-func Dial(ctx context.Context, address string, key []byte, protocol Protocol) (net.Conn, error) {
+// Dial connects to the peer at address as the node creds names, verifies
+// that it is a herd node of creds' CA that creds.Allowed accepts, and asks
+// for protocol. The connection returned is a *tls.Conn.
+func Dial(ctx context.Context, address string, creds *Credentials, protocol Protocol) (net.Conn, error) {
+	if err := creds.check(); err != nil {
+		return nil, err
+	}
+	raw, err := dialTCP(ctx, address)
+	if err != nil {
+		return nil, err
+	}
+	return clientHandshake(ctx, raw, creds.clientConfig(), protocol)
+}
+
+func dialTCP(ctx context.Context, address string) (net.Conn, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", address)
 	if err != nil {
 		return nil, err
 	}
 	if tcp, ok := conn.(*net.TCPConn); ok {
-		tcp.SetNoDelay(true)
-	}
-	if err := ClientHandshake(conn, key, protocol); err != nil {
-		conn.Close()
-		return nil, err
+		tcp.SetNoDelay(true) // Go's default; the protocols rely on it
 	}
 	return conn, nil
 }

@@ -3,7 +3,7 @@ package peer
 // The object protocol (peer.ProtocolObject) is how a node's gateway reads and
 // writes pieces of objects on the replicas that hold them: DESIGN.md,
 // "Gateway and replication" and "Peer protocol". It runs on an authenticated
-// peer-port connection (auth.go) and is a plain request/response protocol
+// peer-port connection (handshake.go) and is a plain request/response protocol
 // with a fixed header, pipelined: a client sends many requests without
 // waiting, the server serves them concurrently and answers in completion
 // order, and the client matches answers to requests by request id. Nothing
@@ -188,13 +188,21 @@ const (
 	// source it proved current, and for `herd vdi check`; never for
 	// serving a client.
 	ObjectFlagAnyStamp ObjectFlags = 1 << 3
+	// ObjectFlagFresh (WRITE with CREATE): the write starts the object;
+	// a copy the replica holds already is emptied first.
+	ObjectFlagFresh ObjectFlags = 1 << 4
+	// ObjectFlagRepair (WRITE, whole 4 KiB blocks): a block repair. Each
+	// block of the payload is written only where the replica's copy of
+	// it fails its checksum; a good block is left alone, so a repair that
+	// raced with a newer write never undoes it.
+	ObjectFlagRepair ObjectFlags = 1 << 5
 )
 
 // allowedObjectFlags are the flags each opcode accepts; any other bit makes
 // the request INVALID.
 var allowedObjectFlags = [...]ObjectFlags{
 	ObjectRead:        ObjectFlagAnyStamp,
-	ObjectWrite:       ObjectFlagForceUnitAccess | ObjectFlagCreate,
+	ObjectWrite:       ObjectFlagForceUnitAccess | ObjectFlagCreate | ObjectFlagFresh | ObjectFlagRepair,
 	ObjectWriteZeroes: ObjectFlagForceUnitAccess | ObjectFlagCreate | ObjectFlagNoHole,
 	ObjectTrim:        ObjectFlagForceUnitAccess,
 	ObjectRemove:      ObjectFlagForceUnitAccess,
@@ -209,7 +217,7 @@ func (f ObjectFlags) String() string {
 	for _, flag := range []struct {
 		bit  ObjectFlags
 		name string
-	}{{ObjectFlagForceUnitAccess, "FUA"}, {ObjectFlagCreate, "CREATE"}, {ObjectFlagNoHole, "NOHOLE"}, {ObjectFlagAnyStamp, "ANY_STAMP"}} {
+	}{{ObjectFlagForceUnitAccess, "FUA"}, {ObjectFlagCreate, "CREATE"}, {ObjectFlagNoHole, "NOHOLE"}, {ObjectFlagAnyStamp, "ANY_STAMP"}, {ObjectFlagFresh, "FRESH"}, {ObjectFlagRepair, "REPAIR"}} {
 		if f&flag.bit != 0 {
 			names = append(names, flag.name)
 			f &^= flag.bit
@@ -257,8 +265,12 @@ const (
 	// the newest copies may be on nodes that are down. The object is
 	// unavailable until one of them returns.
 	ObjectStatusNoCopy ObjectStatus = 11
+	// ObjectStatusChecksum: some 4 KiB blocks of the responder's copy
+	// fail their data checksum; none of them was returned or built on.
+	// The requester reads another replica and repairs the blocks.
+	ObjectStatusChecksum ObjectStatus = 12
 
-	objectStatusCount = 12
+	objectStatusCount = 13
 )
 
 var objectStatusNames = [objectStatusCount]string{
@@ -274,6 +286,7 @@ var objectStatusNames = [objectStatusCount]string{
 	ObjectStatusTooLarge:      "TOO_LARGE",
 	ObjectStatusNotRecovered:  "NOT_RECOVERED",
 	ObjectStatusNoCopy:        "NO_COPY",
+	ObjectStatusChecksum:      "CHECKSUM",
 }
 
 func (s ObjectStatus) String() string {
@@ -333,7 +346,7 @@ type ObjectResponse struct {
 	// Release, if not nil, is called once by the server when the body
 	// returned with this response is no longer needed: after it was
 	// written to the connection, or when the connection failed first. It
-	// is how a handler returns a pooled READ buffer (an *ObjectBuffer is a
+	// is how a handler returns a pooled READ buffer (a *bufpool.Buffer is a
 	// Releaser). Never on the wire; always nil on the client side.
 	Release Releaser
 

@@ -50,7 +50,7 @@ func WithDialTimeout(d time.Duration) ObjectClientOption {
 // breaks; any number of goroutines may call Do at once, and their requests
 // travel together on the same connections, answered in any order.
 type ObjectClient struct {
-	key                   []byte
+	creds                 *Credentials
 	connectionsPerAddress int
 	dialTimeout           time.Duration
 
@@ -86,11 +86,11 @@ type objectDial struct {
 	err        error
 }
 
-// NewObjectClient returns a client that authenticates to nodes with key
-// (Key(token)).
-func NewObjectClient(key []byte, options ...ObjectClientOption) *ObjectClient {
+// NewObjectClient returns a client that authenticates to nodes with creds
+// (see Dial).
+func NewObjectClient(creds *Credentials, options ...ObjectClientOption) *ObjectClient {
 	c := &ObjectClient{
-		key:                   key,
+		creds:                 creds,
 		connectionsPerAddress: defaultObjectConnectionsPerAddress,
 		dialTimeout:           defaultObjectDialTimeout,
 		addresses:             make(map[string]*objectAddress),
@@ -233,7 +233,7 @@ func (c *ObjectClient) connection(ctx context.Context, address string) (*objectC
 func (c *ObjectClient) dial(address string, slot *objectConnectionSlot, d *objectDial) {
 	defer c.running.Done()
 	ctx, cancel := context.WithTimeout(c.ctx, c.dialTimeout)
-	raw, err := Dial(ctx, address, c.key, ProtocolObject)
+	raw, err := Dial(ctx, address, c.creds, ProtocolObject)
 	cancel()
 	var connection *objectClientConnection
 	if err != nil {

@@ -4,50 +4,58 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // Errors of the object protocol. Each status but OK has one; ObjectClient.Do
 // returns them wrapped with the responder's address and message, and an
 // ObjectHandler may return them through ObjectErrorResponse. Translation
-// between statuses and errors happens only in this file.
+// between statuses and errors happens only in this file. The conditions of
+// an object copy are the data path's shared vocabulary (internal/object):
+// a replica's store error crosses the wire and comes out as the same
+// sentinel on the requester's side.
 var (
 	// ErrObjectNotFound: the replica does not hold the object.
-	ErrObjectNotFound = errors.New("peer: object not found")
+	ErrObjectNotFound = object.ErrNotFound
 	// ErrStaleEpoch: the request's epoch is not the replica's. The error
 	// is a *StaleEpochError carrying the replica's epoch.
-	ErrStaleEpoch = errors.New("peer: stale epoch")
+	ErrStaleEpoch = object.ErrStaleEpoch
 	// ErrObjectInvalid: a request field was out of range, or the payload
 	// did not match its CRC (the data was not applied).
-	ErrObjectInvalid = errors.New("peer: invalid object request")
+	ErrObjectInvalid = object.ErrInvalid
 	// ErrObjectTooLarge: a READ or WRITE longer than MaxPayload.
-	ErrObjectTooLarge = errors.New("peer: object request too large")
+	ErrObjectTooLarge = fmt.Errorf("peer: object request too large: %w", object.ErrInvalid)
 	// ErrUnknownObjectOpcode: the replica does not know the opcode.
 	ErrUnknownObjectOpcode = errors.New("peer: unknown object opcode")
 	// ErrObjectIO: the replica's disk failed.
-	ErrObjectIO = errors.New("peer: object input/output error")
+	ErrObjectIO = object.ErrIO
 	// ErrNoSpace: the replica's disks are full.
-	ErrNoSpace = errors.New("peer: no space left on replica")
+	ErrNoSpace = object.ErrNoSpace
 	// ErrCorrupt: the replica's copy failed its checksum, or the data was
 	// damaged on the way (payload CRC mismatch in a response).
-	ErrCorrupt = errors.New("peer: object corrupt")
-	// ErrShuttingDown: the replica is stopping.
-	ErrShuttingDown = errors.New("peer: node shutting down")
+	ErrCorrupt = object.ErrCorrupt
+	// ErrChecksum: blocks of the replica's copy fail their data checksum.
+	ErrChecksum = object.ErrChecksum
+	// ErrShuttingDown: the replica is stopping, or cannot serve now (no
+	// quorum): object.ErrUnavailable.
+	ErrShuttingDown = object.ErrUnavailable
 	// ErrPeerUnavailable: no answer could be had from the node: it could
 	// not be dialled, or its connection broke with the request pending.
 	// The request may or may not have been applied.
-	ErrPeerUnavailable = errors.New("peer: node unavailable")
+	ErrPeerUnavailable = fmt.Errorf("peer: no answer from the node: %w", object.ErrUnavailable)
 	// ErrObjectProtocol: a header could not be trusted (bad magic, version
 	// or CRC) or a response broke the protocol; the connection is closed.
 	ErrObjectProtocol = errors.New("peer: object protocol violation")
 	// ErrNotRecovered: the replica's copy is not yet proven current in
 	// this epoch; RECOVER it, then retry.
-	ErrNotRecovered = errors.New("peer: copy not recovered in this epoch")
+	ErrNotRecovered = object.ErrNotRecovered
 	// ErrNoCopy: no reachable copy of the object is provably current.
-	ErrNoCopy = errors.New("peer: no provably current copy reachable")
+	ErrNoCopy = object.ErrNoCopy
 	// ErrObjectServerClosed is returned by ObjectServer.Serve after Close.
 	ErrObjectServerClosed = errors.New("peer: object server closed")
 	// ErrObjectClientClosed is returned by ObjectClient.Do after Close.
-	ErrObjectClientClosed = errors.New("peer: object client closed")
+	ErrObjectClientClosed = fmt.Errorf("peer: object client closed: %w", object.ErrUnavailable)
 )
 
 // StaleEpochError is the error of a STALE_EPOCH response: the replica is at
@@ -62,7 +70,7 @@ type StaleEpochError struct {
 }
 
 func (e *StaleEpochError) Error() string {
-	text := fmt.Sprintf("%s: node is at epoch %d", ErrStaleEpoch, e.Current)
+	text := fmt.Sprintf("peer: %s: node is at epoch %d", ErrStaleEpoch, e.Current)
 	if e.Address != "" {
 		text += " (" + e.Address + ")"
 	}
@@ -74,6 +82,9 @@ func (e *StaleEpochError) Error() string {
 
 // Is makes errors.Is(err, ErrStaleEpoch) true.
 func (e *StaleEpochError) Is(target error) bool { return target == ErrStaleEpoch }
+
+// CurrentEpoch is the responder's epoch.
+func (e *StaleEpochError) CurrentEpoch() uint64 { return e.Current }
 
 // objectStatusErrors maps each status but OK to its sentinel.
 var objectStatusErrors = [objectStatusCount]error{
@@ -88,6 +99,7 @@ var objectStatusErrors = [objectStatusCount]error{
 	ObjectStatusTooLarge:      ErrObjectTooLarge,
 	ObjectStatusNotRecovered:  ErrNotRecovered,
 	ObjectStatusNoCopy:        ErrNoCopy,
+	ObjectStatusChecksum:      ErrChecksum,
 }
 
 // ObjectStatusOf returns the status that reports err to a requester: the
@@ -97,8 +109,9 @@ func ObjectStatusOf(err error) ObjectStatus {
 	if err == nil {
 		return ObjectStatusOK
 	}
-	for status, sentinel := range objectStatusErrors {
-		if sentinel != nil && errors.Is(err, sentinel) {
+	// Highest first: TOO_LARGE's error is also an INVALID one.
+	for status := len(objectStatusErrors) - 1; status > 0; status-- {
+		if sentinel := objectStatusErrors[status]; sentinel != nil && errors.Is(err, sentinel) {
 			return ObjectStatus(status)
 		}
 	}
@@ -113,9 +126,9 @@ func ObjectStatusOf(err error) ObjectStatus {
 // and epoch as the responder's epoch, except that a *StaleEpochError sets
 // the epoch to its Current.
 func ObjectErrorResponse(epoch uint64, err error) (ObjectResponse, []byte) {
-	var stale *StaleEpochError
+	var stale interface{ CurrentEpoch() uint64 } // *StaleEpochError, *object.StaleEpochError
 	if errors.As(err, &stale) {
-		epoch = stale.Current
+		epoch = stale.CurrentEpoch()
 	}
 	return ObjectResponse{Status: ObjectStatusOf(err), Epoch: epoch}, []byte(objectErrorMessage(err.Error()))
 }
@@ -133,12 +146,12 @@ func objectResponseError(response *ObjectResponse, address string, message []byt
 	}
 	if sentinel == nil {
 		// A status this version does not know, from a newer node.
-		return fmt.Errorf("%w: %s answered with %s: %s", ErrObjectIO, address, response.Status, text)
+		return fmt.Errorf("peer: %w: %s answered with %s: %s", ErrObjectIO, address, response.Status, text)
 	}
 	if text == "" {
-		return fmt.Errorf("%w (%s)", sentinel, address)
+		return fmt.Errorf("peer: %w (%s)", sentinel, address)
 	}
-	return fmt.Errorf("%w (%s): %s", sentinel, address, text)
+	return fmt.Errorf("peer: %w (%s): %s", sentinel, address, text)
 }
 
 // peerUnavailable wraps cause as the error of a call that got no answer from

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/herd-storage/herd/internal/bufpool"
 )
 
 // The fuzz targets feed bytes from outside (what another process sends) to
@@ -133,14 +135,13 @@ func resealRequestStream(stream []byte) []byte {
 // target checks, and returns the status of each response by request id.
 // The fuzz target uses several requests in flight, to exercise concurrency.
 func runObjectServerOn(t *testing.T, stream []byte, maxInFlight int) map[uint64]ObjectStatus {
-	buffersBefore := objectBuffersOutstanding.Load()
+	buffersBefore := bufpool.Outstanding()
 	server := &ObjectServer{
 		Handler:          newMemoryObjectStore(0),
 		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
 		MaxInFlight:      maxInFlight,
 		MaxBufferedBytes: 1 << 20,
 	}
-	server.init()
 	conn := newScriptedObjectConn(stream)
 	c := newObjectServerConnection(server, conn)
 	done := make(chan struct{})
@@ -153,13 +154,13 @@ func runObjectServerOn(t *testing.T, stream []byte, maxInFlight int) map[uint64]
 	case <-time.After(20 * time.Second):
 		t.Fatal("the connection did not end after its input did")
 	}
-	if n := c.budget.inUse(); n != 0 {
+	if n := c.budget.InUse(); n != 0 {
 		t.Fatalf("%d budget bytes still held", n)
 	}
 	if n := server.inFlight.Load(); n != 0 {
 		t.Fatalf("%d requests still in flight", n)
 	}
-	if n := objectBuffersOutstanding.Load() - buffersBefore; n != 0 {
+	if n := bufpool.Outstanding() - buffersBefore; n != 0 {
 		t.Fatalf("%d buffers not released", n)
 	}
 	if len(c.slots) != 0 {
@@ -327,6 +328,7 @@ func objectSeeds() map[string][][]any {
 // format of the go command's corpus files.
 func TestWriteObjectSeedCorpus(t *testing.T) {
 	if os.Getenv("HERD_WRITE_OBJECT_SEEDS") == "" {
+		// Not a missing prerequisite: a generator that runs on request.
 		t.Skip("set HERD_WRITE_OBJECT_SEEDS=1 to regenerate the seed corpus")
 	}
 	for target, seeds := range objectSeeds() {

@@ -3,6 +3,7 @@ package peer
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"io"
 	"log/slog"
@@ -13,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/herd-storage/herd/internal/bufpool"
 )
 
 // memoryObjectStore is an ObjectHandler keeping objects in memory: the
@@ -194,6 +197,13 @@ func (l *trackingListener) killConnections() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, conn := range l.connections {
+		// The socket itself, as a crash would: tls.Conn.Close is an
+		// orderly close (close_notify), after which a blocked read may
+		// see a clean end of stream.
+		if tlsConn, ok := conn.(*tls.Conn); ok {
+			tlsConn.NetConn().Close()
+			continue
+		}
 		conn.Close()
 	}
 	l.connections = nil
@@ -209,13 +219,11 @@ func (l *trackingListener) acceptedCount() int {
 // loopback.
 type objectTestNode struct {
 	address  string
-	key      []byte
+	creds    *Credentials // the node's, which its clients in the tests share
 	server   *ObjectServer
 	listener *trackingListener
 	logs     *lockedBuffer
 }
-
-const objectTestToken = "object-test-token"
 
 // startObjectNode starts a peer port on loopback serving handler, and stops
 // it when the test ends. configure, if not nil, adjusts the server first.
@@ -223,7 +231,8 @@ func startObjectNode(t testing.TB, handler ObjectHandler, configure func(*Object
 	t.Helper()
 	logs := &lockedBuffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	port, err := Listen("127.0.0.1:0", Key(objectTestToken), logger)
+	creds := testCredentials(t, testCA(t), "object-node")
+	port, err := Listen("127.0.0.1:0", creds, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,12 +250,12 @@ func startObjectNode(t testing.TB, handler ObjectHandler, configure func(*Object
 			t.Errorf("Serve returned %v, want ErrObjectServerClosed", err)
 		}
 	})
-	return &objectTestNode{address: port.Addr().String(), key: Key(objectTestToken), server: server, listener: listener, logs: logs}
+	return &objectTestNode{address: port.Addr().String(), creds: creds, server: server, listener: listener, logs: logs}
 }
 
 func newTestObjectClient(t testing.TB, node *objectTestNode, options ...ObjectClientOption) *ObjectClient {
 	t.Helper()
-	client := NewObjectClient(node.key, options...)
+	client := NewObjectClient(node.creds, options...)
 	t.Cleanup(func() { client.Close() })
 	return client
 }
@@ -311,12 +320,12 @@ func objectGoroutines() []string {
 // not been returned. Call it first in a test, so that its cleanup runs last.
 func checkObjectLeaks(t testing.TB) {
 	t.Helper()
-	buffersBefore := objectBuffersOutstanding.Load()
+	buffersBefore := bufpool.Outstanding()
 	t.Cleanup(func() {
 		deadline := time.Now().Add(5 * time.Second)
 		for {
 			leaked := objectGoroutines()
-			buffers := objectBuffersOutstanding.Load() - buffersBefore
+			buffers := bufpool.Outstanding() - buffersBefore
 			if len(leaked) == 0 && buffers == 0 {
 				return
 			}
@@ -338,7 +347,7 @@ func checkObjectLeaks(t testing.TB) {
 // client, to send what ObjectClient never would.
 func rawObjectConnection(t testing.TB, node *objectTestNode) net.Conn {
 	t.Helper()
-	conn, err := Dial(context.Background(), node.address, node.key, ProtocolObject)
+	conn, err := Dial(context.Background(), node.address, node.creds, ProtocolObject)
 	if err != nil {
 		t.Fatal(err)
 	}

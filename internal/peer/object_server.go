@@ -10,8 +10,10 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
+
+	"github.com/herd-storage/herd/internal/bufpool"
+	"github.com/herd-storage/herd/internal/netserve"
 )
 
 // ObjectHandler serves the requests of the object protocol; in herd the local
@@ -69,7 +71,6 @@ const (
 	defaultObjectMaxInFlight      = 128
 	defaultObjectMaxBufferedBytes = 128 << 20
 	objectReadBufferSize          = 64 << 10
-	objectAcceptRetryMaximum      = time.Second
 )
 
 // ObjectServer serves the object protocol on connections accepted from any
@@ -100,28 +101,15 @@ type ObjectServer struct {
 	// SHUTTING_DOWN). Responses from the Handler carry the Handler's.
 	Epoch func() uint64
 
-	initOnce sync.Once
 	// shuttingDown is set by Shutdown: requests read afterwards are
 	// answered with SHUTTING_DOWN.
 	shuttingDown atomic.Bool
 	// inFlight counts requests read and not yet answered, on every
 	// connection; Shutdown waits for it to reach zero.
 	inFlight atomic.Int64
-	// connectionsRunning counts connection goroutines; Close waits for
-	// them.
-	connectionsRunning sync.WaitGroup
-
-	mu          sync.Mutex // guards the fields below
-	listeners   map[net.Listener]struct{}
-	connections map[*objectServerConnection]struct{}
-	closed      bool
-}
-
-func (s *ObjectServer) init() {
-	s.initOnce.Do(func() {
-		s.listeners = make(map[net.Listener]struct{})
-		s.connections = make(map[*objectServerConnection]struct{})
-	})
+	// tracker holds the listeners being served and the connections
+	// running; Close closes it and waits for them.
+	tracker netserve.Tracker[*objectServerConnection]
 }
 
 func (s *ObjectServer) logger() *slog.Logger {
@@ -160,66 +148,22 @@ func (s *ObjectServer) Serve(listener net.Listener) error {
 	if s.Handler == nil {
 		return errors.New("peer: ObjectServer.Handler is nil")
 	}
-	s.init()
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	err := s.tracker.Accept(listener, s.logger(), "peer: object accept failed; retrying", s.startConnection)
+	if errors.Is(err, netserve.ErrStopped) {
 		return ErrObjectServerClosed
 	}
-	s.listeners[listener] = struct{}{}
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.listeners, listener)
-		s.mu.Unlock()
-	}()
-
-	var retryDelay time.Duration
-	for {
-		conn, err := listener.Accept()
-		if err != nil {
-			if s.isClosed() || s.shuttingDown.Load() {
-				return ErrObjectServerClosed
-			}
-			var netError net.Error
-			if (errors.As(err, &netError) && netError.Timeout()) || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
-				// Running out of file descriptors is an operating error:
-				// back off and keep serving the connections we have.
-				retryDelay = min(max(2*retryDelay, 5*time.Millisecond), objectAcceptRetryMaximum)
-				s.logger().Warn("peer: object accept failed; retrying", "error", err, "delay", retryDelay)
-				time.Sleep(retryDelay)
-				continue
-			}
-			return fmt.Errorf("peer: object accept: %w", err)
-		}
-		retryDelay = 0
-		s.startConnection(conn)
-	}
-}
-
-func (s *ObjectServer) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
+	return fmt.Errorf("peer: object accept: %w", err)
 }
 
 func (s *ObjectServer) startConnection(conn net.Conn) {
 	c := newObjectServerConnection(s, conn)
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if !s.tracker.Add(c) {
 		conn.Close()
 		return
 	}
-	s.connections[c] = struct{}{}
-	s.connectionsRunning.Add(1)
-	s.mu.Unlock()
 	go func() {
-		defer s.connectionsRunning.Done()
+		defer s.tracker.Remove(c)
 		c.serve()
-		s.mu.Lock()
-		delete(s.connections, c)
-		s.mu.Unlock()
 	}()
 }
 
@@ -228,17 +172,7 @@ func (s *ObjectServer) startConnection(conn net.Conn) {
 // ErrPeerUnavailable), handlers' contexts are cancelled, and Close returns
 // once every connection goroutine and handler call has ended.
 func (s *ObjectServer) Close() error {
-	s.init()
-	s.mu.Lock()
-	s.closed = true
-	for listener := range s.listeners {
-		listener.Close()
-	}
-	for c := range s.connections {
-		c.abort()
-	}
-	s.mu.Unlock()
-	s.connectionsRunning.Wait()
+	<-s.tracker.Close(func(c *objectServerConnection) { c.abort() })
 	return nil
 }
 
@@ -247,13 +181,8 @@ func (s *ObjectServer) Close() error {
 // replica or wait for the next epoch), and once every request read before
 // has been answered, or ctx ends, the server is closed as by Close.
 func (s *ObjectServer) Shutdown(ctx context.Context) error {
-	s.init()
 	s.shuttingDown.Store(true)
-	s.mu.Lock()
-	for listener := range s.listeners {
-		listener.Close()
-	}
-	s.mu.Unlock()
+	s.tracker.StopAccepting()
 	// A condition polled against a deadline: the count is shared by every
 	// connection and changes on hot paths that should not signal.
 	ticker := time.NewTicker(5 * time.Millisecond)
@@ -282,7 +211,7 @@ type objectServerConnection struct {
 	// slots holds a token for every request read and not yet answered:
 	// it bounds requests in flight, and so the responses queue.
 	slots  chan struct{}
-	budget *objectByteBudget
+	budget *bufpool.Budget
 	// responses carries answered requests to the writer; a nil entry
 	// tells it to stop. Its capacity (MaxInFlight+1) means a handler
 	// never blocks on it.
@@ -295,7 +224,7 @@ type objectServerConnection struct {
 // objectServerRequest is one request in flight and, later, its response.
 type objectServerRequest struct {
 	request     ObjectRequest
-	payload     *ObjectBuffer
+	payload     *bufpool.Buffer
 	response    ObjectResponse
 	body        []byte
 	budgetBytes int64
@@ -314,7 +243,7 @@ func newObjectServerConnection(s *ObjectServer, conn net.Conn) *objectServerConn
 		ctx:       ctx,
 		cancel:    cancel,
 		slots:     make(chan struct{}, inFlight),
-		budget:    newObjectByteBudget(s.maxBufferedBytes()),
+		budget:    bufpool.NewBudget(s.maxBufferedBytes()),
 		responses: make(chan *objectServerRequest, inFlight+1),
 	}
 }
@@ -326,7 +255,7 @@ func (c *objectServerConnection) abort() {
 	c.abortOnce.Do(func() {
 		c.cancel()
 		c.conn.Close()
-		c.budget.close()
+		c.budget.Close()
 	})
 }
 
@@ -414,7 +343,7 @@ func (c *objectServerConnection) readRequests() error {
 		}
 
 		r.budgetBytes = objectBufferedBytes(&request)
-		if !c.budget.acquire(r.budgetBytes) {
+		if !c.budget.Acquire(r.budgetBytes) {
 			r.budgetBytes = 0
 			c.finish(r)
 			return c.ctx.Err()
@@ -463,7 +392,7 @@ func (c *objectServerConnection) handle(r *objectServerRequest) {
 		if sum := ObjectChecksum(payload); sum != r.request.Checksum {
 			r.payload.Release()
 			r.payload = nil
-			c.budget.release(r.budgetBytes)
+			c.budget.Release(r.budgetBytes)
 			r.budgetBytes = 0
 			c.respond(r, ObjectResponse{Status: ObjectStatusInvalid, Epoch: c.server.epoch()},
 				fmt.Appendf(nil, "payload CRC32C 0x%08x does not match the request's 0x%08x; nothing written", sum, r.request.Checksum))
@@ -476,7 +405,7 @@ func (c *objectServerConnection) handle(r *objectServerRequest) {
 		// share of the budget now rather than after the response.
 		r.payload.Release()
 		r.payload = nil
-		c.budget.release(r.budgetBytes)
+		c.budget.Release(r.budgetBytes)
 		r.budgetBytes = 0
 	}
 	c.respond(r, response, body)
@@ -501,7 +430,7 @@ func (c *objectServerConnection) respond(r *objectServerRequest, response Object
 		// An error message (or a body smaller than reserved, which does
 		// not come here): the memory exists already, so account without
 		// waiting.
-		c.budget.add(extra)
+		c.budget.Add(extra)
 		r.budgetBytes += extra
 	}
 	response.ID = r.request.ID
@@ -602,7 +531,7 @@ func (c *objectServerConnection) finish(r *objectServerRequest) {
 	if r.payload != nil {
 		r.payload.Release()
 	}
-	c.budget.release(r.budgetBytes)
+	c.budget.Release(r.budgetBytes)
 	<-c.slots
 	c.server.inFlight.Add(-1)
 	*r = objectServerRequest{}

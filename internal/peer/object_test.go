@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/herd-storage/herd/internal/bufpool"
 )
 
 const testEpoch = 7
@@ -154,7 +156,7 @@ func TestObjectRoundTripEveryOpcode(t *testing.T) {
 // refused without a round trip, with the same errors.
 func TestObjectClientValidatesLocally(t *testing.T) {
 	checkObjectLeaks(t)
-	client := NewObjectClient(Key("unused"))
+	client := NewObjectClient(testCredentials(t, testCA(t), "unused"))
 	defer client.Close()
 	// No node listens at this address: reaching it would fail differently.
 	const nowhere = "127.0.0.1:1"
@@ -345,7 +347,7 @@ func TestObjectServerGarbage(t *testing.T) {
 		t.Helper()
 		conn := rawObjectConnection(t, node)
 		conn.Write(stream)
-		conn.(*net.TCPConn).CloseWrite()
+		conn.(interface{ CloseWrite() error }).CloseWrite() // a TLS close_notify: the server reads EOF
 		if response, _, err := readRawResponse(conn); err == nil {
 			t.Errorf("%s: answered %+v, want the connection closed", name, response)
 		}
@@ -553,17 +555,17 @@ func TestObjectDialFailures(t *testing.T) {
 	}
 	nowhere := listener.Addr().String()
 	listener.Close()
-	client := NewObjectClient(Key(objectTestToken))
+	client := NewObjectClient(testCredentials(t, testCA(t), "client"))
 	defer client.Close()
 	if _, _, err := client.Do(t.Context(), nowhere, &ObjectRequest{Opcode: ObjectPing}, nil, nil); !errors.Is(err, ErrPeerUnavailable) || !strings.Contains(err.Error(), nowhere) {
 		t.Fatalf("call to a closed port: %v", err)
 	}
 
 	node := startObjectNode(t, newMemoryObjectStore(testEpoch), nil)
-	stranger := NewObjectClient(Key("another cluster"))
+	stranger := NewObjectClient(testCredentials(t, newTestCA(t), "stranger"))
 	defer stranger.Close()
-	if _, _, err := stranger.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectPing}, nil, nil); !errors.Is(err, ErrPeerUnavailable) || !errors.Is(err, ErrWrongToken) {
-		t.Fatalf("call with another cluster's key: %v", err)
+	if _, _, err := stranger.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectPing}, nil, nil); !errors.Is(err, ErrPeerUnavailable) || !errors.Is(err, ErrWrongCluster) {
+		t.Fatalf("call with another cluster's certificate: %v", err)
 	}
 }
 
@@ -572,7 +574,7 @@ func TestObjectClientClose(t *testing.T) {
 	checkObjectLeaks(t)
 	handler := newBlockingHandler()
 	node := startObjectNode(t, handler, nil)
-	client := NewObjectClient(node.key)
+	client := NewObjectClient(node.creds)
 	errs := make(chan error, 1)
 	go func() {
 		_, _, err := client.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectRead, Epoch: testEpoch, OID: 1, Length: 10}, nil, nil)
@@ -601,7 +603,7 @@ func TestObjectServerBoundsSlowClient(t *testing.T) {
 		s.MaxInFlight = maxInFlight
 		s.MaxBufferedBytes = maxBuffered
 	})
-	buffersBefore := objectBuffersOutstanding.Load()
+	buffersBefore := bufpool.Outstanding()
 	conn := rawObjectConnection(t, node)
 	sent := make(chan struct{})
 	go func() {
@@ -618,7 +620,7 @@ func TestObjectServerBoundsSlowClient(t *testing.T) {
 	var peakBuffers int64
 	for range 50 {
 		time.Sleep(10 * time.Millisecond)
-		peakBuffers = max(peakBuffers, objectBuffersOutstanding.Load()-buffersBefore)
+		peakBuffers = max(peakBuffers, bufpool.Outstanding()-buffersBefore)
 		if inFlight := node.server.inFlight.Load(); inFlight > maxInFlight {
 			t.Fatalf("%d requests in flight, bound %d", inFlight, maxInFlight)
 		}

@@ -1,8 +1,12 @@
 package peer
 
 import (
+	"bufio"
+	"crypto/tls"
 	"net"
 	"time"
+
+	"github.com/herd-storage/herd/internal/tlsbatch"
 )
 
 // Both ends of an object connection write from one goroutine that batches
@@ -33,7 +37,15 @@ type objectVectors struct {
 	vectors  net.Buffers
 	bytes    int
 	messages int
+	// coalesce gathers the vectors for a connection that cannot write
+	// them in one system call and is not TLS (tests' pipes; TLS
+	// connections use tlsbatch, which also gathers the records).
+	coalesce *bufio.Writer
 }
+
+// objectCoalesceBytes is the size of coalesce's buffer: four full TLS
+// records.
+const objectCoalesceBytes = 64 << 10
 
 func (v *objectVectors) reset() {
 	v.scratch = v.scratch[:0]
@@ -78,6 +90,20 @@ func (v *objectVectors) writeTo(conn net.Conn) error {
 	v.endRun()
 	conn.SetWriteDeadline(time.Now().Add(objectWriteTimeout))
 	buffers := v.vectors // WriteTo consumes its receiver; keep v.vectors for reuse
-	_, err := buffers.WriteTo(conn)
-	return err
+	if _, vectored := conn.(*net.TCPConn); vectored {
+		_, err := buffers.WriteTo(conn)
+		return err
+	}
+	if t, ok := conn.(*tls.Conn); ok {
+		_, err := tlsbatch.Write(t, buffers)
+		return err
+	}
+	if v.coalesce == nil {
+		v.coalesce = bufio.NewWriterSize(conn, objectCoalesceBytes)
+	}
+	v.coalesce.Reset(conn)
+	if _, err := buffers.WriteTo(v.coalesce); err != nil {
+		return err
+	}
+	return v.coalesce.Flush()
 }

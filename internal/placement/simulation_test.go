@@ -2,6 +2,7 @@ package placement
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 	"slices"
 	"sync"
@@ -48,9 +49,16 @@ func (s simulation) String() string {
 // quick is true under -short and under the race detector (which slows the
 // simulation about fivefold; this package has no concurrency of its own
 // for it to check). Quick runs keep every check but measure fewer shapes.
+// This is not a skip for a missing prerequisite: scripts/test.sh runs the
+// full simulation once more without -race, with fullSimulationVariable set.
 func quick() bool {
 	return testing.Short() || raceEnabled
 }
+
+// fullSimulationVariable, when set, demands the full simulation: a quick
+// run fails instead of leaving out the 1,000-node shapes, so that the run
+// meant to measure them cannot pass without doing so.
+const fullSimulationVariable = "HERD_FULL_SIMULATION"
 
 func simulations(t *testing.T) []simulation {
 	result := []simulation{
@@ -62,6 +70,9 @@ func simulations(t *testing.T) []simulation {
 		{100, 5, mixedWeights, "1x2x4x"},
 		{1000, 0, equalWeights, "equal"},
 		{1000, 0, mixedWeights, "1x2x4x"},
+	}
+	if quick() && os.Getenv(fullSimulationVariable) != "" {
+		t.Fatalf("$%s is set, but under -short or -race the 1,000-node shapes are left out", fullSimulationVariable)
 	}
 	if quick() {
 		t.Log("-short or -race: only 10 nodes and 100 nodes of mixed weights, with zones (the full run takes about 10 s more on two idle cores)")

@@ -23,11 +23,20 @@ import (
 
 	"github.com/herd-storage/herd/internal/api"
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/export"
 	"github.com/herd-storage/herd/internal/gateway"
+	"github.com/herd-storage/herd/internal/layout"
+	"github.com/herd-storage/herd/internal/maintenance"
+	"github.com/herd-storage/herd/internal/metrics"
 	"github.com/herd-storage/herd/internal/nbd"
 	"github.com/herd-storage/herd/internal/peer"
+	"github.com/herd-storage/herd/internal/pki"
+	"github.com/herd-storage/herd/internal/recovery"
+	"github.com/herd-storage/herd/internal/replica"
+	"github.com/herd-storage/herd/internal/scrub"
 	"github.com/herd-storage/herd/internal/size"
 	"github.com/herd-storage/herd/internal/store"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Default ports on the bind address (issue 2).
@@ -40,22 +49,37 @@ const (
 
 // Options are `herd server`'s flags.
 type Options struct {
-	DataDir     string
-	BindIP      string
-	Join        string // IP[:PORT][,IP[:PORT]...]
-	Zone        string
-	Token       string
-	Capacity    uint64   // 0: the data directory's file system size
-	Disks       []string // DIR[:WEIGHT] object disks; none: the data directory
-	PeerPort    int
-	GossipPort  int
-	AdminPort   int
-	NBDPort     int
+	DataDir string
+	BindIP  string
+	Join    string // IP[:PEER PORT][,IP[:PEER PORT]...]
+	Zone    string
+	// JoinToken is "herd-join.FINGERPRINT.SECRET", needed only to join
+	// (the CLI reads it from HERD_JOIN_TOKEN or --join-token-file).
+	JoinToken  string
+	Capacity   uint64   // 0: the data directory's file system size
+	Disks      []string // DIR[:WEIGHT] object disks; none: the data directory
+	PeerPort   int
+	GossipPort int
+	AdminPort  int
+	NBDPort    int
+	// NBDSocket is the local plaintext NBD socket (default DATA/nbd.sock;
+	// "none" for none); access is its file mode, 0660.
+	NBDSocket string
+	// InsecureNBD serves plaintext NBD on the TCP port (labs only).
+	InsecureNBD bool
+	// NBDLimits bound what NBD clients may make the node spend.
+	NBDLimits NBDLimits
+	// Gateway bounds the data path's work per request and per node.
+	Gateway     gateway.Options
 	JoinTimeout time.Duration
-	Logger      *slog.Logger
+	// ScrubInterval is the time between two scrub passes' starts;
+	// ScrubMaxRate bounds the bytes a pass reads per second.
+	ScrubInterval time.Duration
+	ScrubMaxRate  uint64
+	// ScrubDeepEvery makes every Nth pass compare replicas across nodes.
+	ScrubDeepEvery int
+	Logger         *slog.Logger
 }
-
-const tokenFile = "cluster.token"
 
 var zoneRegexp = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
@@ -80,12 +104,21 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("%s %d: not a TCP port", name, port)
 		}
 	}
-	join, err := ParseJoin(o.Join)
+	members, err := joinAddresses(o.Join)
 	if err != nil {
 		return err
 	}
 	if err := os.MkdirAll(o.DataDir, 0o700); err != nil {
 		return fmt.Errorf("data directory: %w", err)
+	}
+	// The data directory holds the node's keys: only its owner enters
+	// it. A directory made by hand (mkdir: 0755) is tightened, not
+	// refused; one this process cannot tighten is refused.
+	if err := pki.CheckDirMode(o.DataDir); err != nil {
+		if chmodErr := os.Chmod(o.DataDir, 0o700); chmodErr != nil {
+			return fmt.Errorf("%w (%v)", err, chmodErr)
+		}
+		logger.Warn("data directory was open to other users; made it 0700", "dir", o.DataDir)
 	}
 	unlock, err := lockDataDir(o.DataDir)
 	if err != nil {
@@ -96,7 +129,8 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	token, created, err := loadToken(o.DataDir, o.Token, len(join) > 0)
+	host := ip.String()
+	credentials, err := setupCredentials(ctx, o, id, ip, members, logger)
 	if err != nil {
 		return err
 	}
@@ -123,10 +157,10 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 	}
-	host := ip.String()
 	peerAddr := net.JoinHostPort(host, strconv.Itoa(o.PeerPort))
+	gossipAddr := net.JoinHostPort(host, strconv.Itoa(o.GossipPort))
 	adminAddr := net.JoinHostPort(host, strconv.Itoa(o.AdminPort))
-	peerListener, err := peer.Listen(peerAddr, peer.Key(token), logger)
+	peerListener, err := peer.Listen(peerAddr, credentials.peer, logger)
 	if err != nil {
 		return fmt.Errorf("peer port: %w", err)
 	}
@@ -142,91 +176,131 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("NBD port: %w", err)
 	}
 	defer nbdListener.Close()
+	socketPath, socketListener, err := listenNBDSocket(o)
+	if err != nil {
+		return err
+	}
+	if socketListener != nil {
+		defer socketListener.Close()
+	}
 
 	incarnation := make([]byte, 8)
 	rand.Read(incarnation)
+	meters := metrics.New()
 	c, err := cluster.Start(ctx, cluster.Config{
-		DataDir:     o.DataDir,
-		NodeID:      id,
-		Incarnation: hex.EncodeToString(incarnation),
-		BindIP:      host,
-		PeerAddr:    peerAddr,
-		GossipPort:  o.GossipPort,
-		AdminAddr:   adminAddr,
-		NBDAddr:     nbdAddr,
-		Zone:        o.Zone,
-		Capacity:    capacity,
-		Token:       token,
-		Join:        join,
-		JoinTimeout: o.JoinTimeout,
-		Logger:      logger,
-		Peer:        peerListener,
+		DataDir:         o.DataDir,
+		NodeID:          id,
+		Incarnation:     hex.EncodeToString(incarnation),
+		BindIP:          host,
+		PeerAddr:        peerAddr,
+		GossipPort:      o.GossipPort,
+		AdminAddr:       adminAddr,
+		NBDAddr:         nbdAddr,
+		Zone:            o.Zone,
+		Capacity:        capacity,
+		GossipKey:       credentials.gossipKey,
+		Join:            credentials.gossipSeeds(members, o.GossipPort),
+		JoinTimeout:     o.JoinTimeout,
+		Logger:          logger,
+		Peer:            peerListener,
+		PeerCredentials: credentials.peer,
+		InsecureNBD:     o.InsecureNBD,
+		ObserveApply:    func(d time.Duration) { meters.RaftApply.Observe(d.Seconds()) },
 	})
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if created {
-		logger.Info("new cluster: its token is in "+filepath.Join(o.DataDir, tokenFile)+"; other nodes join with --join "+host+" --token TOKEN", "node", id)
+	credentials.cluster.Store(c)
+	peerListener.SetJoinHandler(credentials.joinHandler(c, gossipAddr, logger))
+	if err := credentials.initSecurity(ctx, c, logger); err != nil {
+		return err
+	}
+	if credentials.created {
+		logger.Info("new cluster: admin token in "+filepath.Join(o.DataDir, AdminTokenFile)+" (HERD_TOKEN or --token-file), join token in "+filepath.Join(o.DataDir, JoinTokenFile)+"; other nodes join with --join "+host+" and HERD_JOIN_TOKEN or --join-token-file", "node", id, "ca", credentials.fingerprint)
 	}
 	// The data path: this node's copies served to every gateway (its own
 	// directly, others' over the peer port), and its gateway serving VDIs
 	// over NBD.
-	replica := gateway.NewReplica(c, gateway.LocalStore{Store: objects})
-	objectServer := &peer.ObjectServer{Handler: replica, Logger: logger, Epoch: c.Epoch}
+	replicaSide := replica.New(c, replica.LocalStore{Store: objects})
+	objectServer := &peer.ObjectServer{Handler: replicaSide, Logger: logger, Epoch: c.Epoch}
 	go objectServer.Serve(peerListener.Protocol(peer.ProtocolObject))
 	defer objectServer.Close()
-	objectClient := peer.NewObjectClient(peer.Key(token))
+	objectClient := peer.NewObjectClient(credentials.peer)
 	defer objectClient.Close()
-	replicas := &gateway.PeerReplicas{Self: id, Local: replica, Client: objectClient}
-	gw := gateway.New(c, replicas, logger, gateway.Options{})
-	recovery := gateway.NewRecovery(gw, replica, replicas, id, logger)
-	kick := recovery.Kick
+	replicas := &replica.Client{Self: id, Local: replicaSide, Peer: objectClient, Metrics: meters}
+	layouts := layout.NewHistory(c, logger)
+	gw := gateway.New(c, layouts, replicas, logger, o.Gateway)
+	rec := recovery.New(c, layouts, replicas, replicaSide, id, logger)
+	kick := rec.Kick
 	recoveryKick.Store(&kick)
-	go recovery.Run(ctx)
-	nbdServer := &nbd.Server{Backend: gw, Logger: logger}
+	go rec.Run(ctx)
+	maint := maintenance.New(c, gw, layouts, replicas, rec.Proof(), logger)
+	gw.SetRepair(maint.RepairUnclean)
+	// NBD over TCP needs TLS with a client certificate from the cluster
+	// CA (unless --insecure-nbd); the local socket is plaintext with
+	// full access, guarded by its file mode.
+	nbdMemory := o.NBDLimits.memory()
+	nbdServer := o.NBDLimits.server(export.Backend{Gateway: gw, Authorize: nbdAuthorizer(c), Metrics: meters}, nbdMemory, logger)
+	if o.InsecureNBD {
+		logger.Warn("NBD on " + nbdAddr + " is plaintext and unauthenticated (--insecure-nbd): anyone who reaches it reads and writes every VDI")
+	} else {
+		nbdServer.TLSConfig = credentials.nbdTLS()
+		nbdServer.RequireTLS = true
+	}
 	go nbdServer.Serve(context.Background(), nbdListener)
+	go revalidateNBDClients(ctx, c, nbdServer, logger)
+	var localNBD *nbd.Server
+	if socketListener != nil {
+		localNBD = o.NBDLimits.server(export.Backend{Gateway: gw, Metrics: meters}, nbdMemory, logger)
+		go localNBD.Serve(context.Background(), socketListener)
+	}
 
-	go collectGarbage(ctx, c, gw, logger)
-	go watchSpace(ctx, c, objects, logger)
-	apiServer := api.NewServer(c, dataPath{gateway: gw, store: objects, recovery: recovery}, token, logger)
+	scrubber := scrub.New(objects, replicas, layouts, id, scrub.Options{
+		Interval:  o.ScrubInterval,
+		MaxRate:   o.ScrubMaxRate,
+		StatePath: filepath.Join(o.DataDir, "scrub.json"),
+		Exclusive: func(oid uint64, fn func() error) error {
+			return replicaSide.Exclusive(oid, func(uint64, bool) error { return fn() })
+		},
+		ObjectSize: gw.ObjectSize,
+		DeepEvery:  o.ScrubDeepEvery,
+		Logger:     logger,
+	})
+	go scrubber.Run(ctx)
+
+	go maint.RunGarbageCollector(ctx, c)
+	go maintenance.WatchSpace(ctx, c, objects, logger)
+	security := api.Security{Fingerprint: credentials.fingerprint, ServerTLS: credentials.serverTLS(), PeerTLS: credentials.peerTLS(), Authority: credentials}
+	meters.AddGauges(nodeGauges(c, objects, rec, nbdServer, localNBD)...)
+	apiServer := api.NewServer(c, dataPath{gateway: gw, store: objects, recovery: rec, maintenance: maint, metrics: meters, scrub: scrubber}, security, logger)
 	served := make(chan error, 1)
 	go func() { served <- apiServer.Serve(adminListener) }()
-	logger.Info("herd node running", "node", id, "bind", host, "peer", peerAddr, "admin", adminAddr, "zone", o.Zone, "capacity", capacity)
+	logger.Info("herd node running", "node", id, "bind", host, "peer", peerAddr, "admin", adminAddr, "nbd", nbdAddr, "nbd_socket", socketPath, "insecure_nbd", o.InsecureNBD, "zone", o.Zone, "capacity", capacity)
 	select {
 	case <-ctx.Done():
 	case err := <-served:
 		return fmt.Errorf("admin API stopped: %w", err)
+	case err := <-c.Halted():
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		nbdServer.Shutdown(shutdownCtx)
+		if localNBD != nil {
+			localNBD.Shutdown(shutdownCtx)
+		}
+		apiServer.Shutdown(shutdownCtx)
+		c.Close()
+		return err
 	}
 	logger.Info("stopping")
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	nbdServer.Shutdown(shutdownCtx)
+	if localNBD != nil {
+		localNBD.Shutdown(shutdownCtx)
+	}
 	apiServer.Shutdown(shutdownCtx)
 	return c.Close()
-}
-
-// ParseJoin splits "IP[:PORT][,IP[:PORT]...]" into gossip addresses.
-func ParseJoin(list string) ([]string, error) {
-	var out []string
-	for _, part := range strings.Split(list, ",") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
-		host, port, err := net.SplitHostPort(part)
-		if err != nil {
-			host, port = part, strconv.Itoa(DefaultGossipPort)
-		}
-		if host == "" {
-			return nil, fmt.Errorf("--join %q: missing address", part)
-		}
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			return nil, fmt.Errorf("--join %q: %q is not a port", part, port)
-		}
-		out = append(out, net.JoinHostPort(host, port))
-	}
-	return out, nil
 }
 
 func loadOrCreateID(dir string) (string, error) {
@@ -249,39 +323,6 @@ func loadOrCreateID(dir string) (string, error) {
 	identity.ID = hex.EncodeToString(raw)
 	data, _ = json.Marshal(identity)
 	return identity.ID, writeFileSync(path, data, 0o600)
-}
-
-// loadToken returns the cluster secret: the one stored in the data
-// directory, else the one given (stored for restarts), else, for the first
-// node of a new cluster, a new one.
-func loadToken(dir, given string, joining bool) (token string, created bool, err error) {
-	path := filepath.Join(dir, tokenFile)
-	data, err := os.ReadFile(path)
-	if err == nil {
-		stored := strings.TrimSpace(string(data))
-		if given != "" && given != stored {
-			return "", false, fmt.Errorf("the token given does not match %s: this node belongs to another cluster (use another --data directory)", path)
-		}
-		return stored, false, nil
-	}
-	if !errors.Is(err, os.ErrNotExist) {
-		return "", false, err
-	}
-	if given == "" {
-		if joining {
-			return "", false, fmt.Errorf("joining needs the cluster's token: give --token or HERD_TOKEN (it is in the first node's DATA/%s)", tokenFile)
-		}
-		if _, err := os.Stat(filepath.Join(dir, "raft")); err == nil {
-			return "", false, fmt.Errorf("%s is missing but the node has cluster state; give --token", path)
-		}
-		raw := make([]byte, 24)
-		rand.Read(raw)
-		given, created = "herd-"+hex.EncodeToString(raw), true
-	}
-	if len(given) < 16 {
-		return "", false, errors.New("the token is too short (at least 16 characters)")
-	}
-	return given, created, writeFileSync(path, []byte(given+"\n"), 0o600)
 }
 
 func writeFileSync(path string, data []byte, mode os.FileMode) error {
@@ -343,27 +384,32 @@ func parseDisks(values []string, dataDir string) ([]store.Disk, error) {
 
 // dataPath gives the admin API this node's data path.
 type dataPath struct {
-	gateway  *gateway.Gateway
-	store    *store.Store
-	recovery *gateway.Recovery
+	gateway     *gateway.Gateway
+	metrics     *metrics.Node
+	store       *store.Store
+	recovery    *recovery.Recovery
+	maintenance *maintenance.Maintenance
+	scrub       *scrub.Scrubber
 }
 
-func (d dataPath) Recovery() gateway.RecoveryStatus { return d.recovery.Status() }
+func (d dataPath) Scrub() *scrub.Scrubber { return d.scrub }
 
-func (d dataPath) RecoveryLimits() gateway.RecoveryLimits { return d.recovery.Limits() }
+func (d dataPath) Recovery() recovery.Status { return d.recovery.Status() }
 
-func (d dataPath) SetRecoveryLimits(l gateway.RecoveryLimits) error { return d.recovery.SetLimits(l) }
+func (d dataPath) RecoveryLimits() recovery.Limits { return d.recovery.Limits() }
 
-func (d dataPath) Check(ctx context.Context, name string, repair bool) (gateway.CheckReport, error) {
-	return d.gateway.Check(ctx, name, repair)
+func (d dataPath) SetRecoveryLimits(l recovery.Limits) error { return d.recovery.SetLimits(l) }
+
+func (d dataPath) Check(ctx context.Context, name string, repair bool) (maintenance.CheckReport, error) {
+	return d.maintenance.Check(ctx, name, repair)
 }
 
 func (d dataPath) Snapshot(ctx context.Context, name, tag string) (cluster.SnapshotResult, error) {
 	return d.gateway.Snapshot(ctx, name, tag)
 }
 
-func (d dataPath) Space(ctx context.Context) (map[uint32]gateway.Space, error) {
-	return d.gateway.Space(ctx)
+func (d dataPath) Space(ctx context.Context) (map[uint32]maintenance.Space, error) {
+	return d.maintenance.Space(ctx)
 }
 
 // Usage is what this node's objects take on its disks, and the free
@@ -382,6 +428,11 @@ func (d dataPath) Usage() (api.Usage, error) {
 	if err != nil {
 		return u, err
 	}
+	u.FailedDisks = d.store.FailedDisks()
+	for _, disk := range d.store.Disks() {
+		u.ChecksumErrors += disk.ChecksumErrors
+		u.BlocksRepaired += disk.BlocksRepaired
+	}
 	used, capacity, err := d.store.Usage()
 	if err == nil && capacity > used {
 		u.FreeBytes = capacity - used
@@ -389,95 +440,82 @@ func (d dataPath) Usage() (api.Usage, error) {
 	return u, err
 }
 
-// Space thresholds, in multiples of the disks' reserve (the free space
-// below which the store takes no new object: 5% of a disk, at most 1 GiB).
-// Below fullAt this node asks the cluster to give it no objects; it takes
-// them again above clearAt, and no sooner than fullFor after it became
-// full, so that a node whose share does not fit does not flap.
-const (
-	fullAt  = 2
-	clearAt = 4
-	fullFor = 5 * time.Minute
-)
-
-// watchSpace marks this node full when its disks are nearly full: the
-// placement then gives it no objects, its copies are re-created on other
-// nodes and only then deleted here (issue 5 item 7, "never fills a disk").
-func watchSpace(ctx context.Context, c *cluster.Cluster, objects *store.Store, logger *slog.Logger) {
-	ticker := time.NewTicker(2 * time.Second)
-	defer ticker.Stop()
-	var since time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
+// nodeGauges are the metrics read at scrape time from state the node
+// keeps anyway.
+func nodeGauges(c *cluster.Cluster, objects *store.Store, rec *recovery.Recovery, servers ...*nbd.Server) []metrics.Gauge {
+	one := func(v float64) []metrics.Sample { return []metrics.Sample{{Value: v}} }
+	flag := func(b bool) float64 {
+		if b {
+			return 1
 		}
-		free, total, reserve, err := objects.Pressure()
-		if err != nil {
-			logger.Warn("cannot read disk space", "err", err)
-			continue
-		}
-		if reserve == 0 {
-			reserve = total / 20
-		}
-		self, ok := c.Node(c.ID())
-		if !ok || self.State != cluster.NodeAlive {
-			continue
-		}
-		want := self.Full
-		switch {
-		case !self.Full && free < fullAt*reserve:
-			want = true
-		case self.Full && free > clearAt*reserve && time.Since(since) > fullFor:
-			want = false
-		}
-		if want == self.Full {
-			continue
-		}
-		work, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = c.SetFull(work, want)
-		cancel()
-		switch {
-		case err != nil:
-			logger.Warn("cannot tell the cluster about this node's disk space", "full", want, "err", err)
-		case want:
-			since = time.Now()
-			logger.Warn("this node's disks are nearly full: it takes no new objects, and its copies move to other nodes",
-				"free", free, "total", total, "reserve", reserve)
-		default:
-			logger.Info("this node has space again: it takes objects again", "free", free, "total", total)
-		}
+		return 0
+	}
+	return []metrics.Gauge{
+		{Name: "herd_cluster_epoch", Help: "The epoch this node has applied.", Read: func() []metrics.Sample { return one(float64(c.Epoch())) }},
+		{Name: "herd_cluster_quorum", Help: "1 if this node reaches a majority of the voters.", Read: func() []metrics.Sample {
+			ok, _ := c.QuorumStatus()
+			return one(flag(ok))
+		}},
+		{Name: "herd_cluster_nodes", Help: "Nodes in the cluster log, by state.", Labels: []string{"state"}, Read: func() []metrics.Sample {
+			counts := map[string]float64{}
+			for _, n := range c.Nodes() {
+				counts[string(n.State)]++
+			}
+			var out []metrics.Sample
+			for state, n := range counts {
+				out = append(out, metrics.Sample{Labels: []string{state}, Value: n})
+			}
+			return out
+		}},
+		{Name: "herd_recovery_objects_remaining", Help: "Objects this node's recovery pass has still to make current.", Read: func() []metrics.Sample { return one(float64(rec.Status().Remaining)) }},
+		{Name: "herd_recovery_bytes_remaining", Help: "Estimated bytes this node's recovery pass has still to copy.", Read: func() []metrics.Sample { return one(float64(rec.Status().BytesRemaining)) }},
+		{Name: "herd_recovery_rate_bytes_per_second", Help: "Copy rate of this node's recovery pass.", Read: func() []metrics.Sample { return one(float64(rec.Status().Rate)) }},
+		{Name: "herd_recovery_objects_unavailable", Help: "Objects placed here whose newest copies may be on nodes that are down.", Read: func() []metrics.Sample { return one(float64(rec.Status().Unavailable)) }},
+		{Name: "herd_disk_used_bytes", Help: "Used space of each object disk's file system.", Labels: []string{"disk"}, Read: func() []metrics.Sample {
+			var out []metrics.Sample
+			for _, d := range objects.Disks() {
+				out = append(out, metrics.Sample{Labels: []string{d.Path}, Value: float64(d.UsedBytes)})
+			}
+			return out
+		}},
+		{Name: "herd_disk_capacity_bytes", Help: "Size of each object disk's file system.", Labels: []string{"disk"}, Read: func() []metrics.Sample {
+			var out []metrics.Sample
+			for _, d := range objects.Disks() {
+				out = append(out, metrics.Sample{Labels: []string{d.Path}, Value: float64(d.CapacityBytes)})
+			}
+			return out
+		}},
+		{Name: "herd_disk_checksum_errors_total", Help: "4 KiB blocks found failing their data checksum on each object disk (reads, writes, scrub).", Labels: []string{"disk"}, Counter: true, Read: func() []metrics.Sample {
+			var out []metrics.Sample
+			for _, d := range objects.Disks() {
+				out = append(out, metrics.Sample{Labels: []string{d.Path}, Value: float64(d.ChecksumErrors)})
+			}
+			return out
+		}},
+		{Name: "herd_disk_blocks_repaired_total", Help: "4 KiB blocks that failed their checksum and were rewritten from a good replica, on each object disk.", Labels: []string{"disk"}, Counter: true, Read: func() []metrics.Sample {
+			var out []metrics.Sample
+			for _, d := range objects.Disks() {
+				out = append(out, metrics.Sample{Labels: []string{d.Path}, Value: float64(d.BlocksRepaired)})
+			}
+			return out
+		}},
+		{Name: "herd_disk_failed", Help: "1 for an object disk taken out of service after an I/O error.", Labels: []string{"disk"}, Read: func() []metrics.Sample {
+			var out []metrics.Sample
+			for _, d := range objects.Disks() {
+				out = append(out, metrics.Sample{Labels: []string{d.Path}, Value: flag(d.Failed)})
+			}
+			return out
+		}},
+		{Name: "herd_nbd_connections", Help: "Open NBD connections (TCP and local socket).", Read: func() []metrics.Sample {
+			n := 0
+			for _, s := range servers {
+				if s != nil {
+					n += s.Connections()
+				}
+			}
+			return one(float64(n))
+		}},
 	}
 }
 
-// collectGarbage frees, on the leader, the objects of VDIs nothing reads
-// any more (deleted VDIs and snapshots, rolled-back VDIs), then records
-// each in the log. Any node may become leader and continue the list.
-func collectGarbage(ctx context.Context, c *cluster.Cluster, gw *gateway.Gateway, logger *slog.Logger) {
-	ticker := time.NewTicker(time.Second)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ticker.C:
-		}
-		if !c.IsLeader() {
-			continue
-		}
-		for _, g := range c.Garbage() {
-			work, cancel := context.WithTimeout(ctx, 5*time.Minute)
-			err := gw.CollectGarbage(work, g)
-			if err == nil {
-				err = c.GarbageDone(work, g.ID)
-			}
-			cancel()
-			if err != nil {
-				logger.Warn("freeing objects of a deleted vdi failed; will retry", "vdi", g.ID, "err", err)
-				break
-			}
-			logger.Info("freed the objects of a deleted vdi", "vdi", g.ID)
-		}
-	}
-}
+func (d dataPath) Metrics() prometheus.Gatherer { return d.metrics.Registry }

@@ -32,6 +32,8 @@ type handle struct {
 	path       string
 	fanout     int
 	corrupt    error  // the header is bad: only Remove may use the handle
+	dataStart  int64  // file offset of the object's byte 0 (header.go)
+	legacy     bool   // a version 1 file: no checksums
 	createGen  uint64 // the fan-out directory's change count this file's entry needs durable
 	objectsGen uint64 // the same for objects/, in case the fan-out directory is new
 
@@ -53,6 +55,13 @@ type handle struct {
 	epoch    atomic.Uint64
 	hdrMu    sync.Mutex
 	hdrFlags uint32
+
+	// writeMu serialises changes to the copy's data and checksums (and
+	// the second look of a read that saw a mismatch): see checksum.go.
+	writeMu sync.Mutex
+	// journaled: the disk's journal lists this object durably (so a write
+	// need not ask it); cleared by a compaction that drops it.
+	journaled atomic.Bool
 
 	// Dirty tracking, see flush.go. dirtyGen counts completed writes,
 	// syncedGen is the dirtyGen read before the last successful fdatasync
@@ -321,6 +330,7 @@ func (s *Store) attach(h *handle, d *diskState, path string, f *os.File) error {
 	}
 	h.file, h.disk, h.path = f, d, path
 	h.fanout = fanoutIndex(h.oid)
+	h.dataStart, h.legacy = hdr.dataStart(), hdr.legacy
 	// The file may have been created by this process since the last
 	// directory sync (then evicted and reopened): assume it was, at the
 	// cost of one more directory fsync after a create in the same
@@ -333,6 +343,10 @@ func (s *Store) attach(h *handle, d *diskState, path string, f *os.File) error {
 	return nil
 }
 
+// createLegacy makes create write copies without checksums (format
+// version 1): the benchmarks' baseline in the same binary.
+var createLegacy bool
+
 // create makes a new object file on disk d with its header stamped epoch.
 func (s *Store) create(h *handle, d *diskState, epoch uint64) error {
 	if err := s.checkReserve(d, h.oid); err != nil {
@@ -343,7 +357,7 @@ func (s *Store) create(h *handle, d *diskState, epoch uint64) error {
 	var f *os.File
 	for attempt := 0; ; attempt++ {
 		var err error
-		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o640)
+		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, fileMode)
 		if err == nil {
 			break
 		}
@@ -351,7 +365,7 @@ func (s *Store) create(h *handle, d *diskState, epoch uint64) error {
 			// The first object of this fan-out directory. Count the
 			// change of objects/ even if a concurrent create made the
 			// directory: that one may not have counted it yet.
-			if err := os.Mkdir(d.fanoutPath(fanout), 0o750); err != nil && !errors.Is(err, os.ErrExist) {
+			if err := os.Mkdir(d.fanoutPath(fanout), dirMode); err != nil && !errors.Is(err, os.ErrExist) {
 				return objectError("create", h.oid, path, err)
 			}
 			d.objectsDir.changed.Add(1)
@@ -368,7 +382,8 @@ func (s *Store) create(h *handle, d *diskState, epoch uint64) error {
 		}
 		return objectError("create", h.oid, path, err)
 	}
-	encoded := header{oid: h.oid, epoch: epoch}.encode()
+	hdr := header{oid: h.oid, epoch: epoch, legacy: createLegacy}
+	encoded := hdr.encode()
 	if _, err := f.WriteAt(encoded[:], 0); err != nil {
 		f.Close()
 		if removeErr := os.Remove(path); removeErr != nil {
@@ -378,6 +393,7 @@ func (s *Store) create(h *handle, d *diskState, epoch uint64) error {
 		return objectError("create", h.oid, path, err)
 	}
 	h.file, h.disk, h.path, h.fanout = f, d, path, fanout
+	h.dataStart, h.legacy = hdr.dataStart(), hdr.legacy
 	h.createGen = d.fanout[fanout].changed.Add(1)
 	h.objectsGen = d.objectsDir.changed.Load()
 	h.epoch.Store(epoch)

@@ -12,7 +12,7 @@ import (
 // and to disjoint blocks of one shared object, with Flushes in between,
 // then checks every byte.
 func TestConcurrentWriters(t *testing.T) {
-	options := Options{Disks: []Disk{{Path: t.TempDir()}}}
+	options := Options{Disks: []Disk{{Path: tempDisk(t)}}}
 	s := openTest(t, options)
 	const writers = 8
 	const blocks = 32 // per writer, in the shared object
@@ -24,7 +24,7 @@ func TestConcurrentWriters(t *testing.T) {
 			oid := uint64(w + 1)
 			for n := range 40 {
 				p := pattern(uint64(w*1000+n), 5000)
-				if err := s.Write(oid, p, uint32(n*3000), uint64(1+n%2), Create); err != nil {
+				if err := s.Write(oid, p, uint32(n*3000), uint64(1+n/2), Create); err != nil { // stamps rise, never go back
 					errs <- err
 					return
 				}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -12,6 +13,16 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+)
+
+// Modes of what the store creates: object data is the VMs' disks, for
+// this node's user only. objects/ itself is what keeps everyone else out
+// (Open makes it 0700 if it is more open): files and fan-out
+// directories that an older herd made 0640 and 0750 beneath it are out
+// of reach too, without a walk over millions of files.
+const (
+	fileMode = 0o600
+	dirMode  = 0o700
 )
 
 // fanoutCount is the number of fan-out directories under objects/: 256
@@ -35,6 +46,14 @@ type diskState struct {
 
 	// failed: taken out of service after an EIO (Store.failDisk).
 	failed atomic.Bool
+
+	// journal lists the objects that may hold unsynced writes
+	// (journal.go).
+	journal *journal
+	// checksumErrors counts blocks found failing their checksum;
+	// blocksRepaired those rewritten from a good copy.
+	checksumErrors atomic.Uint64
+	blocksRepaired atomic.Uint64
 }
 
 // dirState counts the changes to a directory's entries and how many of
@@ -110,7 +129,7 @@ func statfsSpace(path string) (Space, error) {
 
 // openDisks checks the configured disks, creates their objects/
 // directories and computes their weights.
-func openDisks(disks []Disk, space func(string) (Space, error)) ([]*diskState, error) {
+func openDisks(disks []Disk, space func(string) (Space, error), logger *slog.Logger) ([]*diskState, error) {
 	if len(disks) == 0 {
 		return nil, fmt.Errorf("%w: no disks", ErrInvalid)
 	}
@@ -139,6 +158,9 @@ func openDisks(disks []Disk, space func(string) (Space, error)) ([]*diskState, e
 		if !info.IsDir() {
 			return nil, fmt.Errorf("%w: disk %s is not a directory", ErrInvalid, root)
 		}
+		if err := checkRootMode(root, info.Mode()); err != nil {
+			return nil, err
+		}
 		state := &diskState{root: root, objects: filepath.Join(root, "objects"), weight: disk.Weight}
 		state.seed = diskSeed(root)
 		if seeds[state.seed] {
@@ -161,15 +183,47 @@ func openDisks(disks []Disk, space func(string) (Space, error)) ([]*diskState, e
 		if err := ensureDir(state.objects, root); err != nil {
 			return nil, fmt.Errorf("store: disk %s: %w", root, err)
 		}
+		if err := closeObjectsDir(state.objects, logger); err != nil {
+			return nil, fmt.Errorf("store: disk %s: %w", root, err)
+		}
 		states = append(states, state)
 	}
 	return states, nil
 }
 
+// checkRootMode refuses a disk whose directory others can write: they
+// could replace objects/ (rename it away, put their own in its place)
+// and so the copies this node serves.
+func checkRootMode(root string, mode os.FileMode) error {
+	if mode.Perm()&0o022 != 0 {
+		return fmt.Errorf("%w: disk %s is writable by its group or by others (mode %04o), so another user could replace the objects this node serves; make it writable by its owner only: chmod go-w %s",
+			ErrPermissions, root, mode.Perm(), root)
+	}
+	return nil
+}
+
+// closeObjectsDir makes objects/ accessible to its owner only (dirMode),
+// saying so when it was not: an older herd made it 0750, and an
+// operator may have opened it.
+func closeObjectsDir(dir string, logger *slog.Logger) error {
+	info, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if info.Mode().Perm()&0o077 == 0 {
+		return nil
+	}
+	if err := os.Chmod(dir, dirMode); err != nil {
+		return fmt.Errorf("%w: %s is accessible to its group or others (mode %04o) and making it %04o failed: %v", ErrPermissions, dir, info.Mode().Perm(), dirMode, err)
+	}
+	logger.Warn("store: objects directory was accessible to its group or others; made it owner-only", "dir", dir, "was", fmt.Sprintf("%04o", info.Mode().Perm()), "now", fmt.Sprintf("%04o", dirMode))
+	return nil
+}
+
 // ensureDir creates dir if missing and then fsyncs parent, so that the new
 // directory survives a crash.
 func ensureDir(dir, parent string) error {
-	err := os.Mkdir(dir, 0o750)
+	err := os.Mkdir(dir, dirMode)
 	if errors.Is(err, os.ErrExist) {
 		info, statErr := os.Stat(dir)
 		if statErr != nil {

@@ -24,7 +24,7 @@ func countFiles(t *testing.T, roots []string) []int {
 }
 
 func TestMultipleDisks(t *testing.T) {
-	roots := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	roots := []string{tempDisk(t), tempDisk(t), tempDisk(t)}
 	weights := []uint64{1, 2, 1}
 	var disks []Disk
 	for i, root := range roots {
@@ -69,7 +69,7 @@ func TestMultipleDisks(t *testing.T) {
 
 	// A disk added and one removed: objects on the remaining disks are
 	// found where they are, new ones go to the new disk too.
-	extra := t.TempDir()
+	extra := tempDisk(t)
 	options.Disks = []Disk{disks[0], disks[1], {Path: extra, Weight: 4000}}
 	s = reopen(t, s, options)
 	for oid := uint64(0); oid < objects; oid++ {
@@ -187,12 +187,12 @@ func TestReserve(t *testing.T) {
 	mustWrite(t, s2, 1, []byte("a"), 0, 1, Create)
 
 	failing := func(string) (Space, error) { return Space{}, os.ErrPermission }
-	_, err = Open(Options{Disks: []Disk{{Path: t.TempDir()}}, DiskSpace: failing})
+	_, err = Open(Options{Disks: []Disk{{Path: tempDisk(t)}}, DiskSpace: failing})
 	wantErr(t, "Open with a disk space error and no weight", err, os.ErrPermission)
 }
 
 func TestUsageOfRealDisks(t *testing.T) {
-	s := openTest(t, Options{Disks: []Disk{{Path: t.TempDir()}}})
+	s := openTest(t, Options{Disks: []Disk{{Path: tempDisk(t)}}})
 	used, capacity, err := s.Usage()
 	if err != nil {
 		t.Fatal(err)

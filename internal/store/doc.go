@@ -22,8 +22,10 @@
 // where the fan-out directory is two hex digits of a hash of the oid, so
 // that no directory holds millions of files. Each file starts with a 4 KiB
 // header (magic "HERDOBJ1", format version, oid, epoch stamp, flags,
-// CRC32C; see header.go) followed by the object's data at file offset
-// 4096, which keeps the data 4 KiB aligned. Files are sparse: only written
+// CRC32C; see header.go), then the 256 KiB checksum table, then the
+// object's data at file offset 266240, which keeps the data 4 KiB
+// aligned (copies written before checksums, format version 1, have their
+// data at 4096 and no table). Files are sparse: only written
 // ranges take space, and holes and bytes beyond the end read as zeros;
 // Trim and WriteZeroes punch holes (fallocate PUNCH_HOLE).
 //
@@ -81,8 +83,13 @@
 // miss a writeback error), so when more than half the cache is dirty a
 // background flush round writes it back.
 //
-// Not yet: checksums of object data (the header has one, the data not), so
-// bit rot in data is not detected on read; the scrub that would find it.
+// # Data checksums
+//
+// Every 4 KiB block of data has a CRC32C in the file's checksum table,
+// written with every write and checked on every read; a block that fails
+// is never returned (ErrChecksum), and Repair rewrites it from a good
+// replica's bytes. The journal (journal.go) keeps data and checksums
+// consistent across a crash: see checksum.go and journal.go.
 //
 // Errors are *ObjectError values wrapping a sentinel of errors.go (ENOSPC
 // and EDQUOT become ErrNoSpace, EIO becomes ErrIO) and the cause.

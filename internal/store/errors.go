@@ -3,28 +3,39 @@ package store
 import (
 	"errors"
 	"fmt"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
-// Sentinel errors. Every error the store returns for an object is an
-// *ObjectError that wraps one of these (and the operating system's error
-// when there is one), so test with errors.Is.
+// Sentinel errors: the data path's shared vocabulary (internal/object),
+// so that what the store reports needs no translation above it. Every
+// error the store returns for an object is an *ObjectError that wraps one
+// of these (and the operating system's error when there is one), so test
+// with errors.Is.
 var (
 	// ErrNotFound: the object has no copy on this node's disks.
-	ErrNotFound = errors.New("store: object not found")
+	ErrNotFound = object.ErrNotFound
 	// ErrCorrupt: the copy cannot be trusted: its header has a bad magic,
 	// version, object id or checksum, or an earlier sync of its data
 	// failed. Reads and writes are refused until it is removed and
 	// recovered from another replica.
-	ErrCorrupt = errors.New("store: object corrupt")
+	ErrCorrupt = object.ErrCorrupt
+	// ErrChecksum: blocks of the copy's data fail their checksum
+	// (checksum.go); they are not returned, and the copy's other blocks
+	// are good. Repair rewrites them from another replica's.
+	ErrChecksum = object.ErrChecksum
 	// ErrNoSpace: the disk is full (ENOSPC or EDQUOT from the kernel), or a
 	// new object would eat into the disk's reserve.
-	ErrNoSpace = errors.New("store: no space left")
+	ErrNoSpace = object.ErrNoSpace
 	// ErrIO: the kernel reported EIO; the disk or file system is failing.
-	ErrIO = errors.New("store: I/O error")
+	ErrIO = object.ErrIO
 	// ErrInvalid: a bad argument (range beyond MaxObjectSize, bad options).
-	ErrInvalid = errors.New("store: invalid argument")
-	// ErrClosed: the store has been closed.
-	ErrClosed = errors.New("store: closed")
+	ErrInvalid = object.ErrInvalid
+	// ErrClosed: the store has been closed (the node is stopping).
+	ErrClosed = fmt.Errorf("store: closed: %w", object.ErrUnavailable)
+	// ErrPermissions: Open refused a disk whose directory other users
+	// can write, or could not close its objects/ to them.
+	ErrPermissions = errors.New("store: unsafe permissions")
 )
 
 // ObjectError is a failed operation on one object. Kind is one of the

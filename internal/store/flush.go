@@ -175,7 +175,7 @@ func (s *Store) markDamaged(h *handle, cause error) error {
 	// protects this process.
 	h.hdrMu.Lock()
 	h.hdrFlags |= headerDamaged
-	encoded := header{flags: h.hdrFlags, oid: h.oid, epoch: h.epoch.Load()}.encode()
+	encoded := header{flags: h.hdrFlags, oid: h.oid, epoch: h.epoch.Load(), legacy: h.legacy}.encode()
 	_, err := h.file.WriteAt(encoded[:], 0)
 	h.hdrMu.Unlock()
 	if err == nil {
@@ -239,12 +239,62 @@ func (s *Store) flush() error {
 	s.flushMu.Unlock()
 
 	round.err = s.flushRound()
+	if round.err == nil {
+		s.compactJournals()
+	}
 
 	s.flushMu.Lock()
 	s.flushRunning = nil
 	s.flushMu.Unlock()
 	close(round.done)
 	return round.err
+}
+
+// compactJournals rewrites each journal that lists more than
+// journalCompactAt objects with only those that have unsynced writes now
+// (journal.go). Writes to the disk wait meanwhile, so none runs between
+// the list and the rewrite. The caller is the running flush round.
+func (s *Store) compactJournals() {
+	for _, d := range s.disks {
+		if d.failed.Load() || d.journal.size() <= journalCompactAt {
+			continue
+		}
+		d.journal.gate.Lock()
+		var keep []uint64
+		for i := range s.dirty {
+			shard := &s.dirty[i]
+			shard.mu.Lock()
+			for _, h := range shard.handles {
+				if h.disk == d {
+					keep = append(keep, h.oid)
+				}
+			}
+			shard.mu.Unlock()
+		}
+		err := d.journal.rewrite(keep)
+		if err == nil {
+			kept := make(map[uint64]bool, len(keep))
+			for _, oid := range keep {
+				kept[oid] = true
+			}
+			for i := range s.shards {
+				shard := &s.shards[i]
+				shard.mu.Lock()
+				for oid, h := range shard.handles {
+					// elem is set once the opener filled h.disk.
+					if h.elem != nil && h.disk == d && !kept[oid] {
+						h.journaled.Store(false)
+					}
+				}
+				shard.mu.Unlock()
+			}
+		}
+		d.journal.gate.Unlock()
+		if err != nil {
+			// The longer journal stays: a restart re-hashes more.
+			s.logger.Warn("store: compacting the journal", "disk", d.root, "err", err)
+		}
+	}
 }
 
 // flushRound syncs the current dirty set and changed directories.

@@ -190,7 +190,7 @@ func TestFlushContract(t *testing.T) {
 }
 
 func TestFailedSyncDamagesCopy(t *testing.T) {
-	options := Options{Disks: []Disk{{Path: t.TempDir()}}}
+	options := Options{Disks: []Disk{{Path: tempDisk(t)}}}
 	s := openTest(t, options)
 	counter := countSyncs(s)
 	const bad, good = 10, 11

@@ -34,15 +34,30 @@ func TestHeaderRoundTrip(t *testing.T) {
 // TestHeaderIsPinned pins the on-disk format: changing it makes every
 // existing object unreadable.
 func TestHeaderIsPinned(t *testing.T) {
-	encoded := header{oid: 0x0102030405060708, epoch: 0x1112131415161718}.encode()
-	want := []byte("HERDOBJ1\x01\x00\x00\x00\x00\x00\x00\x00" +
-		"\x08\x07\x06\x05\x04\x03\x02\x01\x18\x17\x16\x15\x14\x13\x12\x11" +
-		"\x00\x10\x00\x00")
-	if !bytes.Equal(encoded[:36], want) {
-		t.Fatalf("header starts % x\nwant            % x", encoded[:36], want)
-	}
-	if sum := encoded[60:64]; bytes.Equal(sum, []byte{0, 0, 0, 0}) {
-		t.Fatal("no checksum")
+	for _, c := range []struct {
+		legacy bool
+		want   string
+	}{
+		// Version 2: data at 266240 (0x41000), after the checksum table.
+		{false, "HERDOBJ1\x02\x00\x00\x00\x00\x00\x00\x00" +
+			"\x08\x07\x06\x05\x04\x03\x02\x01\x18\x17\x16\x15\x14\x13\x12\x11" +
+			"\x00\x10\x04\x00"},
+		// Version 1 (before checksums), still read: data at 4096.
+		{true, "HERDOBJ1\x01\x00\x00\x00\x00\x00\x00\x00" +
+			"\x08\x07\x06\x05\x04\x03\x02\x01\x18\x17\x16\x15\x14\x13\x12\x11" +
+			"\x00\x10\x00\x00"},
+	} {
+		encoded := header{oid: 0x0102030405060708, epoch: 0x1112131415161718, legacy: c.legacy}.encode()
+		if !bytes.Equal(encoded[:36], []byte(c.want)) {
+			t.Fatalf("header starts % x\nwant            % x", encoded[:36], []byte(c.want))
+		}
+		if sum := encoded[60:64]; bytes.Equal(sum, []byte{0, 0, 0, 0}) {
+			t.Fatal("no checksum")
+		}
+		decoded, err := decodeHeader(encoded[:], 0x0102030405060708)
+		if err != nil || decoded.legacy != c.legacy {
+			t.Fatalf("decoded %+v, %v", decoded, err)
+		}
 	}
 }
 

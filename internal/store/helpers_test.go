@@ -10,12 +10,24 @@ import (
 	"testing"
 )
 
+// tempDisk returns a fresh directory for a disk. t.TempDir makes it 0777
+// less the umask: group-writable under the common umask 002, which Open
+// refuses (checkRootMode).
+func tempDisk(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 // openTest opens a store on one fresh disk unless options name disks, and
 // closes it at the end of the test.
 func openTest(t testing.TB, options Options) *Store {
 	t.Helper()
 	if len(options.Disks) == 0 {
-		options.Disks = []Disk{{Path: t.TempDir()}}
+		options.Disks = []Disk{{Path: tempDisk(t)}}
 	}
 	s, err := Open(options)
 	if err != nil {

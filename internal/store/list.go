@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // List calls fn for every object copy on the node's disks, in no
@@ -35,6 +36,9 @@ func (s *Store) List(fn func(oid uint64, info Info) error) error {
 				return fmt.Errorf("store: list %s: %w", dir, &classifiedError{kind: classify(err), err: err})
 			}
 			for _, name := range names {
+				if strings.HasPrefix(name, tempPrefix) {
+					continue // a copy being written by Replace
+				}
 				oid, ok := parseObjectName(name)
 				if !ok || fanoutIndex(oid) != i {
 					s.logger.Warn("store: ignoring a file that is not an object", "path", filepath.Join(dir, name))
@@ -125,7 +129,7 @@ func (s *Store) listInfo(d *diskState, oid uint64) (Info, error) {
 		defer s.release(h)
 		return cachedInfo(h)
 	}
-	return fileSizes(fileInfo, hdr.epoch), nil
+	return fileSizes(fileInfo, hdr.epoch, hdr.dataStart()), nil
 }
 
 // cachedInfo describes a copy from its cached handle, on which the caller

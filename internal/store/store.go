@@ -3,7 +3,6 @@ package store
 import (
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"sync"
@@ -68,8 +67,17 @@ const (
 	// NoHole makes WriteZeroes allocate the range (zeros are written)
 	// instead of punching a hole. Ignored by Write and Trim.
 	NoHole
+	// Fresh (for Write, with Create) empties a copy that exists already
+	// before writing: the write starts the object, and what an earlier
+	// failed change left must not show beside it. Ignored by WriteZeroes
+	// and Trim.
+	Fresh
 
-	writeFlagsKnown = Create | Sync | NoHole
+	// Repair (Write, whole blocks): write only the blocks whose stored
+	// bytes fail their checksum (see Store.Repair).
+	Repair
+
+	writeFlagsKnown = Create | Sync | NoHole | Fresh | Repair
 )
 
 // Info describes an object's copy.
@@ -145,7 +153,7 @@ func Open(options Options) (*Store, error) {
 	if options.DiskSpace == nil {
 		options.DiskSpace = statfsSpace
 	}
-	disks, err := openDisks(options.Disks, options.DiskSpace)
+	disks, err := openDisks(options.Disks, options.DiskSpace, options.Logger)
 	if err != nil {
 		return nil, err
 	}
@@ -155,6 +163,7 @@ func Open(options Options) (*Store, error) {
 		}
 	}
 	shardCount, capacity := shardCounts(options.OpenFiles)
+
 	s := &Store{
 		disks:              disks,
 		logger:             options.Logger,
@@ -172,7 +181,53 @@ func Open(options Options) (*Store, error) {
 		s.shards[i].handles = make(map[uint64]*handle)
 		s.shards[i].capacity = capacity
 	}
+	for _, d := range disks {
+		s.removeTemps(d)
+	}
+	for i, d := range disks {
+		if err := s.openJournal(d); err != nil {
+			for _, d := range disks[:i] {
+				d.journal.close()
+			}
+			return nil, fmt.Errorf("store: disk %s: %w", d.root, &classifiedError{kind: classify(err), err: err})
+		}
+	}
 	return s, nil
+}
+
+// openJournal opens d's journal and re-hashes the objects it lists: they
+// may hold writes whose data and checksums reached the disk apart before
+// a crash (journal.go). Then the journal is emptied.
+func (s *Store) openJournal(d *diskState) error {
+	j, err := openJournal(d.objects, s.datasync, s.dirsync)
+	if err != nil {
+		return err
+	}
+	oids, err := j.listed()
+	if err != nil {
+		j.close()
+		return err
+	}
+	changed := 0
+	for _, oid := range oids {
+		n, err := rehash(d.objectPath(oid), oid, s.datasync)
+		changed += n
+		if err != nil {
+			// Its blocks may fail their checksums: reads go to another
+			// replica and repair them, like rot.
+			s.logger.Error("store: re-hashing an object after an unclean stop", "oid", oidString(oid), "disk", d.root, "err", err)
+		}
+	}
+	if len(oids) > 0 {
+		s.logger.Info("store: re-hashed the objects an unclean stop may have left with unsynced writes",
+			"disk", d.root, "objects", len(oids), "checksums_updated", changed)
+	}
+	if err := j.reset(); err != nil {
+		j.close()
+		return err
+	}
+	d.journal = j
+	return nil
 }
 
 // Close flushes (see Flush, whose error it returns) and closes the store.
@@ -185,6 +240,18 @@ func (s *Store) Close() error {
 	s.backgroundMu.Lock() // no writeback starts after this: closed is set
 	s.backgroundMu.Unlock()
 	s.background.Wait()
+	for _, d := range s.disks {
+		// After a clean flush nothing is unsynced: a restart need not
+		// re-hash anything.
+		if err == nil && !d.failed.Load() {
+			d.journal.gate.Lock()
+			if resetErr := d.journal.reset(); resetErr != nil {
+				s.logger.Warn("store: emptying the journal", "disk", d.root, "err", resetErr)
+			}
+			d.journal.gate.Unlock()
+		}
+		d.journal.close()
+	}
 	for i := range s.shards {
 		shard := &s.shards[i]
 		var victims []*handle
@@ -297,24 +364,23 @@ func (s *Store) Read(oid uint64, p []byte, offset uint32) (Info, error) {
 	var info Info
 	err := s.with("read", oid, accessExisting, 0, func(h *handle) error {
 		info.Epoch = h.epoch.Load()
-		n, err := h.file.ReadAt(p, headerSize+int64(offset))
-		if s.readFault != nil {
-			if fault := s.readFault(h.path); fault != nil {
-				n, err = 0, fault
-			}
+		if h.legacy {
+			return s.readFile(h, p, h.dataStart+int64(offset)) // no checksums yet
 		}
-		if err != nil && !errors.Is(err, io.EOF) {
-			return objectError("read", oid, h.path, err)
-		}
-		clear(p[n:]) // beyond the end of the file
-		return nil
+		return s.readVerified(h, p, offset)
 	})
 	return info, err
 }
 
-// Write writes p at offset in the object and stamps the copy with epoch.
-// When it returns nil the kernel has the data (a later Read sees it); it
-// is durable after a Flush or Sync, or at once with the Sync flag.
+// Write writes p at offset in the object, with its checksums, and stamps
+// the copy with epoch. When it returns nil the kernel has the data (a
+// later Read sees it); it is durable after a Flush or Sync, or at once
+// with the Sync flag. A write that covers part of a block whose stored
+// bytes fail their checksum is refused with ErrChecksum (nothing is
+// written): the block must be repaired first.
+//
+// With Repair (whole blocks only), each block of p is written only where
+// the copy's block fails its checksum; the stamp is not changed.
 func (s *Store) Write(oid uint64, p []byte, offset uint32, epoch uint64, flags WriteFlags) error {
 	if err := checkRange("write", oid, uint64(offset), uint64(len(p))); err != nil {
 		return err
@@ -322,21 +388,96 @@ func (s *Store) Write(oid uint64, p []byte, offset uint32, epoch uint64, flags W
 	if err := checkFlags("write", oid, flags); err != nil {
 		return err
 	}
+	if flags&Repair != 0 {
+		if _, err := s.Repair(oid, p, offset); err != nil || flags&Sync == 0 {
+			return err
+		}
+		return s.Sync(oid)
+	}
 	return s.with("write", oid, modeFor(flags), epoch, func(h *handle) error {
 		if err := s.stamp("write", h, epoch); err != nil {
 			return err
 		}
-		if len(p) > 0 {
-			if _, err := h.file.WriteAt(p, headerSize+int64(offset)); err != nil {
-				return objectError("write", oid, h.path, err)
+		if flags&Fresh == 0 && len(p) == 0 {
+			return s.syncIf(flags, "write", h)
+		}
+		err := s.change(h, func() error {
+			if flags&Fresh != 0 {
+				// The table goes with the data: holes, entries 0.
+				if err := h.file.Truncate(headerSize); err != nil {
+					return objectError("write", oid, h.path, err)
+				}
 			}
-			s.markDirty(h)
+			if len(p) == 0 {
+				return nil
+			}
+			if h.legacy {
+				if _, err := h.file.WriteAt(p, h.dataStart+int64(offset)); err != nil {
+					return objectError("write", oid, h.path, err)
+				}
+				return nil
+			}
+			return s.writeVerified(h, p, offset)
+		})
+		if err != nil {
+			return err
 		}
-		if flags&Sync != 0 {
-			return s.syncObject("write", h)
-		}
-		return nil
+		return s.syncIf(flags, "write", h)
 	})
+}
+
+// skipJournal is set by a test that shows what the journal is for.
+var skipJournal bool
+
+// change runs fn, a change to h's data and checksums: the journal lists
+// the object first (journal.go), writes to the object are serialised
+// around it (checksum.go), and the handle is marked dirty after it.
+func (s *Store) change(h *handle, fn func() error) error {
+	j := h.disk.journal
+	j.gate.RLock()
+	defer j.gate.RUnlock()
+	if !h.legacy && !skipJournal && !h.journaled.Load() {
+		if err := j.mark(h.oid); err != nil {
+			return objectError("write", h.oid, h.path, err)
+		}
+		h.journaled.Store(true)
+	}
+	h.writeMu.Lock()
+	err := fn()
+	h.writeMu.Unlock()
+	// Even a failed change may have written part of its bytes.
+	s.markDirty(h)
+	return err
+}
+
+func (s *Store) syncIf(flags WriteFlags, op string, h *handle) error {
+	if flags&Sync != 0 {
+		return s.syncObject(op, h)
+	}
+	return nil
+}
+
+// Repair writes each whole 4 KiB block of p (offset and length block
+// aligned) where the copy's block fails its checksum, and leaves the good
+// ones alone, so that a repair with data read before a newer write never
+// undoes it. It returns how many blocks it rewrote. The stamp is not
+// changed. A copy without checksums (format version 1) is not repaired.
+func (s *Store) Repair(oid uint64, p []byte, offset uint32) (int, error) {
+	if err := checkRange("repair", oid, uint64(offset), uint64(len(p))); err != nil {
+		return 0, err
+	}
+	repaired := 0
+	err := s.with("repair", oid, accessExisting, 0, func(h *handle) error {
+		if h.legacy {
+			return nil
+		}
+		return s.change(h, func() error {
+			var err error
+			repaired, err = s.repairBlocks(h, p, offset)
+			return err
+		})
+	})
+	return repaired, err
 }
 
 func modeFor(flags WriteFlags) access {
@@ -372,15 +513,20 @@ func (s *Store) zero(op string, oid uint64, offset, length uint32, epoch uint64,
 			return err
 		}
 		if length > 0 {
-			if err := zeroRange(h.file, headerSize+int64(offset), int64(length), allocate); err != nil {
-				return objectError(op, oid, h.path, err)
+			err := s.change(h, func() error {
+				if h.legacy {
+					if err := zeroRange(h.file, h.dataStart+int64(offset), int64(length), allocate); err != nil {
+						return objectError(op, oid, h.path, err)
+					}
+					return nil
+				}
+				return s.zeroVerified(op, h, offset, length, allocate)
+			})
+			if err != nil {
+				return err
 			}
-			s.markDirty(h)
 		}
-		if flags&Sync != 0 {
-			return s.syncObject(op, h)
-		}
-		return nil
+		return s.syncIf(flags, op, h)
 	})
 }
 
@@ -415,16 +561,25 @@ func zeroRange(f *os.File, offset, length int64, allocate bool) error {
 
 // stamp sets the copy's epoch stamp, rewriting the header only when it
 // changes: writes in the same epoch only load the cached stamp.
+//
+// A stamp never goes back: the proof of currency reads a node's stamp as
+// "no write after this epoch went through this copy", which a lower stamp
+// would make a lie. A request that would lower it is refused.
 func (s *Store) stamp(op string, h *handle, epoch uint64) error {
 	if h.epoch.Load() == epoch {
 		return nil
 	}
 	h.hdrMu.Lock()
 	defer h.hdrMu.Unlock()
-	if h.epoch.Load() == epoch {
+	current := h.epoch.Load()
+	if current == epoch {
 		return nil
 	}
-	encoded := header{flags: h.hdrFlags, oid: h.oid, epoch: epoch}.encode()
+	if epoch < current {
+		return &ObjectError{Op: op, OID: h.oid, Path: h.path, Kind: ErrInvalid,
+			Err: fmt.Errorf("stamp %d would go back from %d", epoch, current)}
+	}
+	encoded := header{flags: h.hdrFlags, oid: h.oid, epoch: epoch, legacy: h.legacy}.encode()
 	if _, err := h.file.WriteAt(encoded[:], 0); err != nil {
 		return objectError(op, h.oid, h.path, fmt.Errorf("stamp epoch %d: %w", epoch, err))
 	}
@@ -479,13 +634,13 @@ func handleInfo(h *handle) (Info, error) {
 	if err != nil {
 		return Info{}, objectError("stat", h.oid, h.path, err)
 	}
-	return fileSizes(fileInfo, h.epoch.Load()), nil
+	return fileSizes(fileInfo, h.epoch.Load(), h.dataStart), nil
 }
 
-func fileSizes(fileInfo os.FileInfo, epoch uint64) Info {
+func fileSizes(fileInfo os.FileInfo, epoch uint64, dataStart int64) Info {
 	info := Info{Epoch: epoch}
-	if size := fileInfo.Size(); size > headerSize {
-		info.LengthBytes = uint64(size - headerSize)
+	if size := fileInfo.Size(); size > dataStart {
+		info.LengthBytes = uint64(size - dataStart)
 	}
 	if st, ok := fileInfo.Sys().(*syscall.Stat_t); ok {
 		info.AllocatedBytes = uint64(st.Blocks) * 512
@@ -497,21 +652,36 @@ func fileSizes(fileInfo os.FileInfo, epoch uint64) Info {
 // requests on the object that are running, and returns ErrNotFound if
 // there is no copy. The removal is durable after the next Flush.
 func (s *Store) Remove(oid uint64) error {
+	return s.retire("remove", oid, func(h *handle) error {
+		if err := os.Remove(h.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return objectError("remove", oid, h.path, err)
+		}
+		return nil
+	})
+}
+
+// retire takes oid's file out of service (Remove, and Replace's rename
+// over it): with its handle's life lock held, so that the requests
+// running on it finish first, change removes or replaces the file at
+// h.path; then the handle leaves the cache, and later requests open the
+// object afresh. ErrNotFound if there is no copy.
+func (s *Store) retire(op string, oid uint64, change func(h *handle) error) error {
 	for {
-		h, err := s.acquire("remove", oid, accessRemove, 0)
+		h, err := s.acquire(op, oid, accessRemove, 0)
 		if err != nil {
 			return err
 		}
 		h.life.Lock()
 		if h.removed {
+			// Removed while we waited; the cache no longer has it.
 			h.life.Unlock()
 			s.release(h)
 			continue
 		}
-		if err := os.Remove(h.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := change(h); err != nil {
 			h.life.Unlock()
 			s.release(h)
-			return objectError("remove", oid, h.path, err)
+			return err
 		}
 		h.removed = true
 		h.disk.fanout[h.fanout].changed.Add(1)
@@ -539,6 +709,35 @@ func (s *Store) Usage() (used, capacity uint64, err error) {
 		used += space.TotalBytes - min(space.FreeBytes, space.TotalBytes)
 	}
 	return used, capacity, nil
+}
+
+// DiskUsage is one disk's space, for metrics.
+type DiskUsage struct {
+	Path          string
+	UsedBytes     uint64
+	CapacityBytes uint64
+	Failed        bool // taken out of service after an I/O error
+	// ChecksumErrors counts 4 KiB blocks found failing their checksum
+	// since the node started; BlocksRepaired those rewritten from a good
+	// copy.
+	ChecksumErrors uint64
+	BlocksRepaired uint64
+}
+
+// Disks reports every disk's space (a failed disk with none).
+func (s *Store) Disks() []DiskUsage {
+	out := make([]DiskUsage, 0, len(s.disks))
+	for _, d := range s.disks {
+		u := DiskUsage{Path: d.root, Failed: d.failed.Load(), ChecksumErrors: d.checksumErrors.Load(), BlocksRepaired: d.blocksRepaired.Load()}
+		if !u.Failed {
+			if space, err := s.space(d.root); err == nil {
+				u.CapacityBytes = space.TotalBytes
+				u.UsedBytes = space.TotalBytes - min(space.FreeBytes, space.TotalBytes)
+			}
+		}
+		out = append(out, u)
+	}
+	return out
 }
 
 // Pressure sums the disks' free space (to the store), total size and

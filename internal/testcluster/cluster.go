@@ -24,7 +24,8 @@
 // removed by t.Cleanup. Processes are signalled only by pid after checking
 // /proc/PID/cmdline, never by name. When the test failed, the cleanup prints
 // the end of every node's log. A node that exits without being asked to (a
-// crash) fails the test.
+// crash) fails the test, and so does a race report in a node's log (from a
+// binary built with -race, see BinaryVariable).
 //
 // The methods of Cluster and Node fail the test with t.Fatalf on errors, so
 // they must be called from the test's goroutine; Herd, HerdJSON and
@@ -34,6 +35,7 @@ package testcluster
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -49,16 +51,23 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/herd-storage/herd/internal/testenv"
 )
 
 // TokenVariable is the environment variable through which the herd CLI
-// receives the cluster secret.
-const TokenVariable = "HERD_TOKEN"
+// receives the admin token; JoinTokenVariable the one through which a
+// joining node receives the join token.
+const (
+	TokenVariable     = "HERD_TOKEN"
+	JoinTokenVariable = "HERD_JOIN_TOKEN"
+)
 
 const (
-	// tokenFile is the file in the first node's data directory holding the
-	// cluster secret it generated.
-	tokenFile = "cluster.token"
+	// tokenFile and joinTokenFile are the files in the first node's data
+	// directory holding the admin and join tokens it generated.
+	tokenFile     = "admin.token"
+	joinTokenFile = "join.token"
 	// defaultStartTimeout bounds a node's start until /v1/health answers.
 	defaultStartTimeout = 20 * time.Second
 	// stopTimeout bounds a clean shutdown after SIGTERM before SIGKILL.
@@ -79,7 +88,8 @@ type Options struct {
 	Zones []string
 	// Namespaces runs every node in a network namespace of its own so that
 	// Partition can cut links between nodes. It needs root, ip (iproute2)
-	// and nft (nftables); without them Start skips the test.
+	// and nft (nftables); without them Start skips the test, or fails it
+	// under CI=true (see internal/testenv).
 	Namespaces bool
 	// ExtraArgs are appended to every node's `herd server` arguments.
 	ExtraArgs []string
@@ -111,13 +121,15 @@ type Cluster struct {
 	mu sync.Mutex
 	// nodes holds every node ever started, indexed by node index.
 	nodes []*Node
-	// token is the cluster secret, read from the first node's data directory.
-	token string
+	// token is the admin token and joinToken the join token, read from
+	// the first node's data directory.
+	token, joinToken string
 }
 
 // Start starts a cluster of options.Nodes nodes and returns once every node
 // answers GET /v1/health. Node 0 starts first, without --join, and creates
-// the cluster secret; the others join node 0 with --join and --token.
+// the cluster's CA and tokens; the others join node 0 with --join and the
+// join token in $HERD_JOIN_TOKEN.
 // Everything is torn down by t.Cleanup.
 func Start(t testing.TB, options Options) *Cluster {
 	t.Helper()
@@ -138,7 +150,7 @@ func Start(t testing.TB, options Options) *Cluster {
 	if options.Namespaces {
 		network, err := newNetwork()
 		if errors.Is(err, ErrNamespacesUnavailable) {
-			t.Skipf("skipping: Options.Namespaces is set but %v", err)
+			testenv.Require(t, "network namespaces (Options.Namespaces)", err)
 		}
 		if err != nil {
 			t.Fatalf("%v", err)
@@ -154,18 +166,23 @@ func Start(t testing.TB, options Options) *Cluster {
 	t.Cleanup(c.cleanup)
 
 	first := c.startNode(nil)
-	tokenPath := filepath.Join(first.DataDir(), tokenFile)
-	WaitFor(t, options.StartTimeout, "node 0 to write "+tokenPath, func() (bool, error) {
-		contents, err := os.ReadFile(tokenPath)
-		if err != nil {
-			return false, err
-		}
-		token := strings.TrimSpace(string(contents))
-		c.mu.Lock()
-		c.token = token
-		c.mu.Unlock()
-		return token != "", errors.New("the file is empty")
-	})
+	for _, file := range []struct {
+		name string
+		into *string
+	}{{tokenFile, &c.token}, {joinTokenFile, &c.joinToken}} {
+		path := filepath.Join(first.DataDir(), file.name)
+		WaitFor(t, options.StartTimeout, "node 0 to write "+path, func() (bool, error) {
+			contents, err := os.ReadFile(path)
+			if err != nil {
+				return false, err
+			}
+			token := strings.TrimSpace(string(contents))
+			c.mu.Lock()
+			*file.into = token
+			c.mu.Unlock()
+			return token != "", errors.New("the file is empty")
+		})
+	}
 	for range options.Nodes - 1 {
 		c.startNode([]string{first.Address()})
 	}
@@ -190,11 +207,18 @@ func (c *Cluster) Nodes() []*Node {
 	return append([]*Node(nil), c.nodes...)
 }
 
-// Token returns the cluster secret.
+// Token returns the admin token.
 func (c *Cluster) Token() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.token
+}
+
+// JoinToken returns the join token.
+func (c *Cluster) JoinToken() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.joinToken
 }
 
 // AddNode starts one more node that joins the cluster through every node
@@ -256,8 +280,8 @@ func (c *Cluster) Heal() {
 	c.t.Logf("testcluster: healed the partition")
 }
 
-// Herd runs `herd --addr ADMIN args...` against node index with the cluster
-// secret in $HERD_TOKEN, and returns its standard output and error. The
+// Herd runs `herd --addr ADMIN args...` against node index with the admin
+// token in $HERD_TOKEN, and returns its standard output and error. The
 // command is killed when ctx is done; without a deadline in ctx it gets 60
 // seconds. A non-zero exit is an error that includes stderr.
 func (c *Cluster) Herd(ctx context.Context, index int, args ...string) (stdout, stderr string, err error) {
@@ -308,7 +332,7 @@ func (c *Cluster) HerdJSON(ctx context.Context, index int, v any, args ...string
 func (c *Cluster) startNode(join []string, extra ...string) *Node {
 	c.t.Helper()
 	c.mu.Lock()
-	index, token := len(c.nodes), c.token
+	index := len(c.nodes)
 	c.mu.Unlock()
 	node := &Node{cluster: c, index: index}
 	if c.network != nil {
@@ -330,7 +354,7 @@ func (c *Cluster) startNode(join []string, extra ...string) *Node {
 	if len(c.options.Zones) > 0 {
 		zone = c.options.Zones[index%len(c.options.Zones)]
 	}
-	node.arguments = serverArguments(node.dataDirectory, node.address, join, token, zone, c.options.Capacity, append(slices.Clone(c.options.ExtraArgs), extra...))
+	node.arguments = serverArguments(node.dataDirectory, node.address, join, zone, c.options.Capacity, append(slices.Clone(c.options.ExtraArgs), extra...))
 	c.mu.Lock()
 	c.nodes = append(c.nodes, node)
 	c.mu.Unlock()
@@ -339,10 +363,10 @@ func (c *Cluster) startNode(join []string, extra ...string) *Node {
 }
 
 // serverArguments returns the `herd server` arguments of a node.
-func serverArguments(dataDirectory, address string, join []string, token, zone, capacity string, extra []string) []string {
+func serverArguments(dataDirectory, address string, join []string, zone, capacity string, extra []string) []string {
 	arguments := []string{"server", "--data", dataDirectory, "--bind", address}
 	if len(join) > 0 {
-		arguments = append(arguments, "--join", strings.Join(join, ","), "--token", token)
+		arguments = append(arguments, "--join", strings.Join(join, ","))
 	}
 	if zone != "" {
 		arguments = append(arguments, "--zone", zone)
@@ -353,8 +377,9 @@ func serverArguments(dataDirectory, address string, join []string, token, zone, 
 	return append(arguments, extra...)
 }
 
-// cleanup reports nodes that crashed, kills every node, prints the nodes'
-// logs if the test failed and deletes the network.
+// cleanup reports nodes that crashed, kills every node, fails the test if a
+// node's log holds a race report, prints the nodes' logs if the test failed
+// and deletes the network.
 func (c *Cluster) cleanup() {
 	nodes := c.Nodes()
 	for _, node := range nodes {
@@ -371,10 +396,17 @@ func (c *Cluster) cleanup() {
 			}
 		}
 	}
+	// After the kills, so that every report is complete in the logs.
+	for _, node := range nodes {
+		node.reportRaces()
+	}
 	if c.t.Failed() {
 		for _, node := range nodes {
 			c.t.Logf("%s", node.logReport())
 		}
+		c.keepLogs(nodes)
+	} else if os.Getenv("HERD_TEST_KEEP_LOGS") != "" {
+		c.keepLogs(nodes)
 	}
 	if c.network != nil {
 		if err := c.network.destroy(); err != nil {
@@ -383,12 +415,62 @@ func (c *Cluster) cleanup() {
 	}
 }
 
+// keepLogs copies every node's whole log out of the test's temporary
+// directory (which is deleted) into $HERD_TEST_LOGS, or a new directory
+// under the system's temporary directory, and names it: a failure that
+// depends on timing is studied from the logs of the run that failed.
+// With HERD_TEST_KEEP_LOGS set, a passing test's logs are kept too.
+func (c *Cluster) keepLogs(nodes []*Node) {
+	root := os.Getenv("HERD_TEST_LOGS")
+	if root == "" {
+		root = os.TempDir()
+	}
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(c.t.Name())
+	dir, err := os.MkdirTemp(root, "herd-"+name+"-")
+	if err != nil {
+		c.t.Logf("testcluster: keeping the node logs: %v", err)
+		return
+	}
+	for _, node := range nodes {
+		contents, err := os.ReadFile(node.logPath)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, filepath.Base(node.logPath)), contents, 0o644)
+		}
+		if err != nil {
+			c.t.Logf("testcluster: keeping node %d's log: %v", node.index, err)
+		}
+	}
+	c.t.Logf("testcluster: the nodes' whole logs are kept in %s", dir)
+}
+
 // exitStatusText describes an exec.Cmd.Wait result.
 func exitStatusText(exitError error) string {
 	if exitError == nil {
 		return "exit status 0"
 	}
 	return exitError.Error()
+}
+
+// reportRaces fails the test with an excerpt if the node's log (every
+// process it ran) holds a race report.
+func (n *Node) reportRaces() {
+	log, err := os.Open(n.logPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return // never started
+	}
+	if err != nil {
+		n.cluster.t.Errorf("testcluster: checking node %d's log for data races: %v", n.index, err)
+		return
+	}
+	defer log.Close()
+	count, first, err := raceReports(log)
+	if err != nil {
+		n.cluster.t.Errorf("testcluster: checking node %d's log for data races: %v", n.index, err)
+	}
+	if count > 0 {
+		n.cluster.t.Errorf("testcluster: node %d reported %d data race(s) (a herd binary built with -race); the first, from %s:\n%s",
+			n.index, count, n.logPath, first)
+	}
 }
 
 // Node is one node of a Cluster: a herd server process, its address and its
@@ -429,9 +511,22 @@ func (n *Node) GossipAddr() string { return net.JoinHostPort(n.address, strconv.
 // NBDAddr returns the host:port of the node's NBD server.
 func (n *Node) NBDAddr() string { return net.JoinHostPort(n.address, strconv.Itoa(NBDPort)) }
 
+// NBDSocket is the node's local plaintext NBD socket.
+func (n *Node) NBDSocket() string { return filepath.Join(n.dataDirectory, "nbd.sock") }
+
+// NBDTLSURI returns the nbds:// URI of an export on this node for a client
+// whose certificates are in directory (herd client add --out).
+func (n *Node) NBDTLSURI(export, directory string) string {
+	return "nbds://" + n.NBDAddr() + "/" + export + "?tls-certificates=" + directory
+}
+
 // NBDURI returns the NBD URI of an export (a VDI name, or name@snapshot) on
 // this node, as qemu-img, qemu-io and the libnbd tools take it.
-func (n *Node) NBDURI(export string) string { return "nbd://" + n.NBDAddr() + "/" + export }
+// It is the node's local socket: NBD on the TCP port needs TLS with a
+// client certificate (NBDTLSURI).
+func (n *Node) NBDURI(export string) string {
+	return "nbd+unix:///" + export + "?socket=" + n.NBDSocket()
+}
 
 // DataDir returns the node's data directory.
 func (n *Node) DataDir() string { return n.dataDirectory }
@@ -519,7 +614,7 @@ func (n *Node) Resume() {
 }
 
 // Restart starts a node that was killed or stopped again, with the same
-// data directory, address and arguments (--join, --token), and waits until
+// data directory, address and arguments (--join), and waits until
 // it answers GET /v1/health. Restarting a running node fails the test: kill
 // or stop it first, choosing how it goes down.
 func (n *Node) Restart() {
@@ -534,7 +629,7 @@ func (n *Node) Restart() {
 func (n *Node) Health(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, healthRequestTimeout)
 	defer cancel()
-	request, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+n.AdminAddr()+"/v1/health", nil)
+	request, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+n.AdminAddr()+"/v1/health", nil)
 	if err != nil {
 		return err
 	}
@@ -555,8 +650,10 @@ func (n *Node) Health(ctx context.Context) error {
 const healthRequestTimeout = 2 * time.Second
 
 // healthClient talks to nodes directly: no proxy from the environment, no
-// kept-alive connections to nodes that may be killed at any moment.
-var healthClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+// kept-alive connections to nodes that may be killed at any moment. It
+// does not verify the node's certificate: it sends no secret and learns
+// only "ok" (the CLI and api.Client verify by the CA fingerprint).
+var healthClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true, TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 
 // launch starts the node's process and waits until it is healthy, failing
 // the test (with the end of the node's log) if it exits or the start
@@ -574,7 +671,7 @@ func (n *Node) launch() {
 	}
 	fmt.Fprintf(logFile, "=== testcluster %s: starting node %d: %s\n",
 		time.Now().Format(time.RFC3339Nano), n.index, strings.Join(argv, " "))
-	process, err := startProcess(n.cluster.binary, argv, childEnvironment(), logFile)
+	process, err := startProcess(n.cluster.binary, argv, childEnvironment(JoinTokenVariable+"="+n.cluster.JoinToken()), logFile)
 	// The child has its own copy of the descriptor.
 	logFile.Close()
 	if err != nil {

@@ -27,15 +27,31 @@ func info(t *testing.T, c *Cluster, index int) fakeInfo {
 
 func TestClusterLoopback(t *testing.T) {
 	c := Start(t, Options{Nodes: 3, Zones: []string{"a", "b"}, Capacity: "1G", binary: fakeBinary(t)})
-	if c.Token() == "" {
-		t.Fatal("empty token")
+	if c.Token() == "" || c.JoinToken() == "" {
+		t.Fatalf("admin token %q, join token %q, want both set", c.Token(), c.JoinToken())
 	}
-	tokenInfo, err := os.Stat(filepath.Join(c.Node(0).DataDir(), tokenFile))
-	if err != nil {
-		t.Fatal(err)
+	if c.Token() == c.JoinToken() {
+		t.Errorf("the admin token is the join token")
 	}
-	if mode := tokenInfo.Mode().Perm(); mode != 0o600 {
-		t.Errorf("token file mode %v, want 0600", mode)
+	for file, want := range map[string]string{tokenFile: c.Token(), joinTokenFile: c.JoinToken()} {
+		path := filepath.Join(c.Node(0).DataDir(), file)
+		fileInfo, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mode := fileInfo.Mode().Perm(); mode != 0o600 {
+			t.Errorf("%s mode %v, want 0600", file, mode)
+		}
+		if contents, err := os.ReadFile(path); err != nil || strings.TrimSpace(string(contents)) != want {
+			t.Errorf("%s holds %q (%v), want the token %q", file, contents, err, want)
+		}
+	}
+	for _, node := range c.Nodes()[1:] {
+		for _, file := range []string{tokenFile, joinTokenFile} {
+			if _, err := os.Stat(filepath.Join(node.DataDir(), file)); err == nil {
+				t.Errorf("joining node %d wrote %s", node.Index(), file)
+			}
+		}
 	}
 	first := c.Node(0).Address()
 	if !strings.HasPrefix(first, "127.") || strings.HasPrefix(first, "127.0.0.") {
@@ -114,6 +130,7 @@ func TestClusterLoopback(t *testing.T) {
 // test and prints its log.
 func TestClusterReportsCrash(t *testing.T) {
 	binary := fakeBinary(t)
+	t.Setenv("HERD_TEST_LOGS", t.TempDir()) // where the failed cleanup keeps the logs
 	var c *Cluster
 	recorder := runRecorded(t, func(tb testing.TB) {
 		c = Start(tb, Options{Nodes: 1, binary: binary})
@@ -128,10 +145,83 @@ func TestClusterReportsCrash(t *testing.T) {
 	}
 }
 
+// TestClusterReportsDataRace checks that a race report in a node's log
+// fails the test with the report, though the node never exited, and that a
+// node log without one fails nothing.
+func TestClusterReportsDataRace(t *testing.T) {
+	binary := fakeBinary(t)
+	t.Setenv("HERD_TEST_LOGS", t.TempDir()) // where the failed cleanup keeps the logs
+	recorder := runRecorded(t, func(tb testing.TB) {
+		c := Start(tb, Options{Nodes: 2, binary: binary})
+		if _, _, err := c.Herd(t.Context(), 1, "race"); err != nil {
+			tb.Errorf("race: %v", err)
+		}
+		c.cleanup()
+	})
+	got := recorder.recorded()
+	for _, want := range []string{"node 1 reported 1 data race(s)", "WARNING: DATA RACE", "Previous write at", "Goroutine"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("recorded %q, want it to contain %q", got, want)
+		}
+	}
+	if strings.Contains(got, "node 0 reported") {
+		t.Errorf("recorded %q: node 0 had no race", got)
+	}
+}
+
+func TestRaceReports(t *testing.T) {
+	report := func(where string) string {
+		return "==================\nWARNING: DATA RACE\nWrite at 0x00c000096028 by goroutine 8:\n  " + where +
+			"()\n      /x.go:8 +0x33\n\nPrevious write at 0x00c000096028 by main goroutine:\n  main.main()\n==================\n"
+	}
+	for _, test := range []struct {
+		name, log string
+		count     int
+		first     []string // lines the excerpt has
+		not       []string // text it must not have
+	}{
+		{name: "empty"},
+		{name: "no race", log: "=== testcluster: starting node 0\ntime=... level=INFO msg=\"WARNING: DATA RACE\" inside a line\n"},
+		{name: "one", log: "start\n" + report("main.first") + "after\n", count: 1,
+			first: []string{"WARNING: DATA RACE", "main.first()", "Previous write at"}, not: []string{"start", "after"}},
+		{name: "two", log: report("main.first") + "between\n" + report("main.second"), count: 2,
+			first: []string{"main.first()"}, not: []string{"main.second", "between"}},
+		{name: "cut short by a kill", log: "==================\nWARNING: DATA RACE\nWrite at 0x1 by goroutine 8:", count: 1,
+			first: []string{"Write at 0x1 by goroutine 8:"}},
+		{name: "long line", log: strings.Repeat("x", 2<<20) + "\n" + report("main.after"), count: 1, first: []string{"main.after()"}},
+	} {
+		t.Run(test.name, func(t *testing.T) {
+			count, first, err := raceReports(strings.NewReader(test.log))
+			if err != nil || count != test.count {
+				t.Fatalf("raceReports = %d, %v; want %d reports", count, err, test.count)
+			}
+			if test.count > 0 && !strings.HasPrefix(first, raceReportFrame+"\n"+raceReportStart) {
+				t.Errorf("excerpt %q does not start with the report", first)
+			}
+			for _, want := range test.first {
+				if !strings.Contains(first, want) {
+					t.Errorf("excerpt %q lacks %q", first, want)
+				}
+			}
+			for _, unwanted := range test.not {
+				if strings.Contains(first, unwanted) {
+					t.Errorf("excerpt %q has %q, which is outside the first report", first, unwanted)
+				}
+			}
+		})
+	}
+	// An endless report is cut.
+	endless := "WARNING: DATA RACE\n" + strings.Repeat("  frame\n", 10*raceExcerptLines)
+	if _, first, _ := raceReports(strings.NewReader(endless)); strings.Count(first, "\n")+1 != raceExcerptLines {
+		t.Errorf("excerpt of an endless report has %d lines, want %d", strings.Count(first, "\n")+1, raceExcerptLines)
+	}
+}
+
 // TestClusterStartFailure checks that a node exiting during its start fails
 // Start with the exit status and the end of the node's log.
 func TestClusterStartFailure(t *testing.T) {
 	binary := fakeBinary(t)
+	t.Setenv("HERD_TEST_LOGS", t.TempDir()) // where the failed cleanup keeps the logs
 	recorder := runRecorded(t, func(tb testing.TB) {
 		Start(tb, Options{Nodes: 1, Zones: []string{"crash"}, binary: binary})
 		tb.Errorf("Start returned")
@@ -198,26 +288,31 @@ func TestClusterNamespaces(t *testing.T) {
 }
 
 func TestServerArguments(t *testing.T) {
-	got := serverArguments("/d", "127.1.2.3", []string{"127.1.2.1", "127.1.2.2"}, "secret", "z1", "10G", []string{"--log-level", "debug"})
-	want := []string{"server", "--data", "/d", "--bind", "127.1.2.3", "--join", "127.1.2.1,127.1.2.2", "--token", "secret",
+	got := serverArguments("/d", "127.1.2.3", []string{"127.1.2.1", "127.1.2.2"}, "z1", "10G", []string{"--log-level", "debug"})
+	want := []string{"server", "--data", "/d", "--bind", "127.1.2.3", "--join", "127.1.2.1,127.1.2.2",
 		"--zone", "z1", "--capacity", "10G", "--log-level", "debug"}
 	if !slices.Equal(got, want) {
 		t.Errorf("serverArguments = %q, want %q", got, want)
 	}
-	if got := serverArguments("/d", "127.1.2.1", nil, "", "", "", nil); !slices.Equal(got, []string{"server", "--data", "/d", "--bind", "127.1.2.1"}) {
+	if got := serverArguments("/d", "127.1.2.1", nil, "", "", nil); !slices.Equal(got, []string{"server", "--data", "/d", "--bind", "127.1.2.1"}) {
 		t.Errorf("first node's arguments = %q", got)
 	}
 }
 
 func TestChildEnvironment(t *testing.T) {
-	t.Setenv("HERD_TOKEN", "developer-token")
+	t.Setenv(TokenVariable, "developer-token")
+	t.Setenv(JoinTokenVariable, "developer-join-token")
 	t.Setenv("HTTP_PROXY", "http://proxy.invalid")
-	environment := childEnvironment("HERD_TOKEN=cluster")
-	if slices.Contains(environment, "HERD_TOKEN=developer-token") || slices.Contains(environment, "HTTP_PROXY=http://proxy.invalid") {
-		t.Errorf("childEnvironment kept HERD_TOKEN or HTTP_PROXY from the test's environment")
+	environment := childEnvironment(TokenVariable+"=cluster", JoinTokenVariable+"=cluster-join")
+	for _, unwanted := range []string{TokenVariable + "=developer-token", JoinTokenVariable + "=developer-join-token", "HTTP_PROXY=http://proxy.invalid"} {
+		if slices.Contains(environment, unwanted) {
+			t.Errorf("childEnvironment kept %s from the test's environment", unwanted)
+		}
 	}
-	if !slices.Contains(environment, "HERD_TOKEN=cluster") {
-		t.Errorf("childEnvironment dropped the extra variable")
+	for _, want := range []string{TokenVariable + "=cluster", JoinTokenVariable + "=cluster-join"} {
+		if !slices.Contains(environment, want) {
+			t.Errorf("childEnvironment dropped the extra variable %s", want)
+		}
 	}
 }
 

@@ -1,11 +1,18 @@
 package testcluster
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"net/url"
@@ -132,17 +139,20 @@ func fakeHerdMain(arguments []string) int {
 	return fakeCLI(arguments)
 }
 
-// fakeServer follows the server's contract: the first node (no --join, no
-// token) writes DATA/cluster.token with mode 0600; others take --token or
-// $HERD_TOKEN; the admin API listens on BIND:7080. The zone "crash" makes it
-// exit with status 7 at once.
+// fakeServer follows the server's contract: the first node (no --join)
+// writes DATA/join.token and DATA/admin.token with mode 0600 (and reuses them
+// when restarted); a joining node (--join) takes the join token from
+// $HERD_JOIN_TOKEN and fails without it. The fake's admin token is "admin-"
+// followed by the join token, so that every node knows it. The admin API
+// listens with TLS on BIND:7080, under a self-signed certificate made at
+// start, and its fake endpoints want "Authorization: Bearer ADMIN-TOKEN". The
+// zone "crash" makes it exit with status 7 at once.
 func fakeServer(arguments []string) int {
 	flags := flag.NewFlagSet("herd server", flag.ContinueOnError)
 	data := flags.String("data", "", "")
 	bind := flags.String("bind", "", "")
 	join := flags.String("join", "", "")
 	zone := flags.String("zone", "", "")
-	token := flags.String("token", "", "")
 	capacity := flags.String("capacity", "", "")
 	if err := flags.Parse(arguments); err != nil {
 		return 2
@@ -151,22 +161,21 @@ func fakeServer(arguments []string) int {
 		fmt.Fprintln(os.Stderr, "fake herd: crashing as asked")
 		return 7
 	}
-	secret := *token
-	if secret == "" {
-		secret = os.Getenv(TokenVariable)
-	}
-	tokenPath := filepath.Join(*data, tokenFile)
-	if secret == "" {
-		if contents, err := os.ReadFile(tokenPath); err == nil {
-			secret = strings.TrimSpace(string(contents))
-		} else {
-			secret = rand.Text()
-			if err := os.WriteFile(tokenPath, []byte(secret+"\n"), 0o600); err != nil {
-				fmt.Fprintln(os.Stderr, "fake herd:", err)
-				return 1
-			}
+	var joinToken string
+	if *join != "" {
+		joinToken = os.Getenv(JoinTokenVariable)
+		if joinToken == "" {
+			fmt.Fprintf(os.Stderr, "fake herd: joining needs the join token in $%s\n", JoinTokenVariable)
+			return 1
+		}
+	} else {
+		var err error
+		if joinToken, err = fakeFirstNodeTokens(*data); err != nil {
+			fmt.Fprintln(os.Stderr, "fake herd:", err)
+			return 1
 		}
 	}
+	adminToken := fakeAdminToken(joinToken)
 	startsPath := filepath.Join(*data, "starts")
 	starts, _ := os.ReadFile(startsPath)
 	starts = append(starts, 'x')
@@ -177,7 +186,7 @@ func fakeServer(arguments []string) int {
 	info := fakeInfo{Bind: *bind, Join: *join, Zone: *zone, Capacity: *capacity, Starts: len(starts), PID: os.Getpid()}
 
 	authorized := func(request *http.Request) bool {
-		return request.Header.Get("Authorization") == "Bearer "+secret
+		return request.Header.Get("Authorization") == "Bearer "+adminToken
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/health", func(writer http.ResponseWriter, request *http.Request) {
@@ -191,6 +200,10 @@ func fakeServer(arguments []string) int {
 		json.NewEncoder(writer).Encode(info)
 	})
 	mux.HandleFunc("GET /v1/fake/dial", func(writer http.ResponseWriter, request *http.Request) {
+		if !authorized(request) {
+			http.Error(writer, "bad token", http.StatusUnauthorized)
+			return
+		}
 		connection, err := net.DialTimeout("tcp", request.URL.Query().Get("address"), dialTimeout)
 		if err != nil {
 			http.Error(writer, err.Error(), http.StatusBadGateway)
@@ -199,39 +212,123 @@ func fakeServer(arguments []string) int {
 		connection.Close()
 		io.WriteString(writer, "ok\n")
 	})
+	mux.HandleFunc("POST /v1/fake/race", func(writer http.ResponseWriter, request *http.Request) {
+		if !authorized(request) {
+			http.Error(writer, "bad token", http.StatusUnauthorized)
+			return
+		}
+		provokeRace()
+		io.WriteString(writer, "ok\n")
+	})
 	mux.HandleFunc("POST /v1/fake/exit", func(writer http.ResponseWriter, request *http.Request) {
+		if !authorized(request) {
+			http.Error(writer, "bad token", http.StatusUnauthorized)
+			return
+		}
 		fmt.Fprintln(os.Stderr, "fake herd: exiting with status 3 as asked")
 		os.Exit(3)
 	})
+	certificate, err := fakeCertificate(*bind)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fake herd:", err)
+		return 1
+	}
 	listener, err := net.Listen("tcp", net.JoinHostPort(*bind, strconv.Itoa(AdminPort)))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fake herd:", err)
 		return 1
 	}
-	fmt.Fprintf(os.Stderr, "fake herd: serving on %s\n", listener.Addr())
-	fmt.Fprintln(os.Stderr, http.Serve(listener, mux))
+	fmt.Fprintf(os.Stderr, "fake herd: serving HTTPS on %s\n", listener.Addr())
+	server := &http.Server{
+		Handler:   mux,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{certificate}},
+	}
+	fmt.Fprintln(os.Stderr, server.ServeTLS(listener, "", ""))
 	return 1
 }
 
-// fakeCLI follows the CLI's contract: `herd --addr HOST:PORT [--token T]
-// [--json] COMMAND...`, the token also from $HERD_TOKEN. Commands:
+// fakeAdminToken is the fake herd's admin token for a join token.
+func fakeAdminToken(joinToken string) string { return "admin-" + joinToken }
+
+// fakeFirstNodeTokens returns the join token of the first node whose data
+// directory is data: the one in DATA/join.token, or, at the first start, a
+// new one written there along with the admin token in DATA/admin.token, both
+// with mode 0600.
+func fakeFirstNodeTokens(data string) (string, error) {
+	joinPath := filepath.Join(data, joinTokenFile)
+	if contents, err := os.ReadFile(joinPath); err == nil {
+		return strings.TrimSpace(string(contents)), nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	joinToken := rand.Text()
+	// The admin token first and each file renamed into place, so that a
+	// reader never sees a partial token, and join.token marks both done.
+	for _, file := range []struct{ name, token string }{
+		{tokenFile, fakeAdminToken(joinToken)},
+		{joinTokenFile, joinToken},
+	} {
+		path := filepath.Join(data, file.name)
+		if err := os.WriteFile(path+".new", []byte(file.token+"\n"), 0o600); err != nil {
+			return "", err
+		}
+		if err := os.Rename(path+".new", path); err != nil {
+			return "", err
+		}
+	}
+	return joinToken, nil
+}
+
+// fakeCertificate returns a new self-signed ECDSA certificate for the IP
+// address bind.
+func fakeCertificate(bind string) (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	template := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "fake herd " + bind},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	if ip := net.ParseIP(bind); ip != nil {
+		template.IPAddresses = []net.IP{ip}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, template, template, &key.PublicKey, key)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+}
+
+// fakeCLI follows the CLI's contract: `herd --addr HOST:PORT [--json]
+// COMMAND...` over HTTPS, the admin token from $HERD_TOKEN. Being a fake, it
+// does not verify the node's certificate. Commands:
 // `cluster info` (needs --json), `dial ADDRESS` (the node dials ADDRESS),
-// `exit` (the node exits with status 3).
+// `race` (the node reports a data race, see provokeRace), `exit` (the node
+// exits with status 3).
 func fakeCLI(arguments []string) int {
 	flags := flag.NewFlagSet("herd", flag.ContinueOnError)
 	address := flags.String("addr", "", "")
-	token := flags.String("token", os.Getenv(TokenVariable), "")
 	jsonOutput := flags.Bool("json", false, "")
 	if err := flags.Parse(arguments); err != nil {
 		return 2
 	}
+	token := os.Getenv(TokenVariable)
+	client := &http.Client{Transport: &http.Transport{
+		Proxy:           nil,
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
+	}}
 	request := func(method, path string) (string, error) {
-		httpRequest, err := http.NewRequest(method, "http://"+*address+path, nil)
+		httpRequest, err := http.NewRequest(method, "https://"+*address+path, nil)
 		if err != nil {
 			return "", err
 		}
-		httpRequest.Header.Set("Authorization", "Bearer "+*token)
-		response, err := http.DefaultClient.Do(httpRequest)
+		httpRequest.Header.Set("Authorization", "Bearer "+token)
+		response, err := client.Do(httpRequest)
 		if err != nil {
 			return "", err
 		}
@@ -249,6 +346,8 @@ func fakeCLI(arguments []string) int {
 		output, err = request(http.MethodGet, "/v1/fake/info")
 	case strings.HasPrefix(command, "dial "):
 		output, err = request(http.MethodGet, "/v1/fake/dial?address="+url.QueryEscape(flags.Arg(1)))
+	case command == "race":
+		output, err = request(http.MethodPost, "/v1/fake/race")
 	case command == "exit":
 		output, err = request(http.MethodPost, "/v1/fake/exit")
 	default:
@@ -261,6 +360,38 @@ func fakeCLI(arguments []string) int {
 	}
 	fmt.Print(output)
 	return 0
+}
+
+// provokeRace makes the fake herd report a data race on its standard error
+// and go on running, as a herd binary built with -race does. Under the race
+// detector it is a real race: two unsynchronised writes of x. Without it,
+// the report is written out; its text is that of a real report (go1.26,
+// the same two writes in a small program).
+func provokeRace() {
+	if raceEnabled {
+		var x int
+		done := make(chan bool)
+		go func() { x = 1; done <- true }()
+		x = 2
+		<-done
+		fmt.Fprintln(os.Stderr, "fake herd: raced, x is", x)
+		return
+	}
+	fmt.Fprint(os.Stderr, `==================
+WARNING: DATA RACE
+Write at 0x00c000096028 by goroutine 8:
+  main.main.func1()
+      /tmp/racedemo/main.go:8 +0x33
+
+Previous write at 0x00c000096028 by main goroutine:
+  main.main()
+      /tmp/racedemo/main.go:9 +0xce
+
+Goroutine 8 (running) created at:
+  main.main()
+      /tmp/racedemo/main.go:8 +0xc4
+==================
+`)
 }
 
 // fakeBinary returns a symbolic link named herd to the test binary, which

@@ -13,17 +13,19 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/herd-storage/herd/internal/testenv"
 )
 
 // echoPort is where the echo helpers listen inside their namespaces.
 const echoPort = 7000
 
-// requireNamespaces skips the test when network namespaces are unusable.
+// requireNamespaces skips the test when network namespaces are unusable
+// (fails it under CI=true).
 func requireNamespaces(t *testing.T) {
 	t.Helper()
-	if _, _, err := namespaceSupport(); err != nil {
-		t.Skipf("skipping: %v", err)
-	}
+	_, _, err := namespaceSupport()
+	testenv.Require(t, "network namespaces", err)
 }
 
 // TestNetworkPartition checks the namespace, bridge and partition mechanics
@@ -38,7 +40,7 @@ func TestNetworkPartition(t *testing.T) {
 		var err error
 		nw, err = newNetwork()
 		if errors.Is(err, ErrNamespacesUnavailable) {
-			t.Skipf("skipping: %v", err)
+			testenv.Require(t, "network namespaces", err)
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -210,7 +212,7 @@ func TestNetworkRemovesStale(t *testing.T) {
 	requireNamespaces(t)
 	stale, err := newNetwork()
 	if errors.Is(err, ErrNamespacesUnavailable) {
-		t.Skipf("skipping: %v", err)
+		testenv.Require(t, "network namespaces", err)
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -280,10 +282,7 @@ func TestRouteDestination(t *testing.T) {
 }
 
 func TestPickSubnet(t *testing.T) {
-	ipPath, err := exec.LookPath("ip")
-	if err != nil {
-		t.Skip("skipping: no ip command")
-	}
+	ipPath := testenv.LookPath(t, "ip", "iproute2")
 	subnet, err := pickSubnet(ipPath)
 	if err != nil {
 		t.Fatal(err)

@@ -18,9 +18,7 @@
 //
 // A typical test:
 //
-//	if err := vmtest.Available(); err != nil {
-//		t.Skip(err)
-//	}
+//	testenv.Require(t, "a VM", vmtest.Available()) // skips, or fails under CI=true
 //	result, err := vmtest.Run(ctx, vmtest.Options{
 //		NBDURI:      "nbd://127.0.0.1:10809/vm1",
 //		GuestScript: vmtest.DiskCheckScript("seed-1", 8),

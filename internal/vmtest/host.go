@@ -54,7 +54,7 @@ type host struct {
 // when qemu-system-x86_64, a kernel in /boot/vmlinuz-*, that kernel's virtio
 // modules under /lib/modules/VERSION and a statically linked busybox are all
 // present, and otherwise an error naming everything that is missing (tests
-// pass it to t.Skip).
+// pass it to testenv.Require).
 func Available() error {
 	_, err := discoverHost()
 	return err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,6 +42,10 @@ type Options struct {
 	// attached as a virtio-blk disk (/dev/vda) with cache=none and
 	// discard=unmap, so the guest's flushes and discards reach the server.
 	NBDURI string
+	// TLSDir, when set, makes QEMU connect with NBD over TLS using the
+	// x509 credentials in that directory (ca-cert.pem, client-cert.pem,
+	// client-key.pem); NBDURI is then nbd://HOST:PORT/EXPORT.
+	TLSDir string
 	// GuestScript is a shell script that busybox sh runs inside the guest
 	// once /dev/vda exists. It runs as root with PATH set to the busybox
 	// applets, DISK=/dev/vda in its environment and /dev/null as its
@@ -203,7 +208,16 @@ func Run(ctx context.Context, options Options) (Result, error) {
 // standard output and neither monitor nor default devices (no network card
 // whose option ROM would slow the boot).
 func qemuArguments(machine *host, initramfsPath string, options Options) []string {
-	return []string{
+	drive := "file=" + escapeDriveOption(options.NBDURI)
+	var tls []string
+	if options.TLSDir != "" {
+		if u, err := url.Parse(options.NBDURI); err == nil {
+			drive = "file.driver=nbd,file.host=" + u.Hostname() + ",file.port=" + u.Port() +
+				",file.export=" + escapeDriveOption(strings.TrimPrefix(u.Path, "/")) + ",file.tls-creds=tls0"
+			tls = []string{"-object", "tls-creds-x509,id=tls0,endpoint=client,dir=" + escapeDriveOption(options.TLSDir)}
+		}
+	}
+	return append(tls,
 		"-accel", "tcg",
 		"-m", strconv.Itoa(options.MemoryMiB),
 		"-nographic",
@@ -215,8 +229,8 @@ func qemuArguments(machine *host, initramfsPath string, options Options) []strin
 		"-kernel", machine.kernel,
 		"-initrd", initramfsPath,
 		"-append", KernelCommandLine,
-		"-drive", "file=" + escapeDriveOption(options.NBDURI) + ",format=raw,if=virtio,cache=none,discard=unmap",
-	}
+		"-drive", drive+",format=raw,if=virtio,cache=none,discard=unmap",
+	)
 }
 
 // escapeDriveOption doubles commas, which QEMU's option parser would

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herd-storage/herd/internal/pki"
 	"github.com/herd-storage/herd/internal/testcluster"
 )
 
@@ -73,13 +74,17 @@ func TestBadInput(t *testing.T) {
 	expectError("put -- before the arguments", "vdi", "create", "x", "-1")
 
 	// A wrong token is refused by the admin API with a clear message.
-	stdout, stderr, err := c.Herd(ctx(t), 0, "--token", "not-the-cluster-token", "vdi", "list")
-	if err == nil || !strings.Contains(stdout+stderr, "wrong or missing cluster token") {
-		t.Errorf("wrong token: %v %q", err, stdout+stderr)
+	herdWith := func(token string, args ...string) (string, error) {
+		cmd := exec.Command(testcluster.Binary(t), args...)
+		cmd.Env = append(os.Environ(), "HERD_TOKEN="+token)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	if out, err := herdWith("not-the-cluster-token", "--addr", c.Node(0).AdminAddr(), "vdi", "list"); err == nil || !strings.Contains(out, "not a herd admin token") {
+		t.Errorf("wrong token: %v %q", err, out)
 	}
 	// A node that is not there.
-	out, err := exec.Command(testcluster.Binary(t), "--addr", spareAddress(c, 201), "--token", c.Token(), "--timeout", "5s", "cluster", "info").CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "cannot reach herd node") {
+	if out, err := herdWith(c.Token(), "--addr", spareAddress(c, 201), "--timeout", "5s", "cluster", "info"); err == nil || !strings.Contains(out, "cannot reach herd node") {
 		t.Errorf("CLI against a dead address: %v %q", err, out)
 	}
 
@@ -99,36 +104,45 @@ func TestBadInput(t *testing.T) {
 				conn.Close()
 			}
 		}()
-		out := runServer(t, spareAddress(c, 210), "--join", l.Addr().String(), "--token", c.Token())
-		if !strings.Contains(out, "no herd node answered") {
+		out := runServer(t, spareAddress(c, 210), c.JoinToken(), "--join", l.Addr().String())
+		if !strings.Contains(out, "not a herd peer") {
 			t.Errorf("--join to a non-herd port: %q", out)
 		}
-		out = runServer(t, spareAddress(c, 211), "--join", net.JoinHostPort(spareAddress(c, 212), "7001"), "--token", c.Token())
+		out = runServer(t, spareAddress(c, 211), c.JoinToken(), "--join", net.JoinHostPort(spareAddress(c, 212), "7000"))
 		if !strings.Contains(out, "nothing answers there") {
 			t.Errorf("--join to a closed port: %q", out)
 		}
-		out = runServer(t, spareAddress(c, 213), "--join", c.Node(0).Address())
-		if !strings.Contains(out, "joining needs the cluster's token") {
+		out = runServer(t, spareAddress(c, 213), "", "--join", c.Node(0).Address())
+		if !strings.Contains(out, "joining needs the cluster's join token") {
 			t.Errorf("--join without a token: %q", out)
 		}
-		out = runServer(t, spareAddress(c, 214), "--join", c.Node(0).Address()+":notaport", "--token", c.Token())
+		out = runServer(t, spareAddress(c, 214), c.JoinToken(), "--join", c.Node(0).Address()+":notaport")
 		if !strings.Contains(out, "is not a port") {
 			t.Errorf("--join with a bad port: %q", out)
 		}
+		out = runServer(t, spareAddress(c, 215), "herd-join.nonsense", "--join", c.Node(0).Address())
+		if !strings.Contains(out, "join token") {
+			t.Errorf("--join with a malformed token: %q", out)
+		}
 	})
 
-	t.Run("wrong token is refused and logged", func(t *testing.T) {
-		out := runServer(t, spareAddress(c, 220), "--join", c.Node(0).Address(), "--token", "herd-this-is-not-the-token")
-		if !strings.Contains(out, "no herd node answered with this cluster's token") {
-			t.Errorf("joining with a wrong token: %q", out)
+	t.Run("wrong join secret is refused and logged", func(t *testing.T) {
+		token, err := pki.ParseJoinToken(c.JoinToken())
+		if err != nil {
+			t.Fatal(err)
 		}
-		testcluster.WaitFor(t, 10*time.Second, "node 0 to log the refused gossip", func() (bool, error) {
+		token.Secret = pki.NewSecret()
+		out := runServer(t, spareAddress(c, 220), token.String(), "--join", c.Node(0).Address())
+		if !strings.Contains(out, "wrong join secret") {
+			t.Errorf("joining with a wrong secret: %q", out)
+		}
+		testcluster.WaitFor(t, 10*time.Second, "node 0 to log the refused join", func() (bool, error) {
 			log, err := os.ReadFile(c.Node(0).LogPath())
-			return strings.Contains(string(log), "refused a message from a process without this cluster's token"), err
+			return strings.Contains(string(log), "refused a join: wrong join secret"), err
 		})
 		nodes, err := client(c, 0).Nodes(ctx(t))
 		if err != nil || len(nodes) != 3 {
-			t.Fatalf("a node with the wrong token got in: %d nodes, %v", len(nodes), err)
+			t.Fatalf("a node with the wrong secret got in: %d nodes, %v", len(nodes), err)
 		}
 	})
 
@@ -184,13 +198,13 @@ func spareAddress(c *testcluster.Cluster, last int) string {
 
 // runServer runs `herd server` that is expected to fail, and returns its
 // output; it must exit by itself, non-zero, within the join timeout.
-func runServer(t *testing.T, bind string, args ...string) string {
+func runServer(t *testing.T, bind, joinToken string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	full := append([]string{"server", "--data", t.TempDir(), "--bind", bind, "--join-timeout", "2s"}, args...)
 	cmd := exec.CommandContext(ctx, testcluster.Binary(t), full...)
-	cmd.Env = append(os.Environ(), "HERD_TOKEN=")
+	cmd.Env = append(os.Environ(), "HERD_TOKEN=", "HERD_JOIN_TOKEN="+joinToken)
 	out, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
 		t.Fatalf("herd %v hung", full)

@@ -11,17 +11,23 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/herd-storage/herd/internal/api"
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/maintenance"
 	"github.com/herd-storage/herd/internal/testcluster"
 )
 
 // failoverDeadline is issue 2's promise: a dead node is out of the epoch
 // within 10 s.
 const failoverDeadline = 10 * time.Second
+
+// objectDataOffset is where an object file's data starts (internal/store,
+// format version 2): a 4 KiB header, then the 256 KiB checksum table.
+const objectDataOffset = 4096 + 256<<10
 
 func client(c *testcluster.Cluster, i int) *api.Client {
 	return api.NewClient(c.Node(i).AdminAddr(), c.Token())
@@ -184,21 +190,41 @@ func execCommand(name string, args ...string) *exec.Cmd { return exec.Command(na
 
 // startFio starts fio with a job file of the given options (one "key=value"
 // per line) against an NBD URI and returns the running command and its
-// output. The process is killed at the end of the test.
-func startFio(t *testing.T, name, uri, options string) (*exec.Cmd, *strings.Builder) {
+// output (safe to read while fio writes it). The process is killed at the
+// end of the test.
+func startFio(t *testing.T, name, uri, options string) (*exec.Cmd, *syncBuffer) {
 	t.Helper()
 	job := filepath.Join(t.TempDir(), name+".fio")
 	if err := os.WriteFile(job, []byte(fmt.Sprintf("[%s]\nioengine=nbd\nuri=%s\nverify_state_save=0\n%s", name, uri, options)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("fio", job)
-	var out strings.Builder
+	var out syncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill() })
 	return cmd, &out
+}
+
+// syncBuffer collects a process's output; String may be called while the
+// process runs.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // waitRecovered waits until every one of the alive nodes reports recovery
@@ -222,4 +248,26 @@ func waitObjectCopies(t *testing.T, c *testcluster.Cluster, n uint64) {
 		}
 		return objects > n, fmt.Errorf("%d object copies so far", objects)
 	})
+}
+
+// checkVDIClean runs `herd vdi check VDI` through node and fails the test
+// unless the check compared at least one object and found every replica of
+// every object present and identical. A check of zero objects passes
+// vacuously, so it counts as a failure: every caller wrote data first.
+func checkVDIClean(t *testing.T, c *testcluster.Cluster, node int, vdi string) maintenance.CheckReport {
+	t.Helper()
+	// Every replica of every object is read: longer than ctx's 30 s on a
+	// large disk under the race detector.
+	checkContext, cancel := contextWithTimeout(t, 5*time.Minute)
+	defer cancel()
+	stdout, stderr, err := c.Herd(checkContext, node, "--json", "--timeout", "5m", "vdi", "check", vdi)
+	var report maintenance.CheckReport
+	if decodeError := json.Unmarshal([]byte(stdout), &report); err != nil || decodeError != nil {
+		t.Fatalf("herd vdi check %s through node %d: %v (decoding: %v)\n%s%s", vdi, node, err, decodeError, stdout, stderr)
+	}
+	if report.Objects == 0 || report.Consistent != report.Objects || report.Mismatched+report.Missing+report.Unavailable+report.Repaired != 0 {
+		t.Fatalf("herd vdi check %s through node %d: %+v; want at least one object, each with every replica present and identical", vdi, node, report)
+	}
+	t.Logf("vdi check %s: %d objects, every replica present and identical", vdi, report.Objects)
+	return report
 }

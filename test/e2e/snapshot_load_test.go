@@ -49,10 +49,8 @@ h.shutdown()
 // and each snapshot is an exact prefix of the sequential writes that
 // includes every write acknowledged before the snapshot was asked for.
 func TestSnapshotUnderLoad(t *testing.T) {
-	need(t, "fio", "/usr/bin/python3")
-	if out, err := exec.Command("/usr/bin/python3", "-c", "import nbd").CombinedOutput(); err != nil {
-		t.Skipf("python3-libnbd is not installed: %s", out)
-	}
+	need(t, "fio")
+	needLibnbd(t)
 	c := dataCluster(t, 3, 3, "live", "128M")
 	uri := c.Node(0).NBDURI("live")
 	script := filepath.Join(t.TempDir(), "prefix.py")

@@ -35,7 +35,7 @@ func herd(t *testing.T, c *testcluster.Cluster, node int, args ...string) string
 func TestSnapshotsClonesRollback(t *testing.T) {
 	need(t, "qemu-io")
 	c := dataCluster(t, 3, 3, "vm", "32M")
-	uri := func(node int, export string) string { return "nbd://" + c.Node(node).NBDAddr() + "/" + export }
+	uri := func(node int, export string) string { return c.Node(node).NBDURI(export) }
 	mustIO := func(target string, readOnly bool, commands ...string) {
 		t.Helper()
 		args := []string{"-f", "raw"}

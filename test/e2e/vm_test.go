@@ -4,22 +4,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herd-storage/herd/internal/testenv"
 	"github.com/herd-storage/herd/internal/vmtest"
 )
 
 // TestVMOnHerdDisk boots a real VM (QEMU under TCG) whose disk is a herd
-// VDI served by node 0; the guest writes, flushes, drops its caches and
-// reads back; then the host verifies the same bytes through node 2.
+// VDI served by node 0 over NBD with TLS and a client certificate (herd
+// client add); the guest writes, flushes, drops its caches and reads back;
+// then the host verifies the same bytes through node 2.
 func TestVMOnHerdDisk(t *testing.T) {
-	if err := vmtest.Available(); err != nil {
-		t.Skipf("no VM here: %v", err)
-	}
+	testenv.Require(t, "a VM (qemu-system-x86, a kernel, busybox-static)", vmtest.Available())
 	c := dataCluster(t, 3, 3, "vm", "256M")
 	const seed, megabytes = "herd-vm-e2e", 32
 	ctx, cancel := contextWithTimeout(t, 6*time.Minute)
 	defer cancel()
+	certificates := addClient(t, c, "vmhost", "vm")
 	result, err := vmtest.Run(ctx, vmtest.Options{
-		NBDURI:      c.Node(0).NBDURI("vm"),
+		NBDURI:      "nbd://" + c.Node(0).NBDAddr() + "/vm",
+		TLSDir:      certificates,
 		GuestScript: vmtest.DiskCheckScript(seed, megabytes),
 		WorkDir:     t.TempDir(),
 	})

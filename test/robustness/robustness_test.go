@@ -16,11 +16,9 @@ package robustness
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
-	"hash/crc32"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -34,6 +32,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/api"
+	"github.com/herd-storage/herd/internal/blockmodel"
 	"github.com/herd-storage/herd/internal/nbdclient"
 	"github.com/herd-storage/herd/internal/testcluster"
 )
@@ -48,7 +47,7 @@ const (
 	copies    = 3
 	clients   = 3
 	vdiSize   = 64 << 20
-	blockSize = 4096
+	blockSize = blockmodel.BlockSize
 	blocks    = vdiSize / blockSize
 	inFlight  = 8 // operations per client at once, on distinct blocks
 )
@@ -142,6 +141,9 @@ func TestRobustness(t *testing.T) {
 		}
 		t.Fatalf("clients saw %d I/O errors with at most %d of %d nodes faulty", errs, copies-1, nodes)
 	}
+	if injected := nem.counts["killed"] + nem.counts["paused"] + nem.counts["partitioned"]; injected == 0 {
+		t.Fatalf("the nemesis injected no fault in %v: the run proves nothing", *duration)
+	}
 	if ops < 1000 {
 		t.Fatalf("only %d operations: the clients hardly ran", ops)
 	}
@@ -166,35 +168,13 @@ type worker struct {
 	ops, errors, badReads, lost, flushes atomic.Int64
 }
 
-// content is what write seq puts in block: a header naming client, block
-// and seq, then bytes derived from them, with a CRC over it all.
+// content and decode: the shared block model (internal/blockmodel).
 func content(client uint32, block int, seq uint64) []byte {
-	p := make([]byte, blockSize)
-	binary.BigEndian.PutUint32(p[0:], client)
-	binary.BigEndian.PutUint32(p[4:], uint32(block))
-	binary.BigEndian.PutUint64(p[8:], seq)
-	x := seq*0x9E3779B97F4A7C15 ^ uint64(block)
-	for i := 16; i < blockSize-4; i += 8 {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
-		binary.LittleEndian.PutUint64(p[i:], x)
-	}
-	binary.BigEndian.PutUint32(p[blockSize-4:], crc32.ChecksumIEEE(p[:blockSize-4]))
-	return p
+	return blockmodel.Content(client, block, seq)
 }
 
-// decode returns the seq a block holds (0 for zeros), or an error when
-// it is neither zeros nor an intact write of this client to this block.
 func decode(client uint32, block int, p []byte) (uint64, error) {
-	if bytes.Count(p, []byte{0}) == len(p) {
-		return 0, nil
-	}
-	seq := binary.BigEndian.Uint64(p[8:])
-	if binary.BigEndian.Uint32(p[0:]) != client || binary.BigEndian.Uint32(p[4:]) != uint32(block) || !bytes.Equal(p, content(client, block, seq)) {
-		return 0, fmt.Errorf("block %d holds neither zeros nor an intact write (header %x)", block, p[:16])
-	}
-	return seq, nil
+	return blockmodel.Decode(client, block, p)
 }
 
 func (w *worker) connect(ctx context.Context) (*nbdclient.Conn, error) {
@@ -205,7 +185,7 @@ func (w *worker) connect(ctx context.Context) (*nbdclient.Conn, error) {
 	}
 	dial, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := nbdclient.Dial(dial, w.node.NBDAddr(), w.vdi)
+	conn, err := nbdclient.Dial(dial, w.node.NBDSocket(), w.vdi)
 	if err != nil {
 		return nil, err
 	}
@@ -503,6 +483,41 @@ func (n *nemesis) heal(i int) {
 	}
 	n.counts["healed"]++
 	delete(n.state, i)
+	n.waitMember(i)
+}
+
+// waitMember waits until node i is a member of the cluster's latest
+// epoch again, as node 0 sees it. Until then the node is still faulty
+// for the model: a restarted or resumed node that has not rejoined the
+// epoch is no replica and answers no proof of currency, so another
+// fault meanwhile would leave more than copies-1 nodes out.
+func (n *nemesis) waitMember(i int) {
+	address := n.c.Node(i).Address()
+	testcluster.WaitFor(n.t, 2*time.Minute, fmt.Sprintf("node %d back in the latest epoch", i), func() (bool, error) {
+		ctx, cancel := context.WithTimeout(n.t.Context(), 5*time.Second)
+		defer cancel()
+		nodes, err := client(n.c, 0).Nodes(ctx)
+		if err != nil {
+			return false, err
+		}
+		epochs, err := client(n.c, 0).Epochs(ctx)
+		if err != nil || len(epochs) == 0 {
+			return false, fmt.Errorf("epochs: %v", err)
+		}
+		last := epochs[len(epochs)-1]
+		for _, node := range nodes {
+			if node.Address == address && slices.Contains(last.Nodes, node.ID) {
+				return true, nil
+			}
+		}
+		// Say whether the cluster can change at all: a node cannot come
+		// back into an epoch while node 0 sees no quorum.
+		info, err := client(n.c, 0).Info(ctx)
+		if err != nil {
+			return false, fmt.Errorf("not in epoch %d (node 0's info: %v)", last.Number, err)
+		}
+		return false, fmt.Errorf("not in epoch %d (node 0: quorum %v, %s; voters %v)", last.Number, info.Quorum, info.QuorumDetail, info.Voters)
+	})
 }
 
 func (n *nemesis) healAll() {
@@ -552,7 +567,8 @@ func waitHealthy(t *testing.T, c *testcluster.Cluster, list []int) {
 }
 
 // waitExactCopies waits until every object has exactly `copies` copies,
-// identical, and returns the number of objects.
+// identical, and returns the number of objects, which is never zero: the
+// clients wrote, so no object at all would be a comparison of nothing.
 func waitExactCopies(t *testing.T, c *testcluster.Cluster) int {
 	t.Helper()
 	var count int
@@ -580,6 +596,9 @@ func waitExactCopies(t *testing.T, c *testcluster.Cluster) int {
 			if err != nil {
 				return false, err
 			}
+		}
+		if len(objects) == 0 {
+			return false, errors.New("no object files on any node")
 		}
 		for oid, holders := range objects {
 			if len(holders) != copies {

@@ -5,6 +5,7 @@ package nbdtest
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -154,7 +155,7 @@ func (b *Backend) Add(disk *Disk) {
 }
 
 // List implements nbd.Backend.
-func (b *Backend) List(ctx context.Context) ([]nbd.ExportSummary, error) {
+func (b *Backend) List(ctx context.Context, session nbd.Session) ([]nbd.ExportSummary, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var list []nbd.ExportSummary
@@ -280,11 +281,17 @@ func (e *export) Close() error { return nil }
 // the test ends, and returns the address.
 func Serve(t testing.TB, backend nbd.Backend) string {
 	t.Helper()
+	return ServeTLS(t, backend, nil)
+}
+
+// ServeTLS is Serve with STARTTLS required under config (nil: plaintext).
+func ServeTLS(t testing.TB, backend nbd.Backend, config *tls.Config) string {
+	t.Helper()
 	listener, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("nbdtest: listen: %v", err)
 	}
-	server := &nbd.Server{Backend: backend, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	server := &nbd.Server{Backend: backend, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), TLSConfig: config, RequireTLS: config != nil}
 	served := make(chan error, 1)
 	go func() { served <- server.Serve(context.Background(), listener) }()
 	t.Cleanup(func() {

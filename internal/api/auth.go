@@ -1,0 +1,261 @@
+package api
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/pki"
+)
+
+// Security is what the admin API needs to authenticate its callers and
+// to be authenticated by them.
+type Security struct {
+	// Fingerprint is the cluster CA's: tokens carry it, and a token for
+	// another cluster is refused.
+	Fingerprint string
+	// ServerTLS serves HTTPS with this node's certificate (its chain
+	// includes the CA certificate, so a CLI that knows only the
+	// fingerprint can verify it).
+	ServerTLS *tls.Config
+	// PeerTLS verifies other nodes' admin APIs (fan-out requests).
+	PeerTLS *tls.Config
+	// Authority issues NBD client certificates.
+	Authority Authority
+}
+
+// Authority issues NBD client certificates signed by the cluster CA.
+type Authority interface {
+	IssueClient(name string) (certPEM, keyPEM []byte, serial string, err error)
+	IssueSession(name string, readOnly bool) (certPEM, keyPEM []byte, err error)
+	CACertPEM() []byte
+}
+
+// access is what a request needs.
+type access int
+
+const (
+	readAccess  access = iota // GET: any live token
+	writeAccess               // everything else: a token that is not read-only
+)
+
+type tokenContextKey struct{}
+
+// catchUpTimeout bounds how long a node that does not know a token waits
+// to catch up with the leader before it answers.
+const catchUpTimeout = 10 * time.Second
+
+// authenticate checks the request's bearer token against this node's
+// copy of the log and returns the raw token (passed on to other nodes for
+// fan-out requests).
+func (s *Server) authenticate(r *http.Request, need access) (string, error) {
+	const prefix = "Bearer "
+	header := r.Header.Get("Authorization")
+	if !strings.HasPrefix(header, prefix) {
+		return "", fmt.Errorf("%w: no token given; the admin token is in the first node's DATA/admin.token (give it with HERD_TOKEN or --token-file)", cluster.ErrUnauthorized)
+	}
+	raw := strings.TrimSpace(header[len(prefix):])
+	token, err := pki.ParseAdminToken(raw)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", cluster.ErrUnauthorized, err)
+	}
+	if token.Fingerprint != s.sec.Fingerprint {
+		return "", fmt.Errorf("%w: the token belongs to another cluster (its CA fingerprint differs)", cluster.ErrUnauthorized)
+	}
+	record, ok := s.cluster.LookupToken(token.ID)
+	if !ok {
+		// This node may not have applied the token's creation yet (it
+		// just joined or restarted, or the token was made through
+		// another node): catch up with the leader first.
+		ctx, cancel := context.WithTimeout(r.Context(), catchUpTimeout)
+		err := s.cluster.CatchUp(ctx)
+		cancel()
+		if err != nil {
+			return "", fmt.Errorf("cannot check the token: this node has not caught up with the cluster: %w", err)
+		}
+		record, ok = s.cluster.LookupToken(token.ID)
+	}
+	if !ok || !pki.SecretMatches(record.Hash, token.Secret) {
+		return "", fmt.Errorf("%w: unknown token", cluster.ErrUnauthorized)
+	}
+	if record.Revoked {
+		return "", fmt.Errorf("%w: token %q was revoked", cluster.ErrUnauthorized, record.Name)
+	}
+	if need == writeAccess && record.ReadOnly {
+		return "", fmt.Errorf("%w: token %q is read-only", cluster.ErrForbidden, record.Name)
+	}
+	return raw, nil
+}
+
+// guard authenticates a request before h runs; GET and HEAD need a token,
+// anything else one that may write.
+func (s *Server) guard(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		need := writeAccess
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			need = readAccess
+		}
+		s.guardWith(need, h)(w, r)
+	}
+}
+
+func (s *Server) guardWith(need access, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		raw, err := s.authenticate(r, need)
+		if err != nil {
+			if errors.Is(err, cluster.ErrUnauthorized) {
+				s.logger.Warn("admin API: refused request", "from", r.RemoteAddr, "method", r.Method, "path", r.URL.Path, "reason", err.Error())
+			}
+			writeError(w, err)
+			return
+		}
+		h(w, r.WithContext(context.WithValue(r.Context(), tokenContextKey{}, raw)))
+	}
+}
+
+// peerClient calls another node's admin API with the token of the
+// request being served.
+func (s *Server) peerClient(ctx context.Context, address string) *Client {
+	raw, _ := ctx.Value(tokenContextKey{}).(string)
+	return newClient(address, raw, s.sec.PeerTLS)
+}
+
+// Token and client management bodies.
+type (
+	CreateTokenRequest struct {
+		Name     string `json:"name"`
+		ReadOnly bool   `json:"read_only"`
+	}
+	// CreatedToken carries the new token's secret: it is shown once and
+	// never stored anywhere but in the caller's hands.
+	CreatedToken struct {
+		cluster.Token
+		Secret string `json:"token"`
+	}
+	AddClientRequest struct {
+		Name     string `json:"name"`
+		Pattern  string `json:"pattern"`
+		ReadOnly bool   `json:"read_only"`
+	}
+	// AddedClient carries the client's certificate and key (PEM), and the
+	// cluster CA's certificate: QEMU's tls-creds-x509 directory layout.
+	AddedClient struct {
+		cluster.Client
+		CACert     string `json:"ca_cert"`
+		ClientCert string `json:"client_cert"`
+		ClientKey  string `json:"client_key"`
+	}
+	JoinTokenResponse struct {
+		Token string `json:"token"`
+	}
+	// NBDSession is a short-lived NBD client certificate for the token's
+	// holder (herd vdi import/export): full access, or read-only for a
+	// read-only token; valid until Expires.
+	NBDSession struct {
+		CACert     string    `json:"ca_cert"`
+		ClientCert string    `json:"client_cert"`
+		ClientKey  string    `json:"client_key"`
+		ReadOnly   bool      `json:"read_only"`
+		Expires    time.Time `json:"expires"`
+	}
+)
+
+// publicToken hides the hash.
+func publicToken(t cluster.Token) cluster.Token {
+	t.Hash = ""
+	return t
+}
+
+func (s *Server) securityRoutes(mux *http.ServeMux) {
+	c := s.cluster
+	s.handle(mux, "GET /v1/tokens", func(r *http.Request) (any, error) {
+		out := []cluster.Token{}
+		for _, t := range c.Tokens() {
+			out = append(out, publicToken(t))
+		}
+		return out, nil
+	})
+	s.handle(mux, "POST /v1/tokens", func(r *http.Request) (any, error) {
+		var req CreateTokenRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		if err := cluster.ValidateCredentialName("token", req.Name); err != nil {
+			return nil, err
+		}
+		id, secret := pki.NewTokenID(), pki.NewSecret()
+		created, err := c.CreateToken(r.Context(), cluster.Token{ID: id, Name: req.Name, Hash: pki.HashSecret(secret), ReadOnly: req.ReadOnly})
+		if err != nil {
+			return nil, err
+		}
+		full := pki.AdminToken{Fingerprint: s.sec.Fingerprint, ID: id, Secret: secret}
+		return CreatedToken{Token: publicToken(created), Secret: full.String()}, nil
+	})
+	s.handle(mux, "DELETE /v1/tokens/{id}", func(r *http.Request) (any, error) {
+		t, err := c.RevokeToken(r.Context(), r.PathValue("id"))
+		return publicToken(t), err
+	})
+	s.handle(mux, "GET /v1/clients", func(r *http.Request) (any, error) {
+		out := c.Clients()
+		if out == nil {
+			out = []cluster.Client{}
+		}
+		return out, nil
+	})
+	s.handle(mux, "POST /v1/clients", func(r *http.Request) (any, error) {
+		var req AddClientRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		if err := cluster.ValidateCredentialName("client", req.Name); err != nil {
+			return nil, err
+		}
+		if err := cluster.ValidatePattern(req.Pattern); err != nil {
+			return nil, err
+		}
+		if old, ok := c.LookupClient(req.Name); ok && !old.Revoked {
+			return nil, fmt.Errorf("client %q: %w (revoke it first)", req.Name, cluster.ErrAlreadyExists)
+		}
+		certPEM, keyPEM, serial, err := s.sec.Authority.IssueClient(req.Name)
+		if err != nil {
+			return nil, err
+		}
+		added, err := c.AddClient(r.Context(), cluster.Client{Name: req.Name, Pattern: req.Pattern, ReadOnly: req.ReadOnly, Serial: serial})
+		if err != nil {
+			return nil, err
+		}
+		return AddedClient{Client: added, CACert: string(s.sec.Authority.CACertPEM()), ClientCert: string(certPEM), ClientKey: string(keyPEM)}, nil
+	})
+	s.handle(mux, "DELETE /v1/clients/{name}", func(r *http.Request) (any, error) {
+		return c.RevokeClient(r.Context(), r.PathValue("name"))
+	})
+	// GET: it changes nothing in the cluster, and read-only tokens get
+	// read-only sessions.
+	s.handle(mux, "GET /v1/nbd-session", func(r *http.Request) (any, error) {
+		raw, _ := r.Context().Value(tokenContextKey{}).(string)
+		token, _ := pki.ParseAdminToken(raw)
+		record, _ := c.LookupToken(token.ID)
+		certPEM, keyPEM, err := s.sec.Authority.IssueSession("token-"+record.Name, record.ReadOnly)
+		if err != nil {
+			return nil, err
+		}
+		return NBDSession{CACert: string(s.sec.Authority.CACertPEM()), ClientCert: string(certPEM), ClientKey: string(keyPEM),
+			ReadOnly: record.ReadOnly, Expires: time.Now().Add(pki.SessionValidity).UTC()}, nil
+	})
+	s.handle(mux, "DELETE /v1/nodes/{id}", func(r *http.Request) (any, error) {
+		id := r.PathValue("id")
+		return map[string]string{"removed": id}, c.RemoveNode(r.Context(), id)
+	})
+	s.handle(mux, "POST /v1/cluster/join-token", func(r *http.Request) (any, error) {
+		secret := pki.NewSecret()
+		if err := c.SetJoinHash(r.Context(), pki.HashSecret(secret)); err != nil {
+			return nil, err
+		}
+		return JoinTokenResponse{Token: pki.JoinToken{Fingerprint: s.sec.Fingerprint, Secret: secret}.String()}, nil
+	})
+}

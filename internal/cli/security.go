@@ -1,0 +1,256 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/herd-storage/herd/internal/pki"
+)
+
+// tokenFromFile reads a token from a file that only its owner can read.
+func tokenFromFile(path string) (string, error) {
+	data, err := pki.ReadSecretFile(path)
+	if err != nil {
+		return "", err
+	}
+	token := strings.TrimSpace(string(data))
+	if token == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return token, nil
+}
+
+func tokenCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "token", Short: "admin API tokens: create, list, revoke"}
+	var readOnly bool
+	var out string
+	create := &cobra.Command{
+		Use:   "create NAME [--read-only] [--out FILE]",
+		Short: "create an admin token; it is shown once (or written to --out, mode 0600)",
+		Args:  args(1, "NAME [--read-only] [--out FILE]"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			created, err := g.client().CreateToken(ctx, a[0], readOnly)
+			if err != nil {
+				return err
+			}
+			if out != "" {
+				if err := pki.WriteSecretFile(out, []byte(created.Secret+"\n")); err != nil {
+					return err
+				}
+				created.Secret = ""
+			}
+			return g.output(created, func(w *tabwriter.Writer) {
+				scope := "admin"
+				if created.ReadOnly {
+					scope = "read-only"
+				}
+				if out != "" {
+					fmt.Fprintf(w, "token %s (%s, id %s) written to %s\n", created.Name, scope, created.ID, out)
+					return
+				}
+				fmt.Fprintf(w, "token %s (%s, id %s); it is not shown again:\n%s\n", created.Name, scope, created.ID, created.Secret)
+			})
+		},
+	}
+	create.Flags().BoolVar(&readOnly, "read-only", false, "the token may only read (GET)")
+	create.Flags().StringVar(&out, "out", "", "write the token to this file (mode 0600) instead of printing it")
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "every token: id, name, scope, created, revoked",
+		Args:  args(0, ""),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			tokens, err := g.client().Tokens(ctx)
+			if err != nil {
+				return err
+			}
+			return g.output(tokens, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "ID\tNAME\tSCOPE\tCREATED\tSTATE")
+				for _, t := range tokens {
+					scope, state := "admin", "valid"
+					if t.ReadOnly {
+						scope = "read-only"
+					}
+					if t.Revoked {
+						state = "revoked"
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, scope, t.Created.Format("2006-01-02 15:04:05"), state)
+				}
+			})
+		},
+	}
+	revoke := &cobra.Command{
+		Use:   "revoke ID|NAME",
+		Short: "revoke a token: every node refuses it once it applied the revocation",
+		Args:  args(1, "ID|NAME"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			t, err := g.client().RevokeToken(ctx, a[0])
+			if err != nil {
+				return err
+			}
+			return g.output(t, func(w *tabwriter.Writer) { fmt.Fprintf(w, "token %s (id %s) revoked\n", t.Name, t.ID) })
+		},
+	}
+	cmd.AddCommand(create, list, revoke)
+	return cmd
+}
+
+func clientCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "client", Short: "NBD client certificates: add, list, revoke"}
+	var pattern, out string
+	var readOnly bool
+	add := &cobra.Command{
+		Use:   "add NAME --vdi PATTERN [--read-only] --out DIR",
+		Short: "issue an NBD client certificate into DIR (ca-cert.pem, client-cert.pem, client-key.pem: QEMU's tls-creds-x509 layout)",
+		Long: `Issue an NBD client certificate. The client sees and opens only the VDIs
+(and their snapshots) whose name matches PATTERN (shell syntax: vm*, db1,
+*), read-only with --read-only. DIR receives ca-cert.pem, client-cert.pem
+and client-key.pem (mode 0600), usable unchanged by:
+
+  qemu-img info --object tls-creds-x509,id=tls0,dir=DIR,endpoint=client \
+    --image-opts driver=nbd,host=NODE,port=10809,export=NAME,tls-creds=tls0
+  nbdinfo 'nbds://NODE/NAME?tls-certificates=DIR'`,
+		Args: args(1, "NAME --vdi PATTERN [--read-only] --out DIR"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			if pattern == "" {
+				return fmt.Errorf("--vdi PATTERN is required: the VDI names this client may open (for example 'vm*', or '*' for all)")
+			}
+			if out == "" {
+				return fmt.Errorf("--out DIR is required: the directory to write the client's certificate and key into")
+			}
+			if err := os.MkdirAll(out, 0o700); err != nil {
+				return err
+			}
+			for _, name := range []string{"ca-cert.pem", "client-cert.pem", "client-key.pem"} {
+				if _, err := os.Stat(filepath.Join(out, name)); err == nil {
+					return fmt.Errorf("%s already exists: give an empty directory", filepath.Join(out, name))
+				}
+			}
+			ctx, cancel := g.context()
+			defer cancel()
+			added, err := g.client().AddClient(ctx, a[0], pattern, readOnly)
+			if err != nil {
+				return err
+			}
+			files := map[string]string{"ca-cert.pem": added.CACert, "client-cert.pem": added.ClientCert, "client-key.pem": added.ClientKey}
+			for name, contents := range files {
+				if err := pki.WriteSecretFile(filepath.Join(out, name), []byte(contents)); err != nil {
+					return fmt.Errorf("client %s was added but its files could not be written (revoke it and add it again): %w", added.Name, err)
+				}
+			}
+			added.ClientKey = ""
+			return g.output(added, func(w *tabwriter.Writer) {
+				scope := "read-write"
+				if added.ReadOnly {
+					scope = "read-only"
+				}
+				fmt.Fprintf(w, "client %s: vdis %q, %s; certificate and key in %s\n", added.Name, added.Pattern, scope, out)
+			})
+		},
+	}
+	add.Flags().StringVar(&pattern, "vdi", "", "the VDI names the client may see and open (shell pattern, e.g. 'vm*')")
+	add.Flags().BoolVar(&readOnly, "read-only", false, "the client may only read")
+	add.Flags().StringVar(&out, "out", "", "directory for ca-cert.pem, client-cert.pem, client-key.pem")
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "every NBD client: name, VDI pattern, scope, serial, state",
+		Args:  args(0, ""),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			clients, err := g.client().Clients(ctx)
+			if err != nil {
+				return err
+			}
+			return g.output(clients, func(w *tabwriter.Writer) {
+				fmt.Fprintln(w, "NAME\tVDIS\tSCOPE\tSERIAL\tCREATED\tSTATE")
+				for _, c := range clients {
+					scope, state := "read-write", "valid"
+					if c.ReadOnly {
+						scope = "read-only"
+					}
+					if c.Revoked {
+						state = "revoked"
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", c.Name, c.Pattern, scope, c.Serial, c.Created.Format("2006-01-02 15:04:05"), state)
+				}
+			})
+		},
+	}
+	revoke := &cobra.Command{
+		Use:   "revoke NAME",
+		Short: "revoke an NBD client: its certificate is refused from then on",
+		Args:  args(1, "NAME"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			c, err := g.client().RevokeClient(ctx, a[0])
+			if err != nil {
+				return err
+			}
+			return g.output(c, func(w *tabwriter.Writer) { fmt.Fprintf(w, "client %s revoked\n", c.Name) })
+		},
+	}
+	cmd.AddCommand(add, list, revoke)
+	return cmd
+}
+
+func nodeRemoveCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "remove ID",
+		Short: "forget a dead node for good: its certificate is refused from then on",
+		Args:  args(1, "ID"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			if err := g.client().RemoveNode(ctx, a[0]); err != nil {
+				return err
+			}
+			return g.output(map[string]string{"removed": a[0]}, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "node %s removed for good\n", a[0])
+			})
+		},
+	}
+}
+
+func rotateJoinTokenCommand(g *globals) *cobra.Command {
+	var out string
+	cmd := &cobra.Command{
+		Use:   "rotate-join-token [--out FILE]",
+		Short: "replace the join secret: joins with the old token are refused from then on",
+		Args:  args(0, "[--out FILE]"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			r, err := g.client().RotateJoinToken(ctx)
+			if err != nil {
+				return err
+			}
+			if out != "" {
+				if err := pki.WriteSecretFile(out, []byte(r.Token+"\n")); err != nil {
+					return err
+				}
+				r.Token = ""
+			}
+			return g.output(r, func(w *tabwriter.Writer) {
+				if out != "" {
+					fmt.Fprintf(w, "new join token written to %s\n", out)
+					return
+				}
+				fmt.Fprintf(w, "new join token (shown once):\n%s\n", r.Token)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&out, "out", "", "write the token to this file (mode 0600) instead of printing it")
+	return cmd
+}

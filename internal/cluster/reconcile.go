@@ -1,0 +1,137 @@
+package cluster
+
+// Leader reconciliation: gossip -> log. Every change of the alive set is
+// a NodeJoin or NodeLeave entry, and so a new epoch.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+func (c *Cluster) reconcileLoop() {
+	defer c.wg.Done()
+	ticker := time.NewTicker(reconcileInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-ticker.C:
+		case <-c.nudge:
+		}
+		if c.raft.State() != raft.Leader {
+			continue
+		}
+		if err := c.reconcile(); err != nil && !errors.Is(err, ErrNoQuorum) {
+			c.logger.Warn("cluster: reconcile", "err", err)
+		}
+	}
+}
+
+func (c *Cluster) reconcile() error {
+	ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
+	defer cancel()
+	members := c.gossipMembers()
+	var logged map[string]Node
+	c.fsm.View(func(s *State) {
+		logged = make(map[string]Node, len(s.Nodes))
+		for id, n := range s.Nodes {
+			logged[id] = *n
+		}
+		for id := range s.Removed {
+			delete(members, id) // gossip never brings a removed node back
+		}
+	})
+	// Gossip -> log. Sorted so that epochs are committed in a stable order.
+	ids := make([]string, 0, len(members))
+	for id := range members {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		m := members[id]
+		l, ok := logged[id]
+		if ok && l.State == NodeAlive && sameNode(l, m) {
+			continue
+		}
+		if err := checkNodeLengths(m); err != nil {
+			// Its join would be refused on every tick and hold back the
+			// joins sorted after it: skip it, and say so once.
+			c.mu.Lock()
+			first := !c.refused[id]
+			c.refused[id] = true
+			c.mu.Unlock()
+			if first {
+				c.logger.Warn("cluster: not committing a gossip member whose metadata is too long", "node", truncate(id, MaxOwnerLength), "err", err)
+			}
+			continue
+		}
+		if _, err := c.propose(ctx, commandNodeJoin, nodeJoinCommand{Node: m, Time: time.Now().UTC()}); err != nil {
+			return fmt.Errorf("commit join of %s: %w", id, err)
+		}
+		c.logger.Info("node joined", "node", id, "address", m.Address, "epoch", c.Epoch())
+	}
+	for id, l := range logged {
+		if _, alive := members[id]; alive || l.State != NodeAlive || id == c.cfg.NodeID || !c.leaveConfirmed(id, time.Now()) {
+			continue
+		}
+		if _, err := c.propose(ctx, commandNodeLeave, nodeLeaveCommand{ID: id, Reason: "failure detected by gossip", Time: time.Now().UTC()}); err != nil {
+			return fmt.Errorf("commit leave of %s: %w", id, err)
+		}
+		c.logger.Info("node left", "node", id, "address", l.Address, "epoch", c.Epoch())
+	}
+	return c.reconcileVoters(members)
+}
+
+// leaveConfirmed says whether the leader may commit that id left: gossip
+// declared it dead (confirmedDead), and either the leader's own raft does
+// not reach it either or gossip has held to its verdict for
+// gossipDeathVeto. Gossip alone can be wrong about a live node: a node
+// cut off by a partition declares the others dead, and when the partition
+// heals its "dead" messages reach the rest before the node they name
+// refutes them (memberlist takes a dead message of the current
+// incarnation as final); the refutation follows within a second. The
+// leader adds every live node to the raft configuration (as a non-voter
+// at least) and heartbeats each one several times a second, so a node
+// that really failed has stopped answering (for the lease timeout, 1 s)
+// well before gossip decides (2-6 s): this delays no failure. A node
+// that leaves gossip on purpose (herd stopping) answers raft until it
+// stops, so its leave waits at most gossipDeathVeto.
+func (c *Cluster) leaveConfirmed(id string, now time.Time) bool {
+	if !c.confirmedDead(id) {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	since := c.started.Add(unseenGrace) // never seen since this process started
+	if s, ok := c.seen[id]; ok {
+		since = s.since
+	}
+	if now.Sub(since) >= gossipDeathVeto || !c.reachable(id) {
+		delete(c.vetoed, id)
+		return true
+	}
+	if !c.vetoed[id].Equal(since) { // once per verdict
+		c.vetoed[id] = since
+		c.logger.Info("cluster: gossip reports a node dead that this leader's raft still reaches; waiting before committing its leave", "node", id, "for", gossipDeathVeto)
+	}
+	return false
+}
+
+func sameNode(a, b Node) bool {
+	return a.Address == b.Address && a.PeerAddr == b.PeerAddr && a.GossipAddr == b.GossipAddr && a.AdminAddr == b.AdminAddr &&
+		a.NBDAddr == b.NBDAddr && a.Zone == b.Zone && a.Capacity == b.Capacity && a.Incarnation == b.Incarnation
+}
+
+// truncate cuts s to at most n bytes, for logs.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}

@@ -1,0 +1,396 @@
+package cluster
+
+// Credentials in the log: the join secret's hash, admin tokens, NBD
+// clients and nodes removed for good. Every node checks a credential
+// against its own applied copy of the log, so a change (a revoke) takes
+// effect on a node as soon as it applied the entry: on every node within
+// the replication delay. Secrets never enter the log, only their SHA-256
+// (pki.HashSecret); a log or snapshot read by an attacker gives no
+// credential.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path"
+	"regexp"
+	"sort"
+	"time"
+)
+
+// Token is an admin API credential. ReadOnly tokens may only read.
+type Token struct {
+	ID       string    `json:"id"`
+	Name     string    `json:"name"`
+	Hash     string    `json:"hash"` // hex SHA-256 of the secret
+	ReadOnly bool      `json:"read_only"`
+	Created  time.Time `json:"created"`
+	Revoked  bool      `json:"revoked,omitempty"`
+}
+
+// Client is an NBD client certificate's authorization: the VDIs it may
+// see and open (a shell pattern on the VDI name), read-only or not, and
+// the certificate's serial (a reissued or forged certificate with the
+// same name but another serial is refused).
+type Client struct {
+	Name     string    `json:"name"`
+	Pattern  string    `json:"pattern"`
+	ReadOnly bool      `json:"read_only"`
+	Serial   string    `json:"serial"`
+	Created  time.Time `json:"created"`
+	Revoked  bool      `json:"revoked,omitempty"`
+}
+
+// Security limits.
+const (
+	MaxCredentialName = 64
+	maxHashLength     = 128
+	maxPatternLength  = 256
+)
+
+var credentialNameRegexp = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9._-]*$`)
+
+// ValidateCredentialName checks a token or client name.
+func ValidateCredentialName(kind, name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("%w: %s name is empty", ErrInvalid, kind)
+	case len(name) > MaxCredentialName:
+		return fmt.Errorf("%w: %s name is %d characters long, the limit is %d", ErrInvalid, kind, len(name), MaxCredentialName)
+	case !credentialNameRegexp.MatchString(name):
+		return fmt.Errorf("%w: %s name %q: use letters, digits, '.', '_' and '-', not starting with '.' or '-'", ErrInvalid, kind, name)
+	}
+	return nil
+}
+
+// ValidatePattern checks a client's VDI pattern (path.Match syntax).
+func ValidatePattern(pattern string) error {
+	if pattern == "" || len(pattern) > maxPatternLength {
+		return fmt.Errorf("%w: vdi pattern must be 1 to %d characters", ErrInvalid, maxPatternLength)
+	}
+	if _, err := matchPattern(pattern, "x"); err != nil {
+		return fmt.Errorf("%w: vdi pattern %q: %v", ErrInvalid, pattern, err)
+	}
+	return nil
+}
+
+const (
+	commandSecurityInit  commandType = 15
+	commandTokenCreate   commandType = 16
+	commandTokenRevoke   commandType = 17
+	commandClientAdd     commandType = 18
+	commandClientRevoke  commandType = 19
+	commandNodeRemove    commandType = 20
+	commandJoinSecretSet commandType = 21
+)
+
+type (
+	securityInitCommand struct {
+		JoinHash string `json:"join_hash"`
+		Admin    Token  `json:"admin"`
+	}
+	tokenRevokeCommand struct {
+		ID string `json:"id"`
+	}
+	clientRevokeCommand struct {
+		Name string `json:"name"`
+	}
+	nodeRemoveCommand struct {
+		ID   string    `json:"id"`
+		Time time.Time `json:"time"`
+	}
+	joinSecretCommand struct {
+		Hash string `json:"hash"`
+	}
+)
+
+func init() {
+	commands[commandSecurityInit] = applySecurityInit
+	commands[commandTokenCreate] = applyTokenCreate
+	commands[commandTokenRevoke] = applyTokenRevoke
+	commands[commandClientAdd] = applyClientAdd
+	commands[commandClientRevoke] = applyClientRevoke
+	commands[commandNodeRemove] = applyNodeRemove
+	commands[commandJoinSecretSet] = applyJoinSecretSet
+}
+
+func validToken(t Token) error {
+	if t.ID == "" || len(t.ID) > 32 || t.Hash == "" || len(t.Hash) > maxHashLength {
+		return fmt.Errorf("%w: malformed token", ErrInvalid)
+	}
+	return ValidateCredentialName("token", t.Name)
+}
+
+// applySecurityInit records the first node's join secret and admin token,
+// once: a second init (a retry after a lost answer) changes nothing.
+func applySecurityInit(s *State, data []byte) (any, error) {
+	var c securityInitCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	if c.JoinHash == "" || len(c.JoinHash) > maxHashLength {
+		return nil, fmt.Errorf("%w: malformed join secret", ErrInvalid)
+	}
+	if err := validToken(c.Admin); err != nil {
+		return nil, err
+	}
+	if s.JoinHash != "" {
+		return nil, nil
+	}
+	s.JoinHash = c.JoinHash
+	s.Tokens[c.Admin.ID] = &c.Admin
+	return nil, nil
+}
+
+func applyTokenCreate(s *State, data []byte) (any, error) {
+	var t Token
+	if err := decode(data, &t); err != nil {
+		return nil, err
+	}
+	if err := validToken(t); err != nil {
+		return nil, err
+	}
+	if _, ok := s.Tokens[t.ID]; ok {
+		return nil, fmt.Errorf("token %s: %w", t.ID, ErrAlreadyExists)
+	}
+	for _, other := range s.Tokens {
+		if other.Name == t.Name && !other.Revoked {
+			return nil, fmt.Errorf("token %q: %w", t.Name, ErrAlreadyExists)
+		}
+	}
+	t.Revoked = false
+	s.Tokens[t.ID] = &t
+	return t, nil
+}
+
+func applyTokenRevoke(s *State, data []byte) (any, error) {
+	var c tokenRevokeCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	t, ok := s.Tokens[c.ID]
+	if !ok {
+		for _, other := range s.Tokens {
+			if other.Name == c.ID && !other.Revoked {
+				t, ok = other, true
+			}
+		}
+	}
+	if !ok {
+		return nil, fmt.Errorf("token %q: %w", c.ID, ErrNotFound)
+	}
+	t.Revoked = true
+	return *t, nil
+}
+
+func applyClientAdd(s *State, data []byte) (any, error) {
+	var c Client
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	if err := ValidateCredentialName("client", c.Name); err != nil {
+		return nil, err
+	}
+	if err := ValidatePattern(c.Pattern); err != nil {
+		return nil, err
+	}
+	if c.Serial == "" || len(c.Serial) > 64 {
+		return nil, fmt.Errorf("%w: malformed client serial", ErrInvalid)
+	}
+	if old, ok := s.Clients[c.Name]; ok && !old.Revoked {
+		return nil, fmt.Errorf("client %q: %w (revoke it first)", c.Name, ErrAlreadyExists)
+	}
+	c.Revoked = false
+	s.Clients[c.Name] = &c
+	return c, nil
+}
+
+func applyClientRevoke(s *State, data []byte) (any, error) {
+	var c clientRevokeCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	client, ok := s.Clients[c.Name]
+	if !ok {
+		return nil, fmt.Errorf("client %q: %w", c.Name, ErrNotFound)
+	}
+	client.Revoked = true
+	return *client, nil
+}
+
+// applyNodeRemove forgets a dead node for good: its certificate is refused
+// from then on and gossip never brings it back.
+func applyNodeRemove(s *State, data []byte) (any, error) {
+	var c nodeRemoveCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	n, ok := s.Nodes[c.ID]
+	if !ok {
+		return nil, fmt.Errorf("node %s: %w", c.ID, ErrNotFound)
+	}
+	if n.State == NodeAlive {
+		return nil, fmt.Errorf("%w: node %s is alive; stop it first (it is removed once the cluster has seen it gone)", ErrBusy, c.ID)
+	}
+	s.Removed[c.ID] = c.Time
+	return nil, nil
+}
+
+func applyJoinSecretSet(s *State, data []byte) (any, error) {
+	var c joinSecretCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	if c.Hash == "" || len(c.Hash) > maxHashLength {
+		return nil, fmt.Errorf("%w: malformed join secret", ErrInvalid)
+	}
+	if s.JoinHash == "" {
+		return nil, fmt.Errorf("%w: the cluster's credentials are not set up yet", ErrNotFound)
+	}
+	s.JoinHash = c.Hash
+	return nil, nil
+}
+
+// ---- operations ----
+
+// InitSecurity records the first node's join secret hash and admin token
+// unless the log already has them; it returns once committed.
+func (c *Cluster) InitSecurity(ctx context.Context, joinHash string, admin Token) error {
+	if c.JoinHash() != "" {
+		return nil
+	}
+	_, err := c.propose(ctx, commandSecurityInit, securityInitCommand{JoinHash: joinHash, Admin: admin})
+	return err
+}
+
+// JoinHash is the hash of the current join secret ("" before the first
+// node recorded it).
+func (c *Cluster) JoinHash() (hash string) {
+	c.fsm.View(func(s *State) { hash = s.JoinHash })
+	return hash
+}
+
+// SetJoinHash replaces the join secret (rotation); joins with the old one
+// are refused once a node applied this.
+func (c *Cluster) SetJoinHash(ctx context.Context, hash string) error {
+	_, err := c.propose(ctx, commandJoinSecretSet, joinSecretCommand{Hash: hash})
+	return err
+}
+
+// CreateToken records a new admin token.
+func (c *Cluster) CreateToken(ctx context.Context, t Token) (Token, error) {
+	if err := validToken(t); err != nil {
+		return Token{}, err
+	}
+	t.Created = time.Now().UTC()
+	out, err := c.propose(ctx, commandTokenCreate, t)
+	if err != nil {
+		return Token{}, err
+	}
+	var created Token
+	return created, json.Unmarshal(out, &created)
+}
+
+// RevokeToken revokes a token by id or name.
+func (c *Cluster) RevokeToken(ctx context.Context, idOrName string) (Token, error) {
+	out, err := c.propose(ctx, commandTokenRevoke, tokenRevokeCommand{ID: idOrName})
+	if err != nil {
+		return Token{}, err
+	}
+	var t Token
+	return t, json.Unmarshal(out, &t)
+}
+
+// Tokens lists the tokens (hashes included: callers show what they need).
+func (c *Cluster) Tokens() []Token {
+	var out []Token
+	c.fsm.View(func(s *State) {
+		for _, t := range s.Tokens {
+			out = append(out, *t)
+		}
+	})
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].Created.Before(out[j].Created) || out[i].Created.Equal(out[j].Created) && out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// LookupToken returns the token with id as this node's log has it.
+func (c *Cluster) LookupToken(id string) (t Token, ok bool) {
+	c.fsm.View(func(s *State) {
+		if p, found := s.Tokens[id]; found {
+			t, ok = *p, true
+		}
+	})
+	return t, ok
+}
+
+// AddClient records an NBD client certificate's authorization.
+func (c *Cluster) AddClient(ctx context.Context, client Client) (Client, error) {
+	if err := ValidateCredentialName("client", client.Name); err != nil {
+		return Client{}, err
+	}
+	if err := ValidatePattern(client.Pattern); err != nil {
+		return Client{}, err
+	}
+	client.Created = time.Now().UTC()
+	out, err := c.propose(ctx, commandClientAdd, client)
+	if err != nil {
+		return Client{}, err
+	}
+	var added Client
+	return added, json.Unmarshal(out, &added)
+}
+
+// RevokeClient revokes an NBD client: its certificate is refused from then
+// on.
+func (c *Cluster) RevokeClient(ctx context.Context, name string) (Client, error) {
+	out, err := c.propose(ctx, commandClientRevoke, clientRevokeCommand{Name: name})
+	if err != nil {
+		return Client{}, err
+	}
+	var client Client
+	return client, json.Unmarshal(out, &client)
+}
+
+// Clients lists the NBD clients by name.
+func (c *Cluster) Clients() []Client {
+	var out []Client
+	c.fsm.View(func(s *State) {
+		for _, client := range s.Clients {
+			out = append(out, *client)
+		}
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// LookupClient returns the client named name as this node's log has it.
+func (c *Cluster) LookupClient(name string) (client Client, ok bool) {
+	c.fsm.View(func(s *State) {
+		if p, found := s.Clients[name]; found {
+			client, ok = *p, true
+		}
+	})
+	return client, ok
+}
+
+// RemoveNode forgets a dead node for good.
+func (c *Cluster) RemoveNode(ctx context.Context, id string) error {
+	_, err := c.propose(ctx, commandNodeRemove, nodeRemoveCommand{ID: id, Time: time.Now().UTC()})
+	return err
+}
+
+// NodeRemoved reports whether id was removed for good.
+func (c *Cluster) NodeRemoved(id string) (removed bool) {
+	c.fsm.View(func(s *State) { _, removed = s.Removed[id] })
+	return removed
+}
+
+// MatchPattern reports whether a VDI name matches a client's pattern.
+func MatchPattern(pattern, name string) bool {
+	ok, err := matchPattern(pattern, name)
+	return err == nil && ok
+}
+
+func matchPattern(pattern, name string) (bool, error) { return path.Match(pattern, name) }

@@ -1,0 +1,268 @@
+package cluster
+
+// The raft voter set: 1 voter alone, 3 from 3 alive nodes, 5 from 5,
+// spread over zones, dead voters removed and replaced.
+//
+// hashicorp/raft counts a configuration change as committed by a majority
+// of the configuration it makes (the new one), and the leader steps down
+// when it reaches no majority of it. So a change after which the voters
+// the leader reaches are not a majority is never made: raft could not
+// commit it, and no server left in the configuration could be elected
+// until an unreachable voter came back. The leader knows whom it reaches
+// from its raft transport (contact.go), the same measure as its lease;
+// gossip and the log say who is alive but lag a failure by seconds, and
+// gossip can report a live node dead (a node cut off declares the others
+// dead and spreads it when the cut heals).
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/hashicorp/raft"
+)
+
+// targetVoters is the voter count for n healthy nodes: odd, at most 5.
+func targetVoters(n int) int {
+	switch {
+	case n >= 5:
+		return 5
+	case n >= 3:
+		return 3
+	default:
+		return 1
+	}
+}
+
+type changeKind int
+
+const (
+	changeRemove      changeKind = iota // RemoveServer
+	changeAddNonvoter                   // AddNonvoter: a new server, or a non-voter's new address
+	changeAddVoter                      // AddVoter: promote a non-voter, or a voter's new address
+	changeDemote                        // DemoteVoter
+)
+
+func (k changeKind) String() string {
+	return [...]string{"remove", "add non-voter", "add voter", "demote"}[k]
+}
+
+// voterChange is one raft configuration change.
+type voterChange struct {
+	kind    changeKind
+	id      string
+	address raft.ServerAddress
+	why     string // for the log
+}
+
+func (ch voterChange) String() string { return ch.kind.String() + " " + ch.id }
+
+// voterPlan is what the leader knows when it manages the voter set.
+type voterPlan struct {
+	self      string
+	servers   []raft.Server   // the raft configuration
+	nodes     map[string]Node // the log's node table
+	members   map[string]Node // gossip's live members
+	reachable func(id string) bool
+}
+
+// next returns the next configuration change to make (nil: none), and
+// the changes held back because the voters the leader reaches would not
+// be a majority of the configuration after them.
+func (p voterPlan) next() (*voterChange, []string) {
+	var held []string
+	try := func(ch voterChange) *voterChange {
+		if p.keepsMajority(ch) {
+			return &ch
+		}
+		held = append(held, ch.String())
+		return nil
+	}
+	inConfig := map[string]raft.Server{}
+	for _, s := range p.servers {
+		inConfig[string(s.ID)] = s
+	}
+	// Dead servers out first, so quorum math only counts the living.
+	for _, s := range p.servers {
+		id := string(s.ID)
+		if n, ok := p.nodes[id]; ok && n.State == NodeDead && id != p.self {
+			if ch := try(voterChange{kind: changeRemove, id: id}); ch != nil {
+				return ch, held
+			}
+		}
+	}
+	// Healthy nodes not in the configuration join as non-voters, and
+	// servers whose address changed are re-added (a non-voter changes no
+	// majority; a voter's new address is the way back to it).
+	healthyIDs := []string{}
+	for id, n := range p.nodes {
+		if _, inGossip := p.members[id]; inGossip && n.State == NodeAlive {
+			healthyIDs = append(healthyIDs, id)
+		}
+	}
+	sort.Strings(healthyIDs)
+	for _, id := range healthyIDs {
+		s, ok := inConfig[id]
+		address := raft.ServerAddress(p.nodes[id].PeerAddr)
+		switch {
+		case !ok:
+			return &voterChange{kind: changeAddNonvoter, id: id, address: address}, held
+		case s.Address != address && s.Suffrage == raft.Voter:
+			return &voterChange{kind: changeAddVoter, id: id, address: address}, held
+		case s.Address != address:
+			return &voterChange{kind: changeAddNonvoter, id: id, address: address}, held
+		}
+	}
+	// A voter gossip still reports alive may already be unreachable
+	// (killed a second ago): it counts towards the target only once the
+	// leader reaches it, it is demoted before any reachable voter, and
+	// only reachable non-voters are promoted.
+	var voters, live, unreachable, candidates []string
+	for _, id := range healthyIDs {
+		switch {
+		case inConfig[id].Suffrage == raft.Voter:
+			voters = append(voters, id)
+			if p.reachable(id) {
+				live = append(live, id)
+			} else if id != p.self {
+				unreachable = append(unreachable, id)
+			}
+		case p.reachable(id):
+			candidates = append(candidates, id)
+		}
+	}
+	target := targetVoters(len(healthyIDs))
+	zoneOf := func(id string) string { return p.nodes[id].Zone }
+	if len(live) < target && len(candidates) > 0 {
+		id := pickByZone(candidates, live, zoneOf, false)
+		why := fmt.Sprintf("%d reachable voters of %d wanted", len(live), target)
+		if ch := try(voterChange{kind: changeAddVoter, id: id, address: inConfig[id].Address, why: why}); ch != nil {
+			return ch, held
+		}
+	}
+	if len(voters) > target {
+		id, why := "", fmt.Sprintf("%d voters of %d wanted", len(voters), target)
+		if len(unreachable) > 0 {
+			id, why = unreachable[0], why+"; not reached by the leader"
+		} else {
+			var others []string
+			for _, v := range voters {
+				if v != p.self {
+					others = append(others, v)
+				}
+			}
+			id = pickByZone(others, voters, zoneOf, true)
+		}
+		if ch := try(voterChange{kind: changeDemote, id: id, why: why}); ch != nil {
+			return ch, held
+		}
+	}
+	return nil, held
+}
+
+// keepsMajority says whether, after ch, the voters the leader reaches are
+// a majority of the voters.
+func (p voterPlan) keepsMajority(ch voterChange) bool {
+	voters, reached := 0, 0
+	count := func(id string) {
+		voters++
+		if p.reachable(id) {
+			reached++
+		}
+	}
+	for _, s := range p.servers {
+		id := string(s.ID)
+		switch {
+		case id == ch.id && ch.kind == changeAddVoter:
+			count(id)
+		case id == ch.id:
+			// removed, demoted, or a non-voter still
+		case s.Suffrage == raft.Voter:
+			count(id)
+		}
+	}
+	return 2*reached > voters
+}
+
+// reconcileVoters makes at most one raft configuration change per call:
+// raft applies configuration changes one at a time anyway, and the next
+// tick continues.
+func (c *Cluster) reconcileVoters(members map[string]Node) error {
+	future := c.raft.GetConfiguration()
+	if err := future.Error(); err != nil {
+		return err
+	}
+	p := voterPlan{self: c.cfg.NodeID, servers: future.Configuration().Servers, members: members, reachable: c.reachable}
+	c.fsm.View(func(s *State) {
+		p.nodes = make(map[string]Node, len(s.Nodes))
+		for id, n := range s.Nodes {
+			p.nodes[id] = *n
+		}
+	})
+	ch, held := p.next()
+	c.noteHeld(held)
+	if ch == nil {
+		return nil
+	}
+	id := raft.ServerID(ch.id)
+	switch ch.kind {
+	case changeRemove:
+		c.logger.Info("removing dead node from raft", "node", ch.id, "suffrage", suffrageOf(p.servers, ch.id))
+		return c.raft.RemoveServer(id, 0, applyTimeout).Error()
+	case changeAddNonvoter:
+		return c.raft.AddNonvoter(id, ch.address, 0, applyTimeout).Error()
+	case changeAddVoter:
+		if suffrageOf(p.servers, ch.id) != raft.Voter.String() {
+			c.logger.Info("promoting node to voter", "node", ch.id, "why", ch.why)
+		}
+		return c.raft.AddVoter(id, ch.address, 0, applyTimeout).Error()
+	default:
+		c.logger.Info("demoting voter", "node", ch.id, "why", ch.why)
+		return c.raft.DemoteVoter(id, 0, applyTimeout).Error()
+	}
+}
+
+func suffrageOf(servers []raft.Server, id string) string {
+	for _, s := range servers {
+		if string(s.ID) == id {
+			return s.Suffrage.String()
+		}
+	}
+	return "none"
+}
+
+// noteHeld logs the voter changes held back, once each time they change.
+func (c *Cluster) noteHeld(held []string) {
+	what := strings.Join(held, ", ")
+	c.mu.Lock()
+	changed := what != c.held
+	c.held = what
+	c.mu.Unlock()
+	if changed && what != "" {
+		c.logger.Warn("cluster: holding back raft configuration changes: the voters this leader reaches would not be a majority after them", "changes", what)
+	} else if changed {
+		c.logger.Info("cluster: no raft configuration change held back any more")
+	}
+}
+
+// pickByZone chooses from candidates the node whose zone has the fewest
+// (or, with most, the most) members among voters; ties go to the smallest
+// id so every leader decides alike.
+func pickByZone(candidates, voters []string, zoneOf func(string) string, most bool) string {
+	count := map[string]int{}
+	for _, v := range voters {
+		count[zoneOf(v)]++
+	}
+	best := ""
+	for _, id := range candidates {
+		if best == "" {
+			best = id
+			continue
+		}
+		a, b := count[zoneOf(id)], count[zoneOf(best)]
+		if (!most && a < b) || (most && a > b) || (a == b && id < best) {
+			best = id
+		}
+	}
+	return best
+}

@@ -1,0 +1,285 @@
+// Package export serves herd's VDIs as NBD exports: it is the adapter
+// between the NBD server (internal/nbd, the protocol only) and the data
+// path (internal/gateway, which knows nothing of NBD). Export names are
+// VDI names: NAME opens the VDI for writing, "ro/NAME" read-only beside
+// its writer, NAME@TAG a snapshot (read-only).
+//
+// It translates, once, the data path's errors into the NBD errors a
+// client sees (the text keeps the detail for the server's log): a
+// request out of range is EINVAL, a full disk ENOSPC, a write to a
+// read-only export EPERM, a server going away ESHUTDOWN, anything else
+// (a replica failing, no current copy reachable, the cluster not
+// answering in time) EIO. Open errors become the handshake's replies:
+// unknown export, busy (naming the holder), not ready, permission denied.
+//
+// Authorisation (Backend.Authorize) is by VDI: a client allowed a VDI may
+// list and open it, its snapshots (NAME@TAG) and its read-only name
+// (ro/NAME). The names it may not open are not listed, and opening one is
+// refused exactly as an unknown name is, before the cluster is asked, so
+// that neither the reply nor its timing tells whether the VDI exists.
+package export
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/gateway"
+	"github.com/herd-storage/herd/internal/metrics"
+	"github.com/herd-storage/herd/internal/nbd"
+	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/size"
+)
+
+// Backend implements nbd.Backend over a node's gateway.
+type Backend struct {
+	Gateway *gateway.Gateway
+	// Authorize says what the client of a session may do (the session
+	// carries its verified certificate name, nbd.Session.Client). It is
+	// called for every NBD_OPT_LIST and every open, so that a revoked
+	// client loses access at its next one; it must be safe for concurrent
+	// use. An error refuses the client: the listing or the open fails with
+	// nbd.ErrPermission and the error's text. Nil gives every client full
+	// access (the node's Unix socket, or --insecure-nbd).
+	Authorize func(session nbd.Session) (Access, error)
+	// Metrics, if set, counts and times every request per VDI.
+	Metrics *metrics.Node
+}
+
+// Access is what one client may do.
+type Access struct {
+	// Match reports whether the client may list and open the VDI of this
+	// name. It is asked about VDI names only: NAME@TAG and ro/NAME follow
+	// NAME. Nil matches nothing.
+	Match func(exportName string) bool
+	// ReadOnly opens every export read-only, as if it were named
+	// ro/NAME: writes are refused, and no write lock is taken.
+	ReadOnly bool
+}
+
+var _ nbd.Backend = Backend{}
+
+// access returns what the session's client may do.
+func (b Backend) access(session nbd.Session) (Access, error) {
+	if b.Authorize == nil {
+		return Access{Match: func(string) bool { return true }}, nil
+	}
+	access, err := b.Authorize(session)
+	if err != nil {
+		return Access{}, fmt.Errorf("%w: %v", nbd.ErrPermission, err)
+	}
+	if access.Match == nil {
+		access.Match = func(string) bool { return false }
+	}
+	return access, nil
+}
+
+// Revalidate implements nbd.Revalidator: a client keeps an open export
+// only while its rights still allow it (not revoked, the VDI still
+// matching its pattern, writable only if it may write).
+func (b Backend) Revalidate(session nbd.Session, export string, writable bool) error {
+	access, err := b.access(session)
+	if err != nil {
+		return err
+	}
+	if !access.Match(vdiName(export)) {
+		return fmt.Errorf("%w: client may no longer open %q", nbd.ErrPermission, export)
+	}
+	if writable && access.ReadOnly {
+		return fmt.Errorf("%w: client may no longer write to %q", nbd.ErrPermission, export)
+	}
+	return nil
+}
+
+// vdiName is the name of the VDI an export name opens: NAME for NAME,
+// ro/NAME and NAME@TAG (gateway.Open's conventions).
+func vdiName(exportName string) string {
+	name, _ := cluster.SplitName(strings.TrimPrefix(exportName, gateway.ReadOnlyPrefix))
+	return name
+}
+
+// unknownExport is the refusal of a name that does not exist or that the
+// client may not open: the same text for both, so that it does not tell
+// which.
+func unknownExport(name string) error {
+	return fmt.Errorf("%w: no vdi or snapshot named %q", nbd.ErrUnknownExport, name)
+}
+
+// List implements nbd.Backend: every writable VDI and every snapshot that
+// the session's client may open.
+func (b Backend) List(ctx context.Context, session nbd.Session) ([]nbd.ExportSummary, error) {
+	access, err := b.access(session)
+	if err != nil {
+		return nil, err
+	}
+	var out []nbd.ExportSummary
+	for _, v := range b.Gateway.List() {
+		if !access.Match(v.Name) {
+			continue
+		}
+		description := fmt.Sprintf("herd vdi %s, %s", v.Name, size.Format(v.Size))
+		switch {
+		case v.Snapshot:
+			description = fmt.Sprintf("herd snapshot %s of %s, %s, read-only", v.Tag, v.Name, size.Format(v.Size))
+		case access.ReadOnly:
+			description += ", read-only for this client"
+		}
+		out = append(out, nbd.ExportSummary{Name: v.FullName(), Description: description})
+	}
+	return out, nil
+}
+
+// Open implements nbd.Backend.
+//
+// An open for NBD_OPT_INFO (session.InfoOnly) is read-only, so that it
+// takes no write lock (no cluster log entry, and no refusal of the node
+// that holds the VDI open for writing): the client only reads the export's
+// description. That description still says what NBD_OPT_GO would get,
+// writable if it would be; if another node holds the write lock, NBD_OPT_INFO
+// succeeds and the NBD_OPT_GO that follows is refused as busy.
+func (b Backend) Open(ctx context.Context, name string, session nbd.Session) (nbd.Export, error) {
+	access, err := b.access(session)
+	if err != nil {
+		return nil, err
+	}
+	// Asked before the cluster, on the name alone: a refused name costs
+	// the same as an unknown one.
+	if !access.Match(vdiName(name)) {
+		return nil, unknownExport(name)
+	}
+	readOnlyName := strings.HasPrefix(name, gateway.ReadOnlyPrefix)
+	openName := name
+	if (access.ReadOnly || session.InfoOnly) && !readOnlyName {
+		openName = gateway.ReadOnlyPrefix + name
+	}
+	disk, err := b.Gateway.Open(ctx, openName)
+	switch {
+	case err == nil:
+		e := &export{disk: disk}
+		if session.InfoOnly {
+			e.advertiseWritable = !access.ReadOnly && !readOnlyName && !disk.VDI().Snapshot
+		} else if b.Metrics != nil {
+			e.metricsNode, e.metricsName = b.Metrics, disk.VDI().FullName()
+			e.metrics = b.Metrics.OpenVDI(e.metricsName)
+		}
+		return e, nil
+	case errors.Is(err, gateway.ErrUnknownVDI):
+		return nil, unknownExport(name)
+	case errors.Is(err, gateway.ErrBusy):
+		return nil, fmt.Errorf("%w: %v", nbd.ErrExportBusy, err)
+	default:
+		return nil, fmt.Errorf("%w: %v", nbd.ErrNotReady, err)
+	}
+}
+
+// export is one NBD connection's handle on an open VDI. Its methods are
+// called concurrently (many requests in flight per connection).
+type export struct {
+	disk *gateway.Disk
+	// advertiseWritable: the disk was opened read-only for NBD_OPT_INFO,
+	// and Info describes the writable export NBD_OPT_GO would open. The
+	// disk itself still refuses writes.
+	advertiseWritable bool
+	// metrics counts this VDI's requests (nil: none); metricsNode and
+	// metricsName release it on Close.
+	metrics     *metrics.VDI
+	metricsNode *metrics.Node
+	metricsName string
+}
+
+// Info implements nbd.Export.
+func (e *export) Info() nbd.ExportInfo {
+	vdi, readOnly := e.disk.VDI(), e.disk.ReadOnly() && !e.advertiseWritable
+	return nbd.ExportInfo{
+		Size:               e.disk.Size(),
+		Name:               vdi.FullName(),
+		Description:        fmt.Sprintf("herd vdi %s (id %d, %d copies)", vdi.FullName(), vdi.ID, vdi.Copies),
+		ReadOnly:           readOnly,
+		CanFlush:           true,
+		CanFUA:             true,
+		CanTrim:            !readOnly,
+		CanWriteZeroes:     !readOnly,
+		CanMultiConn:       true,
+		BlockSizeMinimum:   1,
+		BlockSizePreferred: 4096,
+		PayloadSizeMaximum: 32 << 20,
+	}
+}
+
+func (e *export) ReadAt(ctx context.Context, p []byte, offset uint64) error {
+	started := time.Now()
+	err := e.disk.ReadAt(ctx, p, offset)
+	e.metrics.Observe(metrics.OpRead, len(p), started, err)
+	return toNBD(err)
+}
+
+func (e *export) WriteAt(ctx context.Context, p []byte, offset uint64, fua bool) error {
+	started := time.Now()
+	err := e.disk.WriteAt(ctx, p, offset, fua)
+	e.metrics.Observe(metrics.OpWrite, len(p), started, err)
+	return toNBD(err)
+}
+
+func (e *export) Flush(ctx context.Context) error {
+	started := time.Now()
+	err := e.disk.Flush(ctx)
+	e.metrics.Observe(metrics.OpFlush, 0, started, err)
+	return toNBD(err)
+}
+
+func (e *export) Trim(ctx context.Context, offset, length uint64, fua bool) error {
+	started := time.Now()
+	err := e.disk.Trim(ctx, offset, length, fua)
+	e.metrics.Observe(metrics.OpTrim, 0, started, err)
+	return toNBD(err)
+}
+
+func (e *export) WriteZeroes(ctx context.Context, offset, length uint64, noHole, fua bool) error {
+	started := time.Now()
+	err := e.disk.WriteZeroes(ctx, offset, length, noHole, fua)
+	e.metrics.Observe(metrics.OpWriteZeroes, 0, started, err)
+	return toNBD(err)
+}
+
+// BlockStatus implements nbd.Export (base:allocation).
+func (e *export) BlockStatus(ctx context.Context, offset, length uint64) ([]nbd.Extent, error) {
+	started := time.Now()
+	extents, err := e.disk.Extents(ctx, offset, length)
+	e.metrics.Observe(metrics.OpBlockStatus, 0, started, err)
+	if err != nil {
+		return nil, toNBD(err)
+	}
+	out := make([]nbd.Extent, len(extents))
+	for i, x := range extents {
+		out[i] = nbd.Extent{Length: x.Length, Hole: x.Hole, Zero: x.Hole}
+	}
+	return out, nil
+}
+
+func (e *export) Close() error {
+	if e.metrics != nil {
+		e.metricsNode.CloseVDI(e.metricsName)
+	}
+	return e.disk.Close()
+}
+
+// toNBD translates the data path's errors to the NBD errors clients see;
+// the message keeps the detail for the server log.
+func toNBD(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, gateway.ErrReadOnly):
+		return fmt.Errorf("%w: %v", nbd.ErrReadOnly, err)
+	case errors.Is(err, gateway.ErrOutOfRange):
+		return fmt.Errorf("%w: %v", nbd.ErrInvalid, err)
+	case errors.Is(err, object.ErrNoSpace):
+		return fmt.Errorf("%w: %v", nbd.ErrNoSpace, err)
+	case errors.Is(err, context.Canceled):
+		return fmt.Errorf("%w: %v", nbd.ErrShutdown, err)
+	}
+	return fmt.Errorf("%w: %v", nbd.ErrIO, err)
+}

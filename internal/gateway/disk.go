@@ -1,0 +1,321 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/layout"
+	"github.com/herd-storage/herd/internal/object"
+)
+
+// Disk is one open of a VDI through this node (an NBD connection's, say).
+// Its methods may be called concurrently (many requests in flight); every
+// open of the same VDI through this node shares one state, so they see
+// each other's writes.
+type Disk struct {
+	gateway  *Gateway
+	state    *vdiState
+	readOnly bool
+	size     uint64
+	closed   sync.Once
+}
+
+// VDI is the VDI this disk reads and writes (after a snapshot taken
+// while it is open: the writable child).
+func (d *Disk) VDI() cluster.VDI {
+	vdi, _ := d.state.current()
+	return vdi
+}
+
+// ReadOnly says whether the disk was opened read-only.
+func (d *Disk) ReadOnly() bool { return d.readOnly }
+
+// Size is the disk's size in bytes, as it was opened.
+func (d *Disk) Size() uint64 { return d.size }
+
+// piece is the part of a request that falls in one object.
+type piece struct {
+	index  uint32 // object index in the VDI
+	within uint32 // offset inside the object
+	start  uint64 // offset inside the request
+	length uint64
+}
+
+// pieces checks a request's range and returns its pieces (see span).
+func (d *Disk) pieces(offset, length uint64) (span, error) {
+	vdi, _ := d.state.current()
+	if offset+length > d.size || offset+length < offset {
+		return span{}, fmt.Errorf("%w: request [%d, +%d), vdi %q is %d bytes", ErrOutOfRange, offset, length, vdi.Name, d.size)
+	}
+	return span{offset: offset, length: length, objectSize: vdi.ObjectSize}, nil
+}
+
+// each runs fn for every piece of s, Options.PiecesPerRequest at a time.
+func (d *Disk) each(ctx context.Context, s span, fn func(piece) error) error {
+	return each(ctx, s, d.gateway.options.PiecesPerRequest, fn)
+}
+
+// ReadAt reads len(p) bytes at offset.
+func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
+	pieces, err := d.pieces(offset, uint64(len(p)))
+	if err != nil {
+		return err
+	}
+	g, state := d.gateway, d.state
+	state.io.RLock()
+	defer state.io.RUnlock()
+	vdi, chain := state.current()
+	return d.each(ctx, pieces, func(pc piece) error {
+		buffer := p[pc.start : pc.start+pc.length]
+		// A read-only open of a VDI written elsewhere re-reads the map
+		// page where it saw nothing: the writer may have written since.
+		owner, err := g.resolve(ctx, state, vdi, chain, pc.index, false)
+		if err == nil && owner == 0 && d.readOnly && !vdi.Snapshot {
+			owner, err = g.resolve(ctx, state, vdi, chain, pc.index, true)
+		}
+		if err != nil {
+			return err
+		}
+		if owner == 0 {
+			clear(buffer)
+			return nil
+		}
+		return g.read(ctx, object.DataOID(owner, pc.index), vdi.Copies, buffer, pc.within)
+	})
+}
+
+// WriteAt writes p at offset; with fua, durable on every replica before it returns.
+func (d *Disk) WriteAt(ctx context.Context, p []byte, offset uint64, fua bool) error {
+	if d.readOnly {
+		return ErrReadOnly
+	}
+	pieces, err := d.pieces(offset, uint64(len(p)))
+	if err != nil {
+		return err
+	}
+	d.state.io.RLock()
+	defer d.state.io.RUnlock()
+	vdi, chain := d.state.current()
+	return d.each(ctx, pieces, func(pc piece) error {
+		return d.writePiece(ctx, vdi, chain, pc.index, p[pc.start:pc.start+pc.length], pc.within, fua)
+	})
+}
+
+// owned returns object index's owner, and when this VDI does not own it
+// yet, takes the object's allocation lock (the caller must unlock) and
+// returns the owner seen under it.
+func (d *Disk) owned(ctx context.Context, vdi cluster.VDI, chain []uint32, index uint32) (owner uint32, unlock func(), err error) {
+	g, state := d.gateway, d.state
+	if owner, err = g.resolve(ctx, state, vdi, chain, index, false); err != nil || owner == vdi.ID {
+		return owner, func() {}, err
+	}
+	lock := &state.allocation[index%uint32(len(state.allocation))]
+	lock.Lock()
+	if owner, err = g.resolve(ctx, state, vdi, chain, index, false); err != nil || owner == vdi.ID {
+		lock.Unlock()
+		return owner, func() {}, err
+	}
+	return owner, lock.Unlock, nil
+}
+
+func (d *Disk) writePiece(ctx context.Context, vdi cluster.VDI, chain []uint32, index uint32, p []byte, within uint32, fua bool) error {
+	g, state := d.gateway, d.state
+	owner, unlock, err := d.owned(ctx, vdi, chain, index)
+	defer unlock()
+	if err != nil {
+		return err
+	}
+	oid := object.DataOID(vdi.ID, index)
+	if owner == vdi.ID {
+		return g.write(ctx, oid, vdi.Copies, p, within, object.Flags{Sync: fua})
+	}
+	// First write to this object in this VDI: the data goes to every
+	// replica, then the map entry, then the answer. A crash in between
+	// leaves an unreferenced object, never an entry without data. When an
+	// ancestor (a snapshot) owns the object, copy it first, unless this
+	// piece replaces all of it.
+	if owner != 0 && (within != 0 || uint64(len(p)) != vdi.ObjectSize) {
+		err = g.copyObject(ctx, vdi, owner, index, fua, func(data []byte) { copy(data[within:], p) })
+	} else {
+		// Fresh: a copy of this object may exist already, unreferenced,
+		// left by a first write or a remove that failed on some replicas
+		// (its gateway died before repairing it). Its bytes must not show
+		// beside this piece, nor differ between replicas.
+		err = g.write(ctx, oid, vdi.Copies, p, within, object.Flags{Create: true, Fresh: true, Sync: fua})
+	}
+	if err != nil {
+		return err
+	}
+	return g.setEntry(ctx, state, vdi, vdi.ID, index, vdi.ID, fua)
+}
+
+// copyObject creates this VDI's own copy of object index from owner's
+// (an ancestor's) on every replica, with change applied to the data on
+// the way. The caller holds the object's allocation lock and writes the
+// map entry afterwards.
+//
+// The copy holds a whole object in memory, however small the write that
+// caused it: its buffer is counted against Options.CopyBytes, so that
+// many small writes to objects a snapshot shares queue rather than
+// allocate without bound. Copying in parts would bound the buffer
+// further, but would turn the copy into several writes per replica,
+// between which an epoch change can find the new object half made and
+// recover it as it is. That is probably harmless (no map entry points to
+// the object yet) but nothing here proves it, so the copy stays one
+// whole write per replica, and is bounded instead.
+func (g *Gateway) copyObject(ctx context.Context, vdi cluster.VDI, owner, index uint32, fua bool, change func(data []byte)) error {
+	size := int64(vdi.ObjectSize)
+	if err := g.acquire(ctx, g.copyBytes, size, fmt.Sprintf("copy-on-write of object %d of vdi %q", index, vdi.Name)); err != nil {
+		return err
+	}
+	defer g.copyBytes.release(size)
+	buffer := getObjectBuffer(vdi.ObjectSize)
+	defer buffer.release()
+	data := buffer.Bytes
+	// A pooled buffer holds another copy's data: clear it, so that a
+	// read that filled less than all of it can never leak that data.
+	clear(data)
+	if err := g.read(ctx, object.DataOID(owner, index), vdi.Copies, data, 0); err != nil {
+		return fmt.Errorf("copy-on-write of object %d from vdi %d: %w", index, owner, err)
+	}
+	change(data)
+	return g.write(ctx, object.DataOID(vdi.ID, index), vdi.Copies, data, 0, object.Flags{Create: true, Sync: fua})
+}
+
+// Flush makes every write acknowledged before it durable on every replica.
+func (d *Disk) Flush(ctx context.Context) error {
+	return (d.gateway.flush(ctx))
+}
+
+// Trim discards a range: it reads as zeros afterwards.
+func (d *Disk) Trim(ctx context.Context, offset, length uint64, fua bool) error {
+	return d.zero(ctx, offset, length, false, fua)
+}
+
+// WriteZeroes makes a range read as zeros (noHole: keep it allocated).
+func (d *Disk) WriteZeroes(ctx context.Context, offset, length uint64, noHole, fua bool) error {
+	return d.zero(ctx, offset, length, noHole, fua)
+}
+
+// zero makes a range read as zeros. A piece covering a whole object frees
+// it (unless noHole): the map entry becomes "zeros" first, then the
+// object goes from every replica. A partial piece punches a hole (or
+// writes zeros) in this VDI's copy, copying an ancestor's first.
+func (d *Disk) zero(ctx context.Context, offset, length uint64, noHole, fua bool) error {
+	if d.readOnly {
+		return ErrReadOnly
+	}
+	pieces, err := d.pieces(offset, length)
+	if err != nil {
+		return err
+	}
+	g, state := d.gateway, d.state
+	state.io.RLock()
+	defer state.io.RUnlock()
+	vdi, chain := state.current()
+	what := "TRIM"
+	if noHole {
+		what = "WRITE_ZEROES"
+	}
+	what = fmt.Sprintf("%s of vdi %q [%d, +%d)", what, vdi.Name, offset, length)
+	return d.each(ctx, pieces, func(pc piece) error {
+		// A piece carries no payload, so the NBD server's byte budget
+		// does not count it: the node-wide slot does (bounds.go).
+		if err := g.acquire(ctx, g.zeroPieces, 1, what); err != nil {
+			return err
+		}
+		defer g.zeroPieces.release(1)
+		return d.zeroPiece(ctx, vdi, chain, pc, noHole, fua)
+	})
+}
+
+// zeroPiece makes one piece read as zeros (see zero).
+func (d *Disk) zeroPiece(ctx context.Context, vdi cluster.VDI, chain []uint32, pc piece, noHole, fua bool) error {
+	g, state := d.gateway, d.state
+	owner, unlock, err := d.owned(ctx, vdi, chain, pc.index)
+	defer unlock()
+	if err != nil || owner == 0 {
+		return err // already zeros
+	}
+	whole := pc.within == 0 && pc.length == vdi.ObjectSize
+	oid := object.DataOID(vdi.ID, pc.index)
+	if whole && !noHole {
+		value := uint32(0)
+		if len(chain) > 1 {
+			value = Tombstone // do not inherit an ancestor's data
+		}
+		if err := g.setEntry(ctx, state, vdi, vdi.ID, pc.index, value, fua); err != nil {
+			return err
+		}
+		if owner == vdi.ID {
+			return g.remove(ctx, oid, vdi.Copies)
+		}
+		return nil
+	}
+	if owner != vdi.ID {
+		// An ancestor's object: this VDI's own copy, zeroed over the
+		// range. A whole object of zeros needs no copy: the shared zero
+		// buffer is written.
+		if whole {
+			err = g.write(ctx, oid, vdi.Copies, zeros(vdi.ObjectSize), 0, object.Flags{Create: true, Sync: fua})
+		} else {
+			err = g.copyObject(ctx, vdi, owner, pc.index, fua, func(data []byte) {
+				clear(data[pc.within : uint64(pc.within)+pc.length])
+			})
+		}
+		if err != nil {
+			return err
+		}
+		return g.setEntry(ctx, state, vdi, vdi.ID, pc.index, vdi.ID, fua)
+	}
+	flags := object.Flags{Sync: fua, NoHole: noHole}
+	return g.mutate(ctx, oid, vdi.Copies, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
+		return g.changeHealing(ctx, node, rv, oid, vdi.Copies, pc.within, int(pc.length), func() error {
+			return g.replicas.Zero(ctx, node, rv.Number, oid, pc.within, uint32(pc.length), flags)
+		})
+	})
+}
+
+// Extent is a run of the disk that is all data or all hole.
+type Extent struct {
+	Length uint64
+	Hole   bool // reads as zeros: no object backs it
+}
+
+// Extents describes [offset, offset+length): objects this VDI reads
+// zeros from are holes.
+func (d *Disk) Extents(ctx context.Context, offset, length uint64) ([]Extent, error) {
+	pieces, err := d.pieces(offset, length)
+	if err != nil {
+		return nil, err
+	}
+	vdi, chain := d.state.current()
+	refresh := d.readOnly && !vdi.Snapshot
+	extents := make([]Extent, 0, min(pieces.count(), 64))
+	for i := range pieces.count() {
+		pc := pieces.piece(i)
+		owner, err := d.gateway.resolve(ctx, d.state, vdi, chain, pc.index, refresh)
+		if err != nil {
+			return nil, err
+		}
+		hole := owner == 0
+		if n := len(extents); n > 0 && extents[n-1].Hole == hole {
+			extents[n-1].Length += pc.length
+			continue
+		}
+		extents = append(extents, Extent{Length: pc.length, Hole: hole})
+	}
+	return extents, nil
+}
+
+// Close ends this open; the last writer releases the VDI's lock.
+func (d *Disk) Close() error {
+	kind := openWriter
+	if d.readOnly {
+		kind = openReader
+	}
+	d.closed.Do(func() { d.gateway.release(d.state, kind) })
+	return nil
+}

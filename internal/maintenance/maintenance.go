@@ -1,0 +1,71 @@
+// Package maintenance is the repair path that is not recovery: checking
+// and repairing a VDI's replicas (`herd vdi check [--repair]`, and the
+// repair of a VDI whose writer's node died before its next writer serves
+// it), space accounting per VDI, freeing the objects of deleted VDIs
+// (the leader's garbage collector), and marking this node full when its
+// disks fill.
+//
+// Invariants:
+//   - A repair never serves or spreads a copy that is not provably
+//     current: each object is proven (recovery.Proof) before its
+//     reference copy is chosen, and an unavailable object is reported,
+//     never "repaired" from an older copy.
+//   - A VDI open for writing is never repaired behind its writer's back
+//     (refused, naming the holder), except by that writer itself.
+//   - Garbage is freed only for VDIs the log says nothing reads any more,
+//     and recorded done only after every object is gone; repeating it is
+//     harmless.
+//   - A full node keeps its copies until the placement (which gives it
+//     none) has re-created them elsewhere: recovery deletes surplus copies
+//     only once replaced.
+package maintenance
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/gateway"
+	"github.com/herd-storage/herd/internal/layout"
+	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/recovery"
+)
+
+// Cluster is what maintenance needs of the cluster log.
+type Cluster interface {
+	LookupVDI(ctx context.Context, name string) (cluster.VDI, error)
+	MarkVDIRepaired(ctx context.Context, name string) error
+	Tree() []cluster.VDI
+	Chain(id uint32) []uint32
+}
+
+// GarbageLog is the leader's view of the garbage list.
+type GarbageLog interface {
+	IsLeader() bool
+	Garbage() []cluster.Garbage
+	GarbageDone(ctx context.Context, id uint32) error
+}
+
+// Replicas reaches every node's replica (replica.Client).
+type Replicas interface {
+	recovery.Replicas
+	Remove(ctx context.Context, node cluster.Node, epoch, oid uint64) error
+	Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error
+	Write(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error
+	FetchAt(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32) (uint64, error)
+}
+
+// Maintenance is one node's maintenance.
+type Maintenance struct {
+	cluster  Cluster
+	gateway  *gateway.Gateway
+	layouts  *layout.History
+	replicas Replicas
+	proof    *recovery.Proof
+	logger   *slog.Logger
+}
+
+// New returns the maintenance of a node whose data path is gw.
+func New(c Cluster, gw *gateway.Gateway, layouts *layout.History, replicas Replicas, proof *recovery.Proof, logger *slog.Logger) *Maintenance {
+	return &Maintenance{cluster: c, gateway: gw, layouts: layouts, replicas: replicas, proof: proof, logger: logger}
+}

@@ -1,0 +1,592 @@
+// Package recovery makes every node hold, after every epoch change, the
+// objects the epoch places on it, as copies proven current (DESIGN.md
+// "Recovery"; the paper's Fig. 4): it surveys every node's copies, proves
+// the newest current (Proof), restamps its own copy or installs a fetched
+// one whole, then deletes the copies the epoch places elsewhere once their
+// replacements are durable. It also serves RECOVER (a replica asked to
+// make one object current now, on demand) and throttles the background
+// pass, never client I/O.
+//
+// Invariants:
+//   - A copy is made current only by a proof: every epoch from the
+//     object's VDI's first one (cluster.VDI.Since) after the newest
+//     reachable stamp has a replica that answered. A silent member of the
+//     epoch fails the proof with object.ErrUnavailable (retried); only
+//     replicas out of the epoch make it object.ErrNoCopy.
+//   - A fetched copy is installed whole and stamped at once
+//     (store.Replace): a copy cut short never exists, stamps never go back.
+//   - No copy is deleted before its replacement exists: a surplus copy is
+//     removed only when every replica of the current epoch holds a copy
+//     stamped with it, flushed, and only while that epoch lasts.
+//
+// Lock order: the replica's exclusive object lock (replica.Exclusive) is
+// taken after the throttle's worker slot and never while waiting for the
+// rate limit (a client needing the object recovers it meanwhile).
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/layout"
+	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/replica"
+)
+
+// Cluster is what recovery needs of the cluster log.
+type Cluster interface {
+	Epoch() uint64
+	View() cluster.EpochView
+	WaitEpoch(ctx context.Context, after uint64) (cluster.EpochView, error)
+	Epochs() []cluster.Epoch
+	VDIByID(id uint32) (cluster.VDI, bool)
+}
+
+// Replicas reaches every node's replica (replica.Client).
+type Replicas interface {
+	Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (stamp uint64, err error)
+	// Fetch reads the whole copy, whatever its stamp.
+	Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte) (stamp uint64, err error)
+	Flush(ctx context.Context, node cluster.Node, epoch uint64) error
+	// List returns a node's copies with their stamps.
+	List(ctx context.Context, node cluster.Node, epoch uint64) (map[uint64]uint64, error)
+}
+
+// Recovery is one node's recovery. It lists the objects of every node of
+// the epoch and, for each object placed on this node, proves the newest
+// listed copy current (Proof.Current), then restamps its own copy with
+// the epoch when it is that copy, or fetches that copy otherwise. A
+// replica serves only copies stamped with the current epoch; the gateway
+// asks for an object's recovery on demand (RecoverObject) when it meets
+// one that is not, so I/O never waits for the background pass. An object
+// whose newest copies may be on nodes that are down is left unrecovered:
+// it is refused, never served old, until one of them returns. A newer
+// epoch arriving mid-way cancels the run and starts the next one, which
+// skips what is already current.
+//
+// Copies this node holds but the epoch places elsewhere are deleted once
+// every replica of their object holds a current, durable copy
+// (removeSurplus).
+type Recovery struct {
+	cluster  Cluster
+	layouts  *layout.History
+	replicas Replicas
+	proof    *Proof
+	local    *replica.Replica
+	self     string
+	logger   *slog.Logger
+	throttle *throttle
+	kick     chan struct{} // Kick: another pass over the current epoch
+
+	mu     sync.Mutex // guards status
+	status Status
+}
+
+// Status is what `herd node recovery` shows for one node.
+type Status struct {
+	Epoch     uint64 `json:"epoch"`
+	State     string `json:"state"` // idle, listing, pulling, done, retrying
+	Objects   int    `json:"objects"`
+	Copied    int    `json:"copied"`
+	Remaining int    `json:"remaining"`
+	Bytes     uint64 `json:"bytes"`
+	// Unavailable counts objects placed here whose newest copies may be
+	// on nodes that are down: refused until one returns.
+	Unavailable int `json:"unavailable,omitempty"`
+	// Surplus counts copies held here that this epoch places elsewhere
+	// and that are not deleted yet: each waits until every replica of its
+	// object holds a current, durable copy. Removed counts those deleted.
+	Surplus int `json:"surplus"`
+	Removed int `json:"removed"`
+	// Progress of the pass in bytes: the copy rate so far, an estimate of
+	// the bytes left (objects left times the share of objects that needed
+	// a copy so far) and of the time left at that rate.
+	Rate           uint64  `json:"rate_bytes_per_second"`
+	BytesRemaining uint64  `json:"bytes_remaining"`
+	ETASeconds     float64 `json:"eta_seconds"`
+	// The limits in force (`herd node recovery --max-rate --concurrency`).
+	Limits Limits `json:"limits"`
+
+	objectSize uint64
+	Started    time.Time `json:"started,omitzero"`
+	Finished   time.Time `json:"finished,omitzero"`
+	LastError  string    `json:"last_error,omitempty"`
+}
+
+// New returns the recovery of node self, whose replica is local; it
+// serves the replica's RECOVER requests from now on.
+func New(c Cluster, layouts *layout.History, replicas Replicas, local *replica.Replica, self string, logger *slog.Logger) *Recovery {
+	r := &Recovery{cluster: c, layouts: layouts, replicas: replicas, proof: NewProof(c, layouts, replicas), local: local, self: self, logger: logger,
+		throttle: newThrottle(defaultRecoveryConcurrency, 0), kick: make(chan struct{}, 1), status: Status{State: "idle"}}
+	local.SetRecoverer(r.RecoverObject)
+	return r
+}
+
+// Proof is the prover recovery uses, for checks that must prove copies
+// current the same way.
+func (r *Recovery) Proof() *Proof { return r.proof }
+
+// Status returns the current recovery state.
+func (r *Recovery) Status() Status {
+	r.mu.Lock()
+	s := r.status
+	r.mu.Unlock()
+	s.Limits = r.throttle.limits()
+	if s.State == "pulling" || s.State == "retrying" {
+		if elapsed := time.Since(s.Started).Seconds(); elapsed > 0 {
+			s.Rate = uint64(float64(s.Bytes) / elapsed)
+		}
+		share := 1.0
+		if done := s.Objects - s.Remaining; done > 0 {
+			share = float64(s.Copied) / float64(done)
+		}
+		s.BytesRemaining = uint64(float64(s.Remaining) * float64(s.objectSize) * share)
+		if s.Rate > 0 {
+			s.ETASeconds = float64(s.BytesRemaining) / float64(s.Rate)
+		}
+	}
+	return s
+}
+
+func (r *Recovery) update(fn func(s *Status)) {
+	r.mu.Lock()
+	fn(&r.status)
+	r.mu.Unlock()
+}
+
+// Kick asks for another pass over the current epoch: this node lost
+// copies without an epoch change (a disk was taken out of service).
+func (r *Recovery) Kick() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// waitWork waits for an epoch after epoch, or for a Kick.
+func (r *Recovery) waitWork(ctx context.Context, epoch uint64) (cluster.EpochView, error) {
+	wait, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-r.kick:
+			cancel()
+		case <-wait.Done():
+		}
+	}()
+	view, err := r.cluster.WaitEpoch(wait, epoch)
+	if err != nil && ctx.Err() == nil {
+		return r.cluster.View(), nil // kicked
+	}
+	return view, err
+}
+
+// Run recovers every epoch until ctx ends.
+func (r *Recovery) Run(ctx context.Context) {
+	var epoch uint64
+	for ctx.Err() == nil {
+		view, err := r.waitWork(ctx, epoch)
+		if err != nil {
+			return
+		}
+		epoch = view.Number
+		run, cancel := context.WithCancel(ctx)
+		go func(epoch uint64) {
+			// A newer epoch ends this run; the next one continues. (epoch
+			// is passed: the loop assigns the next one while this may
+			// not have started yet.)
+			r.cluster.WaitEpoch(run, epoch)
+			cancel()
+		}(epoch)
+		for attempt := 0; run.Err() == nil; attempt++ {
+			err := r.recover(run, epoch)
+			if err == nil || run.Err() != nil {
+				break
+			}
+			r.update(func(s *Status) { s.State, s.LastError = "retrying", err.Error() })
+			r.logger.Warn("recovery: will retry", "epoch", epoch, "err", err)
+			select {
+			case <-run.Done():
+			case <-time.After(time.Duration(min(attempt+1, 10)) * time.Second):
+			}
+		}
+		r.removeSurplus(run, epoch)
+		cancel()
+	}
+}
+
+func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
+	rv, err := r.layouts.Current()
+	if errors.Is(err, layout.ErrNotFormatted) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if rv.Number != epoch {
+		return nil // a newer epoch is already here; its run follows
+	}
+	if _, member := rv.Nodes[r.self]; !member {
+		return nil
+	}
+	started := time.Now()
+	r.update(func(s *Status) {
+		*s = Status{Epoch: epoch, State: "listing", Started: started}
+	})
+	// Every node's objects, and the newest stamp and holder of each.
+	type best struct {
+		stamp  uint64
+		holder cluster.Node
+	}
+	newest := map[uint64]best{}
+	ids := make([]string, 0, len(rv.Nodes))
+	for id := range rv.Nodes {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		node := rv.Nodes[id]
+		objects, err := r.replicas.List(ctx, node, epoch)
+		if err != nil {
+			return fmt.Errorf("listing node %s: %w", id, err)
+		}
+		for oid, stamp := range objects {
+			if stamp == 0 {
+				continue // never a source: no complete copy is stamped 0
+			}
+			if b, ok := newest[oid]; !ok || stamp > b.stamp {
+				newest[oid] = best{stamp: stamp, holder: node}
+			}
+		}
+	}
+	copies := rv.Format.Copies
+	var mine []uint64
+	for oid := range newest {
+		for _, n := range rv.ReplicasOf(oid, copies) {
+			if n.ID == r.self {
+				mine = append(mine, oid)
+				break
+			}
+		}
+	}
+	sort.Slice(mine, func(i, j int) bool { return mine[i] < mine[j] })
+	r.update(func(s *Status) {
+		s.State, s.Objects, s.Remaining, s.objectSize = "pulling", len(mine), len(mine), rv.Format.ObjectSize
+	})
+	// Every node of the epoch answered the listing; no other node did.
+	answered := func(id string) bool { _, ok := rv.Nodes[id]; return ok || bugEveryNodeWitnesses }
+	work := make(chan uint64)
+	var failed error
+	var failedOnce sync.Once
+	var unavailable []uint64
+	var mu sync.Mutex
+	var noSpace int
+	var wg sync.WaitGroup
+	for w := 0; w < maxRecoveryConcurrency; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for oid := range work {
+				if err := r.throttle.enter(ctx); err != nil {
+					continue
+				}
+				b := newest[oid]
+				copied, err := r.makeCurrent(ctx, rv, oid, b.stamp, []cluster.Node{b.holder}, answered, r.throttle.wait)
+				r.throttle.leave()
+				switch {
+				case errors.Is(err, object.ErrNoCopy):
+					mu.Lock()
+					unavailable = append(unavailable, oid)
+					mu.Unlock()
+				case errors.Is(err, object.ErrNoSpace):
+					mu.Lock()
+					noSpace++
+					mu.Unlock()
+				case err != nil:
+					failedOnce.Do(func() { failed = fmt.Errorf("object %016x: %w", oid, err) })
+				}
+				r.update(func(s *Status) {
+					s.Remaining--
+					if copied {
+						s.Copied++
+						s.Bytes += rv.Format.ObjectSize
+					}
+				})
+			}
+		}()
+	}
+	for _, oid := range mine {
+		select {
+		case work <- oid:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	close(work)
+	wg.Wait()
+	if noSpace > 0 {
+		// The copies elsewhere stay (removeSurplus waits for this node's
+		// copy): nothing is lost, redundancy waits for space.
+		return fmt.Errorf("%w: this node's disk is full: %d objects placed here could not be copied; their other copies are kept until space is freed", object.ErrNoSpace, noSpace)
+	}
+	if failed != nil {
+		return failed
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if len(unavailable) > 0 {
+		sort.Slice(unavailable, func(i, j int) bool { return unavailable[i] < unavailable[j] })
+		r.update(func(s *Status) { s.Unavailable = len(unavailable) })
+		r.logger.Warn("recovery: objects whose newest copies may be on nodes that are down are unavailable until one returns",
+			"epoch", epoch, "objects", len(unavailable), "first", fmt.Sprintf("%016x", unavailable[0]))
+	}
+	// Recovered copies are durable before this node says it is done, so
+	// that other nodes may delete the copies they replace.
+	if err := r.local.Store().Flush(); err != nil {
+		return fmt.Errorf("flushing recovered copies: %w", err)
+	}
+	status := r.Status()
+	r.update(func(s *Status) { s.State, s.Finished = "done", time.Now() })
+	if status.Copied > 0 {
+		r.logger.Info("recovery: done", "epoch", epoch, "objects", status.Objects, "copied", status.Copied, "took", time.Since(started).Round(time.Millisecond))
+	}
+	return nil
+}
+
+// RecoverObject makes this node's copy of oid current in epoch, on
+// demand (a gateway met a missing or unproven copy here): it asks every
+// node of the epoch for its stamp of the object and proceeds as the
+// background pass does. object.ErrNoCopy if no reachable copy is provably
+// current, object.ErrNotFound if no node holds the object.
+func (r *Recovery) RecoverObject(ctx context.Context, epoch, oid uint64) error {
+	rv, err := r.layouts.Current()
+	if err != nil {
+		return err
+	}
+	if rv.Number != epoch {
+		return &object.StaleEpochError{Current: rv.Number}
+	}
+	if stamp, err := r.local.Store().Epoch(oid); err == nil && stamp >= epoch {
+		return nil // recovered meanwhile
+	}
+	stamps, answered := r.proof.Survey(ctx, rv, oid)
+	var newest uint64
+	var holders []cluster.Node
+	for id, stamp := range stamps {
+		switch {
+		case stamp == 0:
+			// Never a source: only a recovery copy cut short by an older
+			// binary (which wrote copies in place, stamped 0) has it.
+		case stamp > newest:
+			newest, holders = stamp, []cluster.Node{rv.Nodes[id]}
+		case stamp == newest:
+			holders = append(holders, rv.Nodes[id])
+		}
+	}
+	if len(holders) == 0 {
+		if err := r.proof.Current(oid, rv.Format.Copies, rv, 0, answered); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: object %016x: no node of epoch %d holds it", object.ErrNotFound, oid, epoch)
+	}
+	copied, err := r.makeCurrent(ctx, rv, oid, newest, holders, answered, nil) // I/O waits: never throttled
+	if errors.Is(err, object.ErrNoCopy) {
+		var silent []string
+		for id := range rv.Nodes {
+			if !answered(id) {
+				silent = append(silent, id)
+			}
+		}
+		sort.Strings(silent)
+		r.logger.Warn("recovery: object refused on demand", "object", fmt.Sprintf("%016x", oid), "epoch", epoch,
+			"stamps", fmt.Sprint(stamps), "unanswered", strings.Join(silent, ","), "err", err)
+	}
+	if copied {
+		r.logger.Info("recovery: recovered object on demand", "object", fmt.Sprintf("%016x", oid), "epoch", epoch, "stamp", newest)
+	}
+	return err
+}
+
+// makeCurrent makes this node's copy of oid current in rv's epoch, given
+// the newest stamp any answering node holds and nodes holding it: it
+// proves that copy current, then restamps its own copy if that is one,
+// or fetches the object from a holder. Under the object's exclusive
+// lock. Reports whether it copied data.
+func (r *Recovery) makeCurrent(ctx context.Context, rv *layout.Epoch, oid, newest uint64, holders []cluster.Node, answered func(string) bool, throttle func(ctx context.Context, bytes uint64) error) (bool, error) {
+	copied, err := r.makeCurrentLocked(ctx, rv, oid, newest, holders, answered, throttle != nil)
+	if errors.Is(err, errNeedTokens) {
+		if err := throttle(ctx, rv.Format.ObjectSize); err != nil {
+			return false, err
+		}
+		copied, err = r.makeCurrentLocked(ctx, rv, oid, newest, holders, answered, false)
+	}
+	return copied, err
+}
+
+// errNeedTokens: makeCurrentLocked found it must copy, and the copy is
+// rate-limited.
+var errNeedTokens = errors.New("recovery: copy waits for the rate limit")
+
+func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *layout.Epoch, oid, newest uint64, holders []cluster.Node, answered func(string) bool, throttle bool) (bool, error) {
+	copied := false
+	err := r.local.Exclusive(oid, func(stamp uint64, found bool) error {
+		if found && stamp >= rv.Number {
+			return nil // written or recovered in this epoch meanwhile
+		}
+		if found && stamp > newest {
+			newest, holders = stamp, []cluster.Node{rv.Nodes[r.self]}
+		}
+		if err := r.proof.Current(oid, rv.Format.Copies, rv, newest, answered); err != nil {
+			return err
+		}
+		if found && stamp == newest && stamp > 0 {
+			return r.local.Store().SetEpoch(oid, rv.Number)
+		}
+		var last error
+		for _, h := range holders {
+			if h.ID == r.self {
+				continue
+			}
+			if throttle {
+				// Wait for the rate limit without the object's lock: a
+				// client needing the object recovers it meanwhile.
+				return errNeedTokens
+			}
+			data := make([]byte, rv.Format.ObjectSize)
+			if _, err := r.replicas.Fetch(ctx, h, rv.Number, oid, data); err != nil {
+				last = fmt.Errorf("fetching from node %s: %w", h.ID, err)
+				continue
+			}
+			// Installed whole, stamped with the epoch, in one step: until
+			// then this node's answer about the object is its previous
+			// copy (or none), so a copy cut short (disk full, this process
+			// killed) never passes for the newest, and a survey meanwhile
+			// never sees a stamp that went back.
+			if err := r.local.Store().Replace(oid, data, rv.Number); err != nil {
+				return err
+			}
+			copied = true
+			return nil
+		}
+		if last == nil {
+			last = fmt.Errorf("%w: object %016x: no holder of the newest copy (epoch %d) answered", object.ErrUnavailable, oid, newest)
+		}
+		return last
+	})
+	return copied, err
+}
+
+// removeSurplus deletes the copies this node holds but epoch places on
+// other nodes, once they are no longer needed: every replica of the
+// object in epoch holds a copy written or recovered in epoch (so proven
+// current), made durable by a flush of that replica. Until then the copy
+// stays, so no copy is deleted before its replacement exists. Repeats,
+// backing off, until none is left or the epoch changes.
+func (r *Recovery) removeSurplus(ctx context.Context, epoch uint64) {
+	for delay := time.Second; ctx.Err() == nil; delay = min(2*delay, 30*time.Second) {
+		left, err := r.removeSurplusOnce(ctx, epoch)
+		if err != nil && ctx.Err() == nil {
+			r.logger.Warn("recovery: removing surplus copies", "epoch", epoch, "err", err)
+		}
+		if err == nil && left == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(delay):
+		}
+	}
+}
+
+func (r *Recovery) removeSurplusOnce(ctx context.Context, epoch uint64) (int, error) {
+	rv, err := r.layouts.Current()
+	if err != nil {
+		return 0, err
+	}
+	if rv.Number != epoch {
+		return 0, nil
+	}
+	if _, member := rv.Nodes[r.self]; !member {
+		return 0, nil
+	}
+	copies := rv.Format.Copies
+	var surplus []uint64
+	err = r.local.List(func(oid, stamp uint64) error {
+		if !slices.ContainsFunc(rv.ReplicasOf(oid, copies), func(n cluster.Node) bool { return n.ID == r.self }) {
+			surplus = append(surplus, oid)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	r.update(func(s *Status) { s.Surplus = len(surplus) })
+	if len(surplus) == 0 {
+		return 0, nil
+	}
+	// Which copies are replaced: every replica current in this epoch.
+	var replaced []uint64
+	flush := map[string]cluster.Node{}
+	for _, oid := range surplus {
+		targets := rv.ReplicasOf(oid, copies)
+		ok := true
+		for _, n := range targets {
+			stamp, err := r.replicas.Stat(ctx, n, epoch, oid)
+			if err != nil || stamp < epoch {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			replaced = append(replaced, oid)
+			for _, n := range targets {
+				flush[n.ID] = n
+			}
+		}
+		if ctx.Err() != nil {
+			return len(surplus), ctx.Err()
+		}
+	}
+	for _, n := range flush {
+		if err := r.replicas.Flush(ctx, n, epoch); err != nil {
+			return len(surplus), fmt.Errorf("flushing node %s before removing copies it replaces: %w", n.ID, err)
+		}
+	}
+	removed := 0
+	for _, oid := range replaced {
+		err := r.local.Exclusive(oid, func(uint64, bool) error {
+			if r.cluster.Epoch() != epoch {
+				return context.Canceled // placement may have changed
+			}
+			// Invariant: a copy the epoch places here is never surplus.
+			if slices.ContainsFunc(rv.ReplicasOf(oid, copies), func(n cluster.Node) bool { return n.ID == r.self }) {
+				return fmt.Errorf("recovery: refusing to delete object %016x: epoch %d places it on this node", oid, epoch)
+			}
+			return r.local.Store().Remove(oid)
+		})
+		if err != nil && !errors.Is(err, object.ErrNotFound) {
+			return len(surplus) - removed, err
+		}
+		removed++
+	}
+	if err := r.local.Store().Flush(); err != nil {
+		return len(surplus) - removed, err
+	}
+	left := len(surplus) - removed
+	r.update(func(s *Status) { s.Surplus, s.Removed = left, s.Removed+removed })
+	if removed > 0 {
+		r.logger.Info("recovery: removed copies placed elsewhere", "epoch", epoch, "removed", removed, "left", left)
+	}
+	return left, nil
+}

@@ -1,0 +1,186 @@
+package replica
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/metrics"
+	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/peer"
+)
+
+// Client reaches replicas: this node's through the local Replica
+// (no network), every other node's through the peer object protocol.
+type Client struct {
+	Self  string
+	Local *Replica
+	Peer  *peer.ObjectClient
+	// Metrics, if set, times every request to another node.
+	Metrics *metrics.Node
+}
+
+func (p *Client) do(ctx context.Context, node cluster.Node, request peer.ObjectRequest, payload, into []byte) (peer.ObjectResponse, []byte, error) {
+	if p.Metrics != nil {
+		started := time.Now()
+		response, body, err := p.Peer.Do(ctx, node.PeerAddr, &request, payload, into)
+		p.Metrics.Peer(node.ID, request.Opcode.String(), started, err)
+		return response, body, err
+	}
+	// The protocol's errors are the data path's (internal/object): no
+	// translation.
+	return p.Peer.Do(ctx, node.PeerAddr, &request, payload, into)
+}
+
+func writeFlags(flags object.Flags) peer.ObjectFlags {
+	var f peer.ObjectFlags
+	if flags.Create {
+		f |= peer.ObjectFlagCreate
+	}
+	if flags.Sync {
+		f |= peer.ObjectFlagForceUnitAccess
+	}
+	if flags.NoHole {
+		f |= peer.ObjectFlagNoHole
+	}
+	if flags.Fresh {
+		f |= peer.ObjectFlagFresh
+	}
+	if flags.Repair {
+		f |= peer.ObjectFlagRepair
+	}
+	return f
+}
+
+// Read reads a piece of node's copy, proven current in epoch.
+func (p *Client) Read(ctx context.Context, node cluster.Node, epoch, oid uint64, buffer []byte, offset uint32) (uint64, error) {
+	if node.ID == p.Self {
+		return p.Local.Read(ctx, epoch, oid, buffer, offset)
+	}
+	return p.read(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRead, Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(buffer))}, buffer)
+}
+
+// read sends a READ to another node and checks the length of its answer.
+func (p *Client) read(ctx context.Context, node cluster.Node, request peer.ObjectRequest, buffer []byte) (uint64, error) {
+	response, body, err := p.do(ctx, node, request, nil, buffer)
+	if err != nil {
+		return 0, err
+	}
+	if len(body) != len(buffer) {
+		return 0, fmt.Errorf("%w: node %s returned %d bytes for a %d-byte read", object.ErrUnavailable, node.ID, len(body), len(buffer))
+	}
+	if &body[0] != &buffer[0] {
+		copy(buffer, body)
+	}
+	return response.ObjectEpoch, nil
+}
+
+// Write on node's copy (see Replica).
+func (p *Client) Write(ctx context.Context, node cluster.Node, epoch, oid uint64, data []byte, offset uint32, flags object.Flags) error {
+	if node.ID == p.Self {
+		return p.Local.Write(ctx, epoch, oid, data, offset, flags)
+	}
+	_, _, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectWrite, Flags: writeFlags(flags), Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(data))}, data, nil)
+	return err
+}
+
+// Zero on node's copy (see Replica).
+func (p *Client) Zero(ctx context.Context, node cluster.Node, epoch, oid uint64, offset, length uint32, flags object.Flags) error {
+	if node.ID == p.Self {
+		return p.Local.Zero(ctx, epoch, oid, offset, length, flags)
+	}
+	opcode := peer.ObjectTrim
+	if flags.NoHole {
+		opcode = peer.ObjectWriteZeroes
+	}
+	f := writeFlags(flags) &^ (peer.ObjectFlagCreate | peer.ObjectFlagFresh)
+	if opcode == peer.ObjectTrim {
+		f &^= peer.ObjectFlagNoHole
+	}
+	_, _, err := p.do(ctx, node, peer.ObjectRequest{Opcode: opcode, Flags: f, Epoch: epoch, OID: oid, Offset: offset, Length: length}, nil, nil)
+	return err
+}
+
+// Remove on node's copy (see Replica).
+func (p *Client) Remove(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
+	if node.ID == p.Self {
+		return p.Local.Remove(ctx, epoch, oid)
+	}
+	_, _, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRemove, Epoch: epoch, OID: oid}, nil, nil)
+	return err
+}
+
+// Flush on node's copy (see Replica).
+func (p *Client) Flush(ctx context.Context, node cluster.Node, epoch uint64) error {
+	if node.ID == p.Self {
+		return p.Local.Flush(ctx, epoch)
+	}
+	_, _, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectFlush, Epoch: epoch}, nil, nil)
+	return err
+}
+
+// Stat on node's copy (see Replica).
+func (p *Client) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, error) {
+	if node.ID == p.Self {
+		return p.Local.Stat(ctx, epoch, oid)
+	}
+	response, _, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectStat, Epoch: epoch, OID: oid}, nil, nil)
+	return response.ObjectEpoch, err
+}
+
+// Fetch on node's copy (see Replica).
+func (p *Client) Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, buffer []byte) (uint64, error) {
+	if node.ID == p.Self {
+		return p.Local.Fetch(ctx, epoch, oid, buffer)
+	}
+	return p.read(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRead, Flags: peer.ObjectFlagAnyStamp, Epoch: epoch, OID: oid, Length: uint32(len(buffer))}, buffer)
+}
+
+// FetchAt reads part of node's copy whatever its stamp (as Fetch does the
+// whole), each block checked against its checksum there.
+func (p *Client) FetchAt(ctx context.Context, node cluster.Node, epoch, oid uint64, buffer []byte, offset uint32) (uint64, error) {
+	if node.ID == p.Self {
+		return p.Local.FetchAt(ctx, epoch, oid, buffer, offset)
+	}
+	return p.read(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRead, Flags: peer.ObjectFlagAnyStamp, Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(buffer))}, buffer)
+}
+
+// Recover on node's copy (see Replica).
+func (p *Client) Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
+	if node.ID == p.Self {
+		return p.Local.Recover(ctx, epoch, oid)
+	}
+	_, _, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRecover, Epoch: epoch, OID: oid}, nil, nil)
+	return err
+}
+
+// List returns every object copy a node holds, with its epoch stamp.
+func (p *Client) List(ctx context.Context, node cluster.Node, epoch uint64) (map[uint64]uint64, error) {
+	out := map[uint64]uint64{}
+	if node.ID == p.Self {
+		if err := p.Local.Check(ctx, epoch); err != nil {
+			return nil, err
+		}
+		err := p.Local.List(func(oid, stamp uint64) error { out[oid] = stamp; return nil })
+		return out, err
+	}
+	const page = 1 << 16
+	for from := uint64(0); ; {
+		_, body, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectList, Epoch: epoch, OID: from, Length: page}, nil, nil)
+		if err != nil {
+			return nil, err
+		}
+		entries, err := peer.DecodeObjectList(nil, body)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range entries {
+			out[e.OID] = e.Epoch
+		}
+		if len(entries) < page || entries[len(entries)-1].OID == ^uint64(0) {
+			return out, nil
+		}
+		from = entries[len(entries)-1].OID + 1
+	}
+}

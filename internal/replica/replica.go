@@ -1,0 +1,259 @@
+// Package replica is the server side of the object protocol: how a node
+// admits and serves requests for the object copies it holds, its own
+// gateway's and other nodes'.
+//
+// Invariants (each enforced here, or in the store where named):
+//   - Admission: a request is served only in the epoch it names (a
+//     replica behind waits briefly to catch up, one ahead answers
+//     STALE_EPOCH), and only while this node has quorum, so the minority
+//     side of a partition never diverges from the majority.
+//   - Fencing: a copy is served (read, written, zeroed) only if it was
+//     written or proven current in the current epoch; any other copy
+//     answers NOT_RECOVERED until recovery (internal/recovery) proves it
+//     current and restamps or replaces it. A missing copy may only be
+//     created by a write that says so (object.Flags.Create).
+//   - Stamps never go back (the store refuses it) and a recovered copy is
+//     installed whole (store.Replace): a node's answer about its copy is
+//     always the truth about a complete copy, which the proof of
+//     currency relies on.
+//
+// Lock order: a replica's per-object lock (shared by changes, exclusive
+// for recovery: Exclusive) is taken before the store's per-object state;
+// nothing here holds it while waiting for another node, except recovery,
+// whose fetch from a proven source runs under it by design (no change to
+// the object may interleave with installing the copy).
+package replica
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/waitlock"
+)
+
+// ObjectStore is the local store as the replica side uses it.
+type ObjectStore interface {
+	List(fn func(oid, stamp uint64) error) error
+	Read(oid uint64, p []byte, offset uint32) (stamp uint64, err error)
+	Write(oid uint64, p []byte, offset uint32, epoch uint64, flags object.Flags) error
+	Zero(oid uint64, offset, length uint32, epoch uint64, flags object.Flags) error
+	Remove(oid uint64) error
+	Stat(oid uint64) (stamp uint64, err error)
+	Epoch(oid uint64) (stamp uint64, err error) // Stat without the file size: cheap
+	SetEpoch(oid, epoch uint64) error
+	// Replace installs a whole copy stamped epoch at once: until then the
+	// previous copy (or none) is what the store holds, so a copy cut
+	// short never exists and a stamp never goes back.
+	Replace(oid uint64, data []byte, epoch uint64) error
+	Flush() error
+}
+
+// EpochSource is what the replica side needs from the cluster.
+type EpochSource interface {
+	Epoch() uint64
+	View() cluster.EpochView
+	WaitEpoch(ctx context.Context, after uint64) (cluster.EpochView, error)
+	QuorumStatus() (ok bool, detail string)
+}
+
+// Replica serves this node's copies to gateways, its own and other
+// nodes'. Every request carries the sender's epoch; a request from
+// another epoch is refused (DESIGN.md: "A replica rejects a request from
+// another epoch"), and a node without quorum serves nothing, so the
+// minority side of a partition cannot diverge from the majority.
+type Replica struct {
+	cluster EpochSource
+	store   ObjectStore
+	// catchUp bounds how long a replica that is behind the sender waits
+	// for its own log to reach the sender's epoch.
+	catchUp time.Duration
+	// locks make "create this object unless it exists" (recovery's pull)
+	// atomic against every other change to the object on this node:
+	// changes hold the object's lock shared, a pull exclusively. Striped
+	// by object id.
+	locks [1024]waitlock.RWLock
+	// recoverer serves RECOVER requests.
+	recoverer atomic.Pointer[func(ctx context.Context, epoch, oid uint64) error]
+}
+
+func (r *Replica) lock(oid uint64) *waitlock.RWLock {
+	return &r.locks[(oid^oid>>32)%uint64(len(r.locks))]
+}
+
+// Exclusive runs fn with the object's exclusive lock held and its copy's
+// stamp (found false when this node has no copy): no write to the object
+// on this node interleaves with a recovery of it. A damaged copy is
+// removed first and reported as missing.
+func (r *Replica) Exclusive(oid uint64, fn func(stamp uint64, found bool) error) error {
+	l := r.lock(oid)
+	l.Lock()
+	defer l.Unlock()
+	stamp, err := r.store.Epoch(oid)
+	if errors.Is(err, object.ErrCorrupt) {
+		// A copy that cannot be trusted is recovered like a missing one.
+		if err := r.store.Remove(oid); err != nil && !errors.Is(err, object.ErrNotFound) {
+			return err
+		}
+		err = fmt.Errorf("%w: removed a damaged copy", object.ErrNotFound)
+	}
+	if err != nil && !errors.Is(err, object.ErrNotFound) {
+		return err
+	}
+	return fn(stamp, err == nil)
+}
+
+// fence admits a request to the object's copy only if the copy was
+// written or recovered in epoch: a copy from an earlier epoch may have
+// missed writes made while this node was not its replica (the paper's
+// Fig. 4), so it is not served until recovery proves it current. A
+// missing copy passes (object.ErrNotFound is the caller's to report).
+func (r *Replica) fence(oid, epoch uint64) error {
+	stamp, err := r.store.Epoch(oid)
+	if err != nil {
+		return err
+	}
+	if stamp < epoch {
+		return fmt.Errorf("%w: object %016x on this node is from epoch %d, now %d", object.ErrNotRecovered, oid, stamp, epoch)
+	}
+	return nil
+}
+
+// Store is the node's object store, for recovery (under Exclusive).
+func (r *Replica) Store() ObjectStore { return r.store }
+
+// SetRecoverer installs what serves RECOVER (the node's Recovery).
+func (r *Replica) SetRecoverer(fn func(ctx context.Context, epoch, oid uint64) error) {
+	r.recoverer.Store(&fn)
+}
+
+// Recover makes this node's copy of oid current in epoch (see
+// Recovery.RecoverObject).
+func (r *Replica) Recover(ctx context.Context, epoch, oid uint64) error {
+	if err := r.Check(ctx, epoch); err != nil {
+		return err
+	}
+	fn := r.recoverer.Load()
+	if fn == nil {
+		return fmt.Errorf("%w: recovery is not running on this node yet", object.ErrUnavailable)
+	}
+	return (*fn)(ctx, epoch, oid)
+}
+
+// List calls fn for every object copy on this node with its epoch stamp.
+func (r *Replica) List(fn func(oid, stamp uint64) error) error { return r.store.List(fn) }
+
+// New returns the replica side of this node.
+func New(c EpochSource, store ObjectStore) *Replica {
+	return &Replica{cluster: c, store: store, catchUp: 2 * time.Second}
+}
+
+// Check admits a request stamped with epoch.
+func (r *Replica) Check(ctx context.Context, epoch uint64) error {
+	if ok, detail := r.cluster.QuorumStatus(); !ok {
+		return fmt.Errorf("%w: this node has no quorum (%s)", object.ErrUnavailable, detail)
+	}
+	current := r.cluster.Epoch()
+	if epoch == current {
+		return nil
+	}
+	if epoch > current {
+		wait, cancel := context.WithTimeout(ctx, r.catchUp)
+		defer cancel()
+		view, _ := r.cluster.WaitEpoch(wait, epoch-1)
+		if view.Number == epoch {
+			return nil
+		}
+		current = view.Number
+	}
+	return &object.StaleEpochError{Current: current}
+}
+
+// Read serves a read of this node's copy.
+func (r *Replica) Read(ctx context.Context, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
+	if err := r.Check(ctx, epoch); err != nil {
+		return 0, err
+	}
+	if err := r.fence(oid, epoch); err != nil {
+		return 0, err
+	}
+	return r.store.Read(oid, p, offset)
+}
+
+// Fetch reads the whole copy whatever its stamp: recovery reading a
+// source it proved current, and checks.
+func (r *Replica) Fetch(ctx context.Context, epoch, oid uint64, p []byte) (uint64, error) {
+	return r.readAny(ctx, epoch, oid, p, 0)
+}
+
+// FetchAt reads part of the copy whatever its stamp (checks reading a
+// damaged copy block by block).
+func (r *Replica) FetchAt(ctx context.Context, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
+	return r.readAny(ctx, epoch, oid, p, offset)
+}
+
+func (r *Replica) readAny(ctx context.Context, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
+	if err := r.Check(ctx, epoch); err != nil {
+		return 0, err
+	}
+	return r.store.Read(oid, p, offset)
+}
+
+// Write serves a write to this node's copy.
+func (r *Replica) Write(ctx context.Context, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error {
+	if err := r.Check(ctx, epoch); err != nil {
+		return err
+	}
+	l := r.lock(oid)
+	l.RLock()
+	defer l.RUnlock()
+	if err := r.fence(oid, epoch); err != nil && !(flags.Create && errors.Is(err, object.ErrNotFound)) {
+		return err
+	}
+	return r.store.Write(oid, p, offset, epoch, flags)
+}
+
+// Zero serves TRIM and WRITE_ZEROES.
+func (r *Replica) Zero(ctx context.Context, epoch, oid uint64, offset, length uint32, flags object.Flags) error {
+	if err := r.Check(ctx, epoch); err != nil {
+		return err
+	}
+	l := r.lock(oid)
+	l.RLock()
+	defer l.RUnlock()
+	if err := r.fence(oid, epoch); err != nil && !(flags.Create && errors.Is(err, object.ErrNotFound)) {
+		return err
+	}
+	return r.store.Zero(oid, offset, length, epoch, flags)
+}
+
+// Remove deletes this node's copy.
+func (r *Replica) Remove(ctx context.Context, epoch, oid uint64) error {
+	if err := r.Check(ctx, epoch); err != nil {
+		return err
+	}
+	l := r.lock(oid)
+	l.RLock()
+	defer l.RUnlock()
+	return r.store.Remove(oid)
+}
+
+// Stat returns the epoch stamp of this node's copy, proven current or not.
+func (r *Replica) Stat(ctx context.Context, epoch, oid uint64) (uint64, error) {
+	if err := r.Check(ctx, epoch); err != nil {
+		return 0, err
+	}
+	return r.store.Stat(oid)
+}
+
+// Flush makes every write this node acknowledged durable.
+func (r *Replica) Flush(ctx context.Context, epoch uint64) error {
+	if err := r.Check(ctx, epoch); err != nil {
+		return err
+	}
+	return r.store.Flush()
+}

@@ -1,0 +1,199 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/herd-storage/herd/internal/bufpool"
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/export"
+	"github.com/herd-storage/herd/internal/nbd"
+	"github.com/herd-storage/herd/internal/pki"
+)
+
+// NBDLimits bound what NBD clients, authorized or not, may make one node
+// spend (flags of herd server; zero means the nbd package's default).
+type NBDLimits struct {
+	MemoryBudget            int64         // payload bytes held for all NBD connections together
+	MaxConnections          int           // NBD connections in all
+	MaxConnectionsPerClient int           // per client certificate (or remote IP, or the local socket)
+	MaxOptions              int           // options per handshake
+	HandshakeTimeout        time.Duration // the whole handshake, TLS included
+	ReplyTimeout            time.Duration // a client that does not read its replies this long is cut off
+}
+
+// server is an NBD server within these limits; servers given the same
+// memory budget share it (the TCP port and the local socket).
+func (l NBDLimits) server(backend nbd.Backend, memory *bufpool.Budget, logger *slog.Logger) *nbd.Server {
+	return &nbd.Server{
+		Backend:                 backend,
+		Logger:                  logger,
+		MemoryBudget:            l.MemoryBudget,
+		Memory:                  memory,
+		MaxConnections:          l.MaxConnections,
+		MaxConnectionsPerClient: l.MaxConnectionsPerClient,
+		MaxOptions:              l.MaxOptions,
+		HandshakeTimeout:        l.HandshakeTimeout,
+		ReplyTimeout:            l.ReplyTimeout,
+	}
+}
+
+// memory is the node's one NBD memory budget.
+func (l NBDLimits) memory() *bufpool.Budget {
+	bytes := l.MemoryBudget
+	if bytes <= 0 {
+		bytes = 256 << 20
+	}
+	return bufpool.NewBudget(max(bytes, 32<<20))
+}
+
+// nbdTLS is the NBD server's TLS configuration: a client certificate from
+// the cluster CA is required.
+func (cr *credentials) nbdTLS() *tls.Config {
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS12, // QEMU's and libnbd's GnuTLS speak 1.3 too; 1.2 keeps older hosts working
+		Certificates: []tls.Certificate{cr.node},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    cr.pool,
+		VerifyConnection: func(state tls.ConnectionState) error {
+			if len(state.PeerCertificates) == 0 {
+				return errors.New("nbd: a client certificate is required")
+			}
+			if _, ok := pki.ClientName(state.PeerCertificates[0]); ok {
+				return nil
+			}
+			if _, ok := pki.SessionAccess(state.PeerCertificates[0]); !ok {
+				return errors.New("nbd: the certificate is not an NBD client's (herd client add)")
+			}
+			return nil
+		},
+	}
+}
+
+// nbdAuthorizer maps a TLS client to what its record in the log allows:
+// the VDIs matching its pattern, read-only if so issued. A client whose
+// certificate is unknown, revoked or superseded (another serial) is
+// refused. Plaintext sessions (the local socket, --insecure-nbd) have
+// full access.
+func nbdAuthorizer(c *cluster.Cluster) func(nbd.Session) (export.Access, error) {
+	return func(session nbd.Session) (export.Access, error) {
+		all := func(string) bool { return true }
+		if !session.TLS {
+			return export.Access{Match: all}, nil
+		}
+		// A session certificate (herd vdi import/export) carries its
+		// scope and expires within the hour.
+		if readOnly, ok := pki.SessionAccess(session.ClientCertificate); ok {
+			return export.Access{Match: all, ReadOnly: readOnly}, nil
+		}
+		record, ok := c.LookupClient(session.Client)
+		if !ok || record.Serial != serialOf(session) {
+			// Added through another node a moment ago: catch up first.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if c.CatchUp(ctx) == nil {
+				record, ok = c.LookupClient(session.Client)
+			}
+			cancel()
+		}
+		switch {
+		case !ok:
+			return export.Access{}, fmt.Errorf("unknown NBD client %q", session.Client)
+		case record.Revoked:
+			return export.Access{}, fmt.Errorf("NBD client %q was revoked", session.Client)
+		case record.Serial != serialOf(session):
+			return export.Access{}, fmt.Errorf("NBD client %q: this certificate was replaced by another", session.Client)
+		}
+		pattern := record.Pattern
+		return export.Access{Match: func(name string) bool { return cluster.MatchPattern(pattern, name) }, ReadOnly: record.ReadOnly}, nil
+	}
+}
+
+// revalidateNBDClients cuts the open NBD connections of clients whose
+// record changed in the log (revoked, replaced, another pattern or
+// read-only) and that may no longer use their export: a revocation ends
+// access at once, not at the client's next open. The client records are
+// compared every second; connections are rechecked only when they change.
+func revalidateNBDClients(ctx context.Context, c *cluster.Cluster, server *nbd.Server, logger *slog.Logger) {
+	ticker := time.NewTicker(time.Second)
+	defer ticker.Stop()
+	last := fmt.Sprint(c.Clients())
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		now := fmt.Sprint(c.Clients())
+		if now == last {
+			continue
+		}
+		last = now
+		if n := server.Revalidate(); n > 0 {
+			logger.Warn("nbd: connections of clients no longer allowed were closed", "connections", n)
+		}
+	}
+}
+
+// listenNBDSocket opens the local NBD socket (mode 0660).
+func listenNBDSocket(o Options) (string, net.Listener, error) {
+	path := o.NBDSocket
+	if path == "none" {
+		return "", nil, nil
+	}
+	if path == "" {
+		path = filepath.Join(o.DataDir, "nbd.sock")
+	}
+	if len(path) > 100 {
+		return "", nil, fmt.Errorf("--nbd-socket %s: a unix socket path is limited to about 100 bytes; give a shorter one", path)
+	}
+	// A socket left by a process that died is removed; the data
+	// directory lock says no other herd uses it.
+	if info, err := os.Lstat(path); err == nil {
+		if info.Mode()&os.ModeSocket == 0 {
+			return "", nil, fmt.Errorf("--nbd-socket %s exists and is not a socket", path)
+		}
+		os.Remove(path)
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return "", nil, fmt.Errorf("NBD socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		l.Close()
+		return "", nil, fmt.Errorf("NBD socket: %w", err)
+	}
+	return path, l, nil
+}
+
+// gossipSeeds are the gossip addresses to join through: those the member
+// that admitted this node sent, else (a restart) the --join hosts at the
+// gossip port, as a fallback to the members the log and the peers file
+// know.
+func (cr *credentials) gossipSeeds(members []string, gossipPort int) []string {
+	if len(cr.seeds) > 0 {
+		return cr.seeds
+	}
+	var out []string
+	for _, member := range members {
+		host, _, err := net.SplitHostPort(member)
+		if err == nil {
+			out = append(out, net.JoinHostPort(host, strconv.Itoa(gossipPort)))
+		}
+	}
+	return out
+}
+
+func serialOf(session nbd.Session) string {
+	if session.ClientCertificate == nil {
+		return ""
+	}
+	return pki.Serial(session.ClientCertificate)
+}

@@ -1,0 +1,430 @@
+package server
+
+// The node's credentials (docs/SECURITY.md). The first node of a cluster
+// creates the cluster CA, the gossip key, the join secret and the first
+// admin token; a joining node presents the join token to any member over
+// TLS (verifying the member by the CA fingerprint the token carries) and
+// receives its node certificate, the CA and the gossip key. Every node
+// holds the CA key, so any member admits joiners and issues NBD client
+// certificates. Files are 0600 in a 0700 data directory and are refused
+// on load if others can read them.
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/peer"
+	"github.com/herd-storage/herd/internal/pki"
+)
+
+// Files in the data directory.
+const (
+	caCertFile    = "ca.crt"
+	caKeyFile     = "ca.key"
+	nodeCertFile  = "node.crt"
+	nodeKeyFile   = "node.key"
+	gossipKeyFile = "gossip.key"
+	// JoinTokenFile and AdminTokenFile are written by the first node only.
+	JoinTokenFile  = "join.token"
+	AdminTokenFile = "admin.token"
+	// legacyTokenFile is the shared secret of herd before TLS.
+	legacyTokenFile = "cluster.token"
+)
+
+// credentials are a node's keys and what is built from them.
+type credentials struct {
+	ca          *pki.CA
+	fingerprint string
+	gossipKey   []byte
+	node        tls.Certificate // leaf + CA
+	pool        *x509.CertPool
+	peer        *peer.Credentials
+	// cluster is set once the cluster is running; until then no node is
+	// known to be removed.
+	cluster atomic.Pointer[cluster.Cluster]
+
+	// The first node's initial secrets, recorded in the log (as hashes)
+	// by initSecurity; empty on other nodes.
+	joinToken  pki.JoinToken
+	adminToken pki.AdminToken
+	created    bool
+	// seeds are the gossip addresses the member that admitted this node
+	// sent.
+	seeds []string
+}
+
+// setupCredentials loads the node's credentials, or creates a cluster's
+// (first node), or obtains them by joining through a member.
+func setupCredentials(ctx context.Context, o Options, id string, ip net.IP, members []string, logger *slog.Logger) (*credentials, error) {
+	dir := o.DataDir
+	if _, err := os.Stat(filepath.Join(dir, legacyTokenFile)); err == nil {
+		if _, err := os.Stat(filepath.Join(dir, caCertFile)); err != nil {
+			return nil, fmt.Errorf("%s holds a cluster made by a herd without TLS (%s): start this version on a new data directory", dir, legacyTokenFile)
+		}
+	}
+	cr := &credentials{}
+	_, err := os.Stat(filepath.Join(dir, caCertFile))
+	switch {
+	case err == nil:
+		if err := cr.load(dir); err != nil {
+			return nil, err
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, err
+	case len(members) > 0:
+		if err := cr.join(ctx, o, id, ip, members, logger); err != nil {
+			return nil, err
+		}
+	default:
+		if _, err := os.Stat(filepath.Join(dir, "raft")); err == nil {
+			return nil, fmt.Errorf("%s has cluster state but no %s: restore the node's credentials or start it on a new data directory", dir, caCertFile)
+		}
+		if err := cr.create(dir, id); err != nil {
+			return nil, err
+		}
+	}
+	if err := cr.ensureNodeCertificate(dir, id, ip); err != nil {
+		return nil, err
+	}
+	// The first node keeps its initial secrets until the log has them.
+	if token, err := pki.ReadSecretFile(filepath.Join(dir, JoinTokenFile)); err == nil {
+		if cr.joinToken, err = pki.ParseJoinToken(strings.TrimSpace(string(token))); err != nil {
+			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, JoinTokenFile), err)
+		}
+	}
+	if token, err := pki.ReadSecretFile(filepath.Join(dir, AdminTokenFile)); err == nil {
+		if cr.adminToken, err = pki.ParseAdminToken(strings.TrimSpace(string(token))); err != nil {
+			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, AdminTokenFile), err)
+		}
+	}
+	cr.peer = &peer.Credentials{Certificate: cr.node, CA: cr.pool, Allowed: cr.allowed}
+	return cr, nil
+}
+
+// allowed refuses nodes removed for good (herd node remove).
+func (cr *credentials) allowed(nodeID string) error {
+	if c := cr.cluster.Load(); c != nil && c.NodeRemoved(nodeID) {
+		return fmt.Errorf("node %s was removed from the cluster for good", nodeID)
+	}
+	return nil
+}
+
+func (cr *credentials) load(dir string) error {
+	certPEM, err := os.ReadFile(filepath.Join(dir, caCertFile))
+	if err != nil {
+		return err
+	}
+	keyPEM, err := pki.ReadSecretFile(filepath.Join(dir, caKeyFile))
+	if err != nil {
+		return err
+	}
+	if cr.ca, err = pki.ParseCA(certPEM, keyPEM); err != nil {
+		return fmt.Errorf("%s: %w", filepath.Join(dir, caCertFile), err)
+	}
+	if cr.gossipKey, err = readGossipKey(dir); err != nil {
+		return err
+	}
+	cr.fingerprint = pki.Fingerprint(cr.ca.Cert)
+	return nil
+}
+
+func readGossipKey(dir string) ([]byte, error) {
+	text, err := pki.ReadSecretFile(filepath.Join(dir, gossipKeyFile))
+	if err != nil {
+		return nil, err
+	}
+	key, err := hex.DecodeString(strings.TrimSpace(string(text)))
+	if err != nil || len(key) != 32 {
+		return nil, fmt.Errorf("%s is damaged: it must hold 32 bytes in hex", filepath.Join(dir, gossipKeyFile))
+	}
+	return key, nil
+}
+
+// create makes a new cluster's secrets (first node).
+func (cr *credentials) create(dir, id string) error {
+	ca, err := pki.NewCA("herd cluster CA " + id)
+	if err != nil {
+		return err
+	}
+	cr.ca, cr.fingerprint, cr.created = ca, pki.Fingerprint(ca.Cert), true
+	cr.gossipKey = make([]byte, 32)
+	rand.Read(cr.gossipKey)
+	join := pki.JoinToken{Fingerprint: cr.fingerprint, Secret: pki.NewSecret()}
+	admin := pki.AdminToken{Fingerprint: cr.fingerprint, ID: pki.NewTokenID(), Secret: pki.NewSecret()}
+	// The token files first: a crash before the CA is written starts over.
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{
+		{JoinTokenFile, []byte(join.String() + "\n")},
+		{AdminTokenFile, []byte(admin.String() + "\n")},
+		{gossipKeyFile, []byte(hex.EncodeToString(cr.gossipKey) + "\n")},
+		{caKeyFile, ca.KeyPEM},
+		{caCertFile, ca.CertPEM},
+	} {
+		if err := pki.WriteSecretFile(filepath.Join(dir, f.name), f.data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// join obtains the node's credentials from a member.
+func (cr *credentials) join(ctx context.Context, o Options, id string, ip net.IP, members []string, logger *slog.Logger) error {
+	raw := o.JoinToken
+	if raw == "" {
+		return fmt.Errorf("joining needs the cluster's join token: set HERD_JOIN_TOKEN or give --join-token-file (the first node wrote it to DATA/%s)", JoinTokenFile)
+	}
+	token, err := pki.ParseJoinToken(strings.TrimSpace(raw))
+	if err != nil {
+		return fmt.Errorf("join token: %w", err)
+	}
+	request := peer.JoinRequest{NodeID: id, IPs: []string{ip.String()}, Secret: token.Secret}
+	deadline := time.Now().Add(o.JoinTimeout)
+	var last error
+	for {
+		for _, member := range members {
+			attempt, cancel := context.WithTimeout(ctx, 10*time.Second)
+			response, err := peer.RequestJoin(attempt, member, token, request)
+			cancel()
+			if err == nil {
+				return cr.adopt(o.DataDir, response, token.Fingerprint)
+			}
+			last = fmt.Errorf("join through %s: %w", member, err)
+			var dialError *net.OpError
+			if errors.As(err, &dialError) && dialError.Op == "dial" {
+				last = fmt.Errorf("join through %s: nothing answers there (%v); is a herd node running at that address and peer port (default %d)?", member, err, DefaultPeerPort)
+			}
+			if errors.Is(err, peer.ErrJoinRefused) {
+				return last // the member said no: retrying will not help
+			}
+		}
+		if time.Now().After(deadline) {
+			return last
+		}
+		logger.Warn("cluster: join failed, retrying", "err", last)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// adopt stores what a member sent a joining node.
+func (cr *credentials) adopt(dir string, r peer.JoinResponse, fingerprint string) error {
+	ca, err := pki.ParseCA(r.CACert, r.CAKey)
+	if err != nil {
+		return fmt.Errorf("the member sent a damaged CA: %w", err)
+	}
+	if pki.Fingerprint(ca.Cert) != fingerprint {
+		return errors.New("the member sent a CA that is not the one the join token names")
+	}
+	if len(r.GossipKey) != 32 {
+		return errors.New("the member sent a damaged gossip key")
+	}
+	cr.ca, cr.fingerprint, cr.gossipKey, cr.seeds = ca, fingerprint, r.GossipKey, r.Gossip
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{
+		{gossipKeyFile, []byte(hex.EncodeToString(r.GossipKey) + "\n")},
+		{nodeKeyFile, r.NodeKey},
+		{nodeCertFile, r.NodeCert},
+		{caKeyFile, r.CAKey},
+		{caCertFile, r.CACert},
+	} {
+		if err := pki.WriteSecretFile(filepath.Join(dir, f.name), f.data); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensureNodeCertificate loads the node certificate, issuing a new one
+// when there is none or it does not name the address the node binds to
+// (QEMU and libnbd check it).
+func (cr *credentials) ensureNodeCertificate(dir, id string, ip net.IP) error {
+	certPath, keyPath := filepath.Join(dir, nodeCertFile), filepath.Join(dir, nodeKeyFile)
+	certPEM, certErr := os.ReadFile(certPath)
+	keyPEM, keyErr := pki.ReadSecretFile(keyPath)
+	if certErr == nil && keyErr == nil {
+		leaf, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err == nil {
+			parsed, err := x509.ParseCertificate(leaf.Certificate[0])
+			if err == nil && certificateFits(parsed, id, ip, cr.ca.Cert) {
+				return cr.useNodeCertificate(certPEM, keyPEM)
+			}
+		}
+	} else if keyErr != nil && !errors.Is(keyErr, os.ErrNotExist) {
+		return keyErr
+	}
+	certPEM, keyPEM, err := cr.ca.IssueNode(id, []net.IP{ip})
+	if err != nil {
+		return err
+	}
+	if err := pki.WriteSecretFile(keyPath, keyPEM); err != nil {
+		return err
+	}
+	if err := pki.WriteSecretFile(certPath, certPEM); err != nil {
+		return err
+	}
+	return cr.useNodeCertificate(certPEM, keyPEM)
+}
+
+func certificateFits(cert *x509.Certificate, id string, ip net.IP, ca *x509.Certificate) bool {
+	if nodeID, ok := pki.NodeID(cert); !ok || nodeID != id {
+		return false
+	}
+	if cert.CheckSignatureFrom(ca) != nil || time.Now().Add(30*24*time.Hour).After(cert.NotAfter) {
+		return false
+	}
+	for _, named := range cert.IPAddresses {
+		if named.Equal(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+func (cr *credentials) useNodeCertificate(certPEM, keyPEM []byte) error {
+	var err error
+	if cr.node, err = pki.NodeTLSCertificate(certPEM, keyPEM, cr.ca.CertPEM); err != nil {
+		return err
+	}
+	cr.pool = x509.NewCertPool()
+	cr.pool.AddCert(cr.ca.Cert)
+	return nil
+}
+
+// initSecurity records the first node's join secret and admin token in
+// the log (hashes only), retrying until it is committed.
+func (cr *credentials) initSecurity(ctx context.Context, c *cluster.Cluster, logger *slog.Logger) error {
+	if cr.joinToken.Secret == "" || cr.adminToken.Secret == "" || c.JoinHash() != "" {
+		return nil
+	}
+	admin := cluster.Token{ID: cr.adminToken.ID, Name: "admin", Hash: pki.HashSecret(cr.adminToken.Secret)}
+	for {
+		attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := c.InitSecurity(attempt, pki.HashSecret(cr.joinToken.Secret), admin)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		logger.Warn("recording the cluster's first credentials, retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// joinHandler admits a node that presents the join secret: it receives a
+// node certificate, the CA and the gossip key.
+func (cr *credentials) joinHandler(c *cluster.Cluster, gossipAddr string, logger *slog.Logger) func(context.Context, peer.JoinRequest, net.Addr) (peer.JoinResponse, error) {
+	return func(ctx context.Context, req peer.JoinRequest, remote net.Addr) (peer.JoinResponse, error) {
+		hash := c.JoinHash()
+		if hash == "" {
+			return peer.JoinResponse{}, errors.New("this node does not know the cluster's join secret yet (the cluster is starting); retry")
+		}
+		if !pki.SecretMatches(hash, req.Secret) {
+			logger.Warn("refused a join: wrong join secret", "from", remote.String(), "node", req.NodeID)
+			return peer.JoinResponse{}, errors.New("wrong join secret (the token was rotated, or is from another cluster)")
+		}
+		if len(req.NodeID) != 16 {
+			return peer.JoinResponse{}, fmt.Errorf("malformed node id %q", req.NodeID)
+		}
+		if _, err := hex.DecodeString(req.NodeID); err != nil {
+			return peer.JoinResponse{}, fmt.Errorf("malformed node id %q", req.NodeID)
+		}
+		if c.NodeRemoved(req.NodeID) {
+			return peer.JoinResponse{}, fmt.Errorf("node %s was removed from the cluster for good; start it on a new data directory", req.NodeID)
+		}
+		if len(req.IPs) == 0 || len(req.IPs) > 8 {
+			return peer.JoinResponse{}, errors.New("a join names 1 to 8 addresses")
+		}
+		var ips []net.IP
+		for _, text := range req.IPs {
+			ip := net.ParseIP(text)
+			if ip == nil {
+				return peer.JoinResponse{}, fmt.Errorf("%q is not an IP address", text)
+			}
+			ips = append(ips, ip)
+		}
+		certPEM, keyPEM, err := cr.ca.IssueNode(req.NodeID, ips)
+		if err != nil {
+			return peer.JoinResponse{}, err
+		}
+		logger.Info("admitted a new node", "node", req.NodeID, "from", remote.String())
+		return peer.JoinResponse{NodeCert: certPEM, NodeKey: keyPEM, CACert: cr.ca.CertPEM, CAKey: cr.ca.KeyPEM, GossipKey: cr.gossipKey, Gossip: []string{gossipAddr}}, nil
+	}
+}
+
+// IssueClient implements api.Authority.
+func (cr *credentials) IssueClient(name string) ([]byte, []byte, string, error) {
+	return cr.ca.IssueClient(name)
+}
+
+// IssueSession implements api.Authority.
+func (cr *credentials) IssueSession(name string, readOnly bool) ([]byte, []byte, error) {
+	return cr.ca.IssueSession(name, readOnly)
+}
+
+// CACertPEM implements api.Authority.
+func (cr *credentials) CACertPEM() []byte { return cr.ca.CertPEM }
+
+// serverTLS is the TLS configuration of the admin API.
+func (cr *credentials) serverTLS() *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cr.node}}
+}
+
+// peerTLS verifies other nodes' admin APIs.
+func (cr *credentials) peerTLS() *tls.Config {
+	fingerprint := cr.fingerprint
+	return &tls.Config{
+		MinVersion:         tls.VersionTLS13,
+		InsecureSkipVerify: true, // verified by the CA below, not by host name
+		VerifyPeerCertificate: func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
+			_, err := pki.VerifyServerChain(rawCerts, fingerprint)
+			return err
+		},
+	}
+}
+
+// joinAddresses turns --join's IP[:PORT] entries into peer addresses.
+func joinAddresses(list string) ([]string, error) {
+	var out []string
+	for _, part := range strings.Split(list, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		host, port, err := net.SplitHostPort(part)
+		if err != nil {
+			host, port = part, strconv.Itoa(DefaultPeerPort)
+		}
+		if net.ParseIP(host) == nil {
+			return nil, fmt.Errorf("--join %q: %q is not an IP address", part, host)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("--join %q: %q is not a port", part, port)
+		}
+		out = append(out, net.JoinHostPort(host, port))
+	}
+	return out, nil
+}

@@ -1,0 +1,296 @@
+package sim
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing/synctest"
+	"time"
+)
+
+// Bounds of the phase after the faults, in fake time. Past them the run
+// fails: the cluster did not recover (liveness).
+const (
+	clientsStopLimit = 3 * time.Minute
+	healthyLimit     = time.Minute
+	finalReadLimit   = 3 * time.Minute
+	convergeLimit    = 3 * time.Minute
+)
+
+// Result is what one seed's run did.
+type Result struct {
+	Seed     uint64
+	Config   Config
+	Steps    int
+	FakeTime time.Duration
+	Epoch    uint64         // the final epoch
+	Faults   map[string]int // events applied, by kind
+	Ops      int64          // client operations (reads, writes, flushes)
+	Reads    int64
+	Writes   int64
+	Errors   int64    // operations that failed (allowed: a fault may cause them)
+	Notes    []string // the step log
+	Clients  []string // each client's first errors
+	Err      error    // a *Failure, or nil
+}
+
+// Failure is a broken invariant (or a cluster that did not recover),
+// with everything needed to understand and replay it.
+type Failure struct {
+	Seed     uint64
+	Bug      string // the seeded bug switched on, if any
+	Step     int
+	At       time.Duration
+	Problems []string
+	Notes    []string // the step log up to the failure
+	Logs     []string // the nodes' last log lines
+	Clients  []string // each client's first errors
+}
+
+// ReplayCommand is how to run one seed again. A run with a seeded bug
+// switched on (recovery.SetSeededBug, build tag simbugs) names it in bug.
+func ReplayCommand(seed uint64, bug string) string {
+	if bug != "" {
+		return fmt.Sprintf("go test -tags simbugs ./internal/sim -run TestSimulate -sim.bug=%s -sim.seed=%d -v", bug, seed)
+	}
+	return fmt.Sprintf("go test ./internal/sim -run TestSimulate -sim.seed=%d -v", seed)
+}
+
+// Options are a run's surroundings, not part of its schedule.
+type Options struct {
+	Dir string // a fresh directory: the nodes' disks
+	// Bug names the seeded bug switched on, if any (for the replay
+	// command in a failure).
+	Bug string
+}
+
+func (f *Failure) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "sim: seed %d failed at step %d (t=%.2fs):\n", f.Seed, f.Step, f.At.Seconds())
+	for _, p := range f.Problems {
+		fmt.Fprintf(&b, "  %s\n", p)
+	}
+	fmt.Fprintf(&b, "steps:\n")
+	for _, n := range f.Notes {
+		fmt.Fprintf(&b, "  %s\n", n)
+	}
+	if len(f.Clients) > 0 {
+		fmt.Fprintf(&b, "client errors (first ones):\n")
+		for _, c := range f.Clients {
+			fmt.Fprintf(&b, "  %s\n", c)
+		}
+	}
+	fmt.Fprintf(&b, "last node log lines:\n")
+	for _, l := range f.Logs {
+		fmt.Fprintf(&b, "  %s\n", l)
+	}
+	fmt.Fprintf(&b, "sim: seed %d failed; replay: %s\n", f.Seed, ReplayCommand(f.Seed, f.Bug))
+	return b.String()
+}
+
+// Run simulates one seed. It must run inside a synctest bubble
+// (synctest.Test): the whole world runs on the bubble's fake clock.
+func Run(seed uint64, options Options) Result {
+	return RunSchedule(NewSchedule(seed), options)
+}
+
+// RunSchedule simulates a schedule: one drawn from a seed, or one
+// written by hand for a scenario test (its Seed still seeds the clients
+// and the network).
+func RunSchedule(schedule Schedule, options Options) (r Result) {
+	seed := schedule.Seed
+	r = Result{Seed: seed, Config: schedule.Config}
+	w := newWorld(context.Background(), seed, schedule.Config, options.Dir)
+	step := 0
+	fail := func(problems ...string) Result {
+		f := &Failure{Seed: seed, Bug: options.Bug, Step: step, At: w.elapsed(), Problems: problems, Logs: w.logs.last()}
+		w.notesMu.Lock()
+		f.Notes = append(f.Notes, w.notes...)
+		w.notesMu.Unlock()
+		for _, c := range w.clients {
+			c.mu.Lock()
+			f.Clients = append(f.Clients, c.errs...)
+			c.mu.Unlock()
+		}
+		r.Err = f
+		return r
+	}
+	defer w.close()
+	w.note("seed %d: %d nodes, %d copies, at most %d faulty at once, %d clients with %d lanes on %d-byte vdis of %d-byte objects, %v of faults",
+		seed, schedule.Config.Nodes, schedule.Config.Copies, schedule.Config.MaxFaulty, schedule.Config.Clients, schedule.Config.Lanes, schedule.Config.VDISize, schedule.Config.ObjectSize, schedule.Config.Faults)
+	if err := w.start(); err != nil {
+		return fail("setting up: " + err.Error())
+	}
+	for i := 0; i < schedule.Config.Clients; i++ {
+		c := newClient(w, i)
+		v, err := w.log.VDI(c.vdi)
+		if err != nil {
+			return fail("setting up: " + err.Error())
+		}
+		c.vdiID = v.ID
+		w.clients = append(w.clients, c)
+	}
+	defer func() {
+		r.Steps, r.FakeTime, r.Epoch, r.Faults = step, w.elapsed(), w.log.Epoch(), w.counts
+		for _, c := range w.clients {
+			r.Ops += c.ops.Load()
+			r.Reads += c.reads.Load()
+			r.Writes += c.writes.Load()
+			r.Errors += c.failures.Load()
+		}
+		w.notesMu.Lock()
+		r.Notes = append(r.Notes, w.notes...)
+		w.notesMu.Unlock()
+		for _, c := range w.clients {
+			c.mu.Lock()
+			r.Clients = append(r.Clients, c.errs...)
+			c.mu.Unlock()
+		}
+	}()
+
+	// check settles the world and checks every invariant: the reads the
+	// clients checked since the last step (a), the disks (b, c).
+	check := func() []string {
+		synctest.Wait()
+		problems := w.takeViolations()
+		return append(problems, w.checkStores()...)
+	}
+
+	stop := make(chan struct{})
+	var lanes sync.WaitGroup
+	defer func() {
+		// On a failure the clients are still running: stop them (their
+		// operations end with their processes) before the world closes.
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		w.cancel()
+		lanes.Wait()
+	}()
+	for _, c := range w.clients {
+		for lane := 0; lane < w.cfg.Lanes; lane++ {
+			lanes.Add(1)
+			go func() {
+				defer lanes.Done()
+				c.lane(lane, stop)
+			}()
+		}
+	}
+	begin := w.elapsed()
+	for _, e := range schedule.Events {
+		time.Sleep(begin + e.At - w.elapsed())
+		step++
+		if e.Kind != Check {
+			w.note("%s", e)
+		}
+		if err := w.apply(e); err != nil {
+			return fail(fmt.Sprintf("applying %s: %v", e, err))
+		}
+		if problems := check(); len(problems) > 0 {
+			return fail(problems...)
+		}
+	}
+
+	time.Sleep(begin + schedule.Config.Faults - w.elapsed())
+	// Faults stop; the clients finish what they are doing.
+	step++
+	w.note("heal everything; clients stop")
+	if err := w.healAll(); err != nil {
+		return fail("healing: " + err.Error())
+	}
+	close(stop)
+	stopped := make(chan struct{})
+	go func() { lanes.Wait(); close(stopped) }()
+	if problems, finished := w.waitFor(clientsStopLimit, stopped, check, &step); len(problems) > 0 {
+		return fail(problems...)
+	} else if !finished {
+		return fail("clients did not finish their operations within " + clientsStopLimit.String() + " of the heal")
+	}
+	// The cluster agrees on every node again.
+	healthyAt := time.Now().Add(healthyLimit)
+	for {
+		ok, why := w.healthy()
+		if ok {
+			break
+		}
+		if time.Now().After(healthyAt) {
+			return fail(fmt.Sprintf("not every node was back in the log within %v of the heal: %s", healthyLimit, why))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	step++
+	w.note("cluster healthy: epoch %d", w.log.Epoch())
+	if problems := check(); len(problems) > 0 {
+		return fail(problems...)
+	}
+	// Every block reads back as the model says (d), through a new export.
+	for _, c := range w.clients {
+		if err := c.finalRead(finalReadLimit); err != nil {
+			return fail(err.Error())
+		}
+	}
+	step++
+	w.note("final reads done")
+	if problems := check(); len(problems) > 0 {
+		return fail(problems...)
+	}
+	// Recovery makes every object exactly `copies` identical current
+	// copies (d).
+	deadline := time.Now().Add(convergeLimit)
+	for {
+		step++
+		if problems := check(); len(problems) > 0 {
+			return fail(problems...)
+		}
+		problems := w.converged()
+		if len(problems) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fail(append([]string{fmt.Sprintf("recovery did not converge within %v of the final reads:", convergeLimit)}, w.recoveryStatus(problems)...)...)
+		}
+		time.Sleep(2 * time.Second)
+	}
+	w.note("converged: every object has %d identical copies stamped %d", w.cfg.Copies, w.log.Epoch())
+	return r
+}
+
+// waitFor waits until done closes, checking the invariants every second;
+// it reports what broke, or whether done closed within limit.
+func (w *World) waitFor(limit time.Duration, done <-chan struct{}, check func() []string, step *int) (problems []string, finished bool) {
+	deadline := time.After(limit)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			return nil, true
+		case <-deadline:
+			return nil, false
+		case <-tick.C:
+			*step++
+			if problems := check(); len(problems) > 0 {
+				return problems, false
+			}
+		}
+	}
+}
+
+// recoveryStatus describes what is left and where recovery stands.
+func (w *World) recoveryStatus(problems []string) []string {
+	out := problems
+	if len(out) > 20 {
+		out = append(out[:20:20], fmt.Sprintf("... and %d more", len(problems)-20))
+	}
+	var ids []string
+	for _, n := range w.nodes {
+		s := n.proc.recovery.Status()
+		ids = append(ids, fmt.Sprintf("recovery of %s: epoch %d %s, %d objects, %d left, %d unavailable, %d surplus, last error %q", n.id, s.Epoch, s.State, s.Objects, s.Remaining, s.Unavailable, s.Surplus, s.LastError))
+	}
+	sort.Strings(ids)
+	return append(out, ids...)
+}

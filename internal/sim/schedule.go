@@ -1,0 +1,251 @@
+package sim
+
+import (
+	"cmp"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Config is the shape of one simulated cluster, drawn from the seed.
+type Config struct {
+	Nodes  int
+	Copies int
+	// MaxFaulty bounds the nodes faulty at once: killed, paused or cut off
+	// from the others. Above copies-1 an object can have every replica of
+	// an epoch down (the paper's Fig. 4), which the proof of currency must
+	// handle by refusing the object, never by serving an older copy.
+	MaxFaulty  int
+	ObjectSize uint64 // bytes
+	VDISize    uint64 // bytes, per client
+	Clients    int    // each writes and reads its own VDI
+	Lanes      int    // operations a client has in flight at once, on distinct blocks
+	// Faults is how long faults are injected; then everything heals.
+	Faults time.Duration
+}
+
+// EventKind is what a scheduled event does.
+type EventKind int
+
+const (
+	Check     EventKind = iota // nothing: a step that only checks the invariants
+	Kill                       // the node's process dies (its disk stays)
+	Restart                    // a killed node starts again: a new process
+	Pause                      // the node's process stops (SIGSTOP)
+	Resume                     // ... and continues (SIGCONT)
+	Partition                  // Nodes are cut off from the others, both ways
+	Heal                       // the partition ends
+	Network                    // message drops and delays change
+	Lag                        // how far behind the log the node applies
+)
+
+var eventNames = map[EventKind]string{Check: "check", Kill: "kill", Restart: "restart", Pause: "pause", Resume: "resume", Partition: "partition", Heal: "heal", Network: "network", Lag: "lag"}
+
+func (k EventKind) String() string { return eventNames[k] }
+
+// Event is one step of a schedule.
+type Event struct {
+	At           time.Duration // since the fault phase began
+	Kind         EventKind
+	Node         int   // Kill, Restart, Pause, Resume, Lag
+	Nodes        []int // Partition: the nodes cut off
+	DropPerMille int   // Network: requests (and, as often, answers) lost per 1000
+	DelayMax     time.Duration
+	Lag          time.Duration
+}
+
+func (e Event) String() string {
+	switch e.Kind {
+	case Kill, Restart, Pause, Resume:
+		return fmt.Sprintf("%s n%d", e.Kind, e.Node)
+	case Partition:
+		var ids []string
+		for _, n := range e.Nodes {
+			ids = append(ids, fmt.Sprintf("n%d", n))
+		}
+		return fmt.Sprintf("partition: %s cut off from the others", strings.Join(ids, ","))
+	case Network:
+		return fmt.Sprintf("network: drop %d/1000 requests and as many answers, delay up to %v", e.DropPerMille, e.DelayMax)
+	case Lag:
+		return fmt.Sprintf("lag: n%d applies the log %v late", e.Node, e.Lag)
+	}
+	return e.Kind.String()
+}
+
+// Schedule is a seed's world and its faults: a pure function of the seed.
+type Schedule struct {
+	Seed   uint64
+	Config Config
+	Events []Event
+}
+
+// Step lengths. Checks run every checkInterval of fake time besides
+// after every fault.
+const (
+	checkInterval = time.Second
+	faultGapMin   = 200 * time.Millisecond
+	faultGapMax   = 5 * time.Second
+)
+
+// NewSchedule draws a seed's configuration and fault schedule.
+func NewSchedule(seed uint64) Schedule {
+	r := rand.New(rand.NewPCG(seed, 0x5eed5eed))
+	cfg := Config{
+		Nodes:      5 - r.IntN(4)/3, // 5 nodes 3 times in 4
+		Copies:     2 + r.IntN(3)/2, // 2 copies 2 times in 3
+		ObjectSize: 64 << 10,
+		VDISize:    1 << 20,
+		Clients:    2,
+		Lanes:      3,
+		Faults:     time.Duration(15+r.IntN(16)) * time.Second,
+	}
+	// Mostly as many faulty nodes as copies (more than copies-1: every
+	// replica of an epoch may be down), while a majority stays (or, with 4
+	// nodes, half: the log then stalls until one returns).
+	cfg.MaxFaulty = min(cfg.Copies-r.IntN(3)/2, cfg.Nodes/2)
+
+	s := Schedule{Seed: seed, Config: cfg}
+	killed, paused, cut := map[int]bool{}, map[int]bool{}, map[int]bool{}
+	faulty := func() int { return len(killed) + len(paused) + len(cut) }
+	healthy := func() []int {
+		var out []int
+		for n := 0; n < cfg.Nodes; n++ {
+			if !killed[n] && !paused[n] && !cut[n] {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	keys := func(m map[int]bool) []int {
+		var out []int
+		for n := range m {
+			out = append(out, n)
+		}
+		slices.Sort(out)
+		return out
+	}
+	var faults []Event
+	for at := time.Duration(0); ; {
+		at += faultGapMin + time.Duration(r.Int64N(int64(faultGapMax-faultGapMin)))
+		if at >= cfg.Faults {
+			break
+		}
+		type choice struct {
+			weight int
+			make   func() Event
+		}
+		var choices []choice
+		if h := healthy(); faulty() < cfg.MaxFaulty && len(h) > 0 {
+			choices = append(choices,
+				choice{3, func() Event { n := h[r.IntN(len(h))]; killed[n] = true; return Event{Kind: Kill, Node: n} }},
+				choice{2, func() Event { n := h[r.IntN(len(h))]; paused[n] = true; return Event{Kind: Pause, Node: n} }})
+			if len(cut) == 0 {
+				choices = append(choices, choice{2, func() Event {
+					k := 1 + r.IntN(cfg.MaxFaulty-faulty())
+					r.Shuffle(len(h), func(i, j int) { h[i], h[j] = h[j], h[i] })
+					group := slices.Clone(h[:min(k, len(h))])
+					slices.Sort(group)
+					for _, n := range group {
+						cut[n] = true
+					}
+					return Event{Kind: Partition, Nodes: group}
+				}})
+			}
+		}
+		if len(killed) > 0 {
+			choices = append(choices, choice{2, func() Event {
+				ks := keys(killed)
+				n := ks[r.IntN(len(ks))]
+				delete(killed, n)
+				return Event{Kind: Restart, Node: n}
+			}})
+		}
+		if len(paused) > 0 {
+			choices = append(choices, choice{2, func() Event {
+				ps := keys(paused)
+				n := ps[r.IntN(len(ps))]
+				delete(paused, n)
+				return Event{Kind: Resume, Node: n}
+			}})
+		}
+		if len(cut) > 0 {
+			choices = append(choices, choice{2, func() Event { clear(cut); return Event{Kind: Heal} }})
+		}
+		choices = append(choices,
+			choice{1, func() Event {
+				drops := []int{0, 0, 10, 50}[r.IntN(4)]
+				delay := []time.Duration{0, 2 * time.Millisecond, 20 * time.Millisecond, 200 * time.Millisecond}[r.IntN(4)]
+				return Event{Kind: Network, DropPerMille: drops, DelayMax: delay}
+			}},
+			choice{1, func() Event {
+				return Event{Kind: Lag, Node: r.IntN(cfg.Nodes), Lag: []time.Duration{0, 10 * time.Millisecond, 300 * time.Millisecond}[r.IntN(3)]}
+			}})
+		total := 0
+		for _, c := range choices {
+			total += c.weight
+		}
+		pick := r.IntN(total)
+		for _, c := range choices {
+			if pick < c.weight {
+				e := c.make()
+				e.At = at
+				faults = append(faults, e)
+				break
+			}
+			pick -= c.weight
+		}
+		// Rolling faults: half the time nodes that return are followed at
+		// once by as many failing as the bound allows, so that what the
+		// returning ones missed may be only on nodes that just went.
+		if last := faults[len(faults)-1]; (last.Kind == Restart || last.Kind == Resume || last.Kind == Heal) && r.IntN(2) == 0 {
+			for h := healthy(); faulty() < cfg.MaxFaulty && len(h) > 0; h = healthy() {
+				n := h[r.IntN(len(h))]
+				e := Event{At: at, Kind: Kill, Node: n}
+				switch r.IntN(3) {
+				case 0:
+					e.Kind = Pause
+					paused[n] = true
+				case 1:
+					killed[n] = true
+				default:
+					if len(cut) > 0 {
+						killed[n] = true
+						break
+					}
+					group := h[:0:0]
+					for _, i := range r.Perm(len(h))[:min(cfg.MaxFaulty-faulty(), len(h))] {
+						group = append(group, h[i])
+					}
+					slices.Sort(group)
+					for _, i := range group {
+						cut[i] = true
+					}
+					e = Event{At: at, Kind: Partition, Nodes: group}
+				}
+				faults = append(faults, e)
+			}
+		}
+	}
+	// Checks every second between the faults.
+	for at := checkInterval; at < cfg.Faults; at += checkInterval {
+		faults = append(faults, Event{At: at, Kind: Check})
+	}
+	slices.SortStableFunc(faults, func(a, b Event) int {
+		if c := cmp.Compare(a.At, b.At); c != 0 {
+			return c
+		}
+		// Faults at one instant keep their order; a check follows them.
+		return cmp.Compare(checkLast(a), checkLast(b))
+	})
+	s.Events = faults
+	return s
+}
+
+func checkLast(e Event) int {
+	if e.Kind == Check {
+		return 1
+	}
+	return 0
+}

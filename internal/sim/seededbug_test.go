@@ -1,0 +1,113 @@
+//go:build simbugs
+
+package sim
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/herd-storage/herd/internal/recovery"
+)
+
+var (
+	bugFlag      = flag.String("sim.bug", "", "switch this seeded bug on for TestSimulate (see recovery.SeededBugs)")
+	bugSeedsFlag = flag.Int("sim.bugseeds", 400, "how many seeds TestSimulatorFindsSeededBug tries before it gives up")
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if *bugFlag != "" {
+		if err := recovery.SetSeededBug(*bugFlag, true); err != nil {
+			panic(err)
+		}
+		seededBug = *bugFlag
+	}
+	os.Exit(m.Run())
+}
+
+// TestSimulatorFindsSeededBug shows that the simulator finds a bug class
+// on purpose: with an old bug compiled back in (docs/TESTING.md: background
+// recovery counted every node as a witness in the proof of currency and
+// so restamped a stale copy), it runs seeds until one fails, then replays
+// that seed and expects it to fail again. Built only with -tags simbugs.
+func TestSimulatorFindsSeededBug(t *testing.T) {
+	const bug = "every-node-witnesses"
+	if err := recovery.SetSeededBug(bug, true); err != nil {
+		t.Fatal(err)
+	}
+	defer recovery.SetSeededBug(bug, seededBug == bug)
+	saved := seededBug
+	seededBug = bug
+	defer func() { seededBug = saved }()
+	dir := scratch(t)
+	started := time.Now()
+	var found *Result
+	tried := 0
+	// Seeds run in batches, in parallel; the first batch with a failure
+	// ends the search, and its lowest failing seed is the one replayed.
+	const batch = 8
+	for first := *startFlag; tried < *bugSeedsFlag && found == nil; first += batch {
+		results := make([]Result, batch)
+		t.Run(fmt.Sprintf("seeds %d-%d", first, first+batch-1), func(t *testing.T) {
+			for i := range results {
+				seed := first + uint64(i)
+				t.Run(itoa(seed), func(t *testing.T) {
+					t.Parallel()
+					results[i] = simulate(t, seed, filepath.Join(dir, "s"+itoa(seed)))
+				})
+			}
+		})
+		tried += batch
+		for i := range results {
+			if results[i].Err != nil {
+				found = &results[i]
+				break
+			}
+		}
+	}
+	if found == nil {
+		t.Fatalf("the simulator did not find the seeded bug in %d seeds from %d", tried, *startFlag)
+	}
+	t.Logf("found the seeded bug with seed %d (%d seeds tried in %v):\n%v", found.Seed, tried, time.Since(started).Round(time.Millisecond), found.Err)
+	replays, failures := 5, 0
+	for i := 0; i < replays; i++ {
+		r := simulate(t, found.Seed, filepath.Join(dir, "replay"+itoa(uint64(i))))
+		if r.Err != nil {
+			failures++
+			t.Logf("replay %d of seed %d failed again: %s", i+1, found.Seed, problems(r.Err))
+		} else {
+			t.Logf("replay %d of seed %d passed", i+1, found.Seed)
+		}
+	}
+	if failures == 0 {
+		t.Fatalf("seed %d failed once but none of %d replays failed", found.Seed, replays)
+	}
+	t.Logf("seed %d: %d of %d replays failed again", found.Seed, failures, replays)
+}
+
+// TestScenarioFigure4FindsSeededBug: the Fig. 4 scenario, which passes on
+// the real code (TestScenarioFigure4), fails with the seeded bug.
+func TestScenarioFigure4FindsSeededBug(t *testing.T) {
+	const bug = "every-node-witnesses"
+	if err := recovery.SetSeededBug(bug, true); err != nil {
+		t.Fatal(err)
+	}
+	defer recovery.SetSeededBug(bug, seededBug == bug)
+	saved := seededBug
+	seededBug = bug
+	defer func() { seededBug = saved }()
+	dir := scratch(t)
+	for seed := uint64(1); seed <= 5; seed++ {
+		r := runScenario(t, figure4(seed), filepath.Join(dir, "s"+itoa(seed)))
+		if r.Err != nil {
+			t.Logf("seed %d fails with the seeded bug, as it must: %s", seed, problems(r.Err))
+			return
+		}
+		t.Logf("seed %d passed", seed)
+	}
+	t.Fatal("the Fig. 4 scenario did not find the seeded bug in 5 seeds")
+}

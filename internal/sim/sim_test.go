@@ -1,0 +1,125 @@
+package sim
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+var (
+	seedFlag  = flag.Uint64("sim.seed", 0, "run only this seed (0: run -sim.seeds seeds from -sim.start)")
+	seedsFlag = flag.Int("sim.seeds", defaultSeeds, "how many seeds TestSimulate runs")
+	startFlag = flag.Uint64("sim.start", 1, "the first seed TestSimulate runs")
+)
+
+// scratch returns a directory for the nodes' disks: in memory (/dev/shm)
+// when there is one, since every flush is an fdatasync.
+func scratch(t *testing.T) string {
+	base := os.Getenv("HERD_SIM_DIR")
+	if base == "" {
+		if info, err := os.Stat("/dev/shm"); err == nil && info.IsDir() {
+			base = "/dev/shm"
+		}
+	}
+	if base == "" {
+		return t.TempDir()
+	}
+	dir, err := os.MkdirTemp(base, "herd-sim-")
+	if err != nil {
+		return t.TempDir()
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// seededBug is the seeded bug switched on for TestSimulate (-sim.bug,
+// only in builds with the tag simbugs: seededbug_test.go).
+var seededBug string
+
+// simulate runs one seed in its own synctest bubble and returns its result.
+func simulate(t *testing.T, seed uint64, dir string) Result {
+	// A seed whose world never settles (a goroutine spinning) would hang
+	// in synctest.Wait until go test's timeout, which does not name it.
+	watchdog := time.AfterFunc(hangLimit, func() {
+		panic(fmt.Sprintf("sim: seed %d has run for %v of real time: hung? replay: %s", seed, hangLimit, ReplayCommand(seed, seededBug)))
+	})
+	defer watchdog.Stop()
+	var r Result
+	simulateWith(t, func() { r = Run(seed, Options{Dir: dir, Bug: seededBug}) })
+	return r
+}
+
+// hangLimit is far above a seed's real time (about 0.2 s, 1 s under -race,
+// a few seconds on a loaded machine).
+const hangLimit = 5 * time.Minute
+
+// simulateWith runs fn in a synctest bubble: the world it builds runs on
+// the bubble's fake clock.
+func simulateWith(t *testing.T, fn func()) {
+	synctest.Test(t, func(t *testing.T) { fn() })
+}
+
+func TestSimulate(t *testing.T) {
+	if seededBug != "" {
+		t.Logf("seeded bug %q switched on", seededBug)
+	}
+	if *seedFlag != 0 {
+		seed := *seedFlag
+		r := simulate(t, seed, scratch(t))
+		for _, n := range r.Notes {
+			t.Log(n)
+		}
+		for _, e := range r.Clients {
+			t.Log(e)
+		}
+		logResult(t, r)
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		return
+	}
+	seeds := *seedsFlag
+	if testing.Short() {
+		seeds = min(seeds, 20)
+	}
+	dir := scratch(t)
+	started := time.Now()
+	var failed atomic.Int64
+	var mu sync.Mutex
+	var ops, faults int64
+	t.Run("seeds", func(t *testing.T) {
+		for i := 0; i < seeds; i++ {
+			seed := *startFlag + uint64(i)
+			t.Run("", func(t *testing.T) {
+				t.Parallel()
+				seedDir := filepath.Join(dir, "s"+itoa(seed))
+				r := simulate(t, seed, seedDir)
+				os.RemoveAll(seedDir)
+				mu.Lock()
+				ops += r.Ops
+				for _, n := range r.Faults {
+					faults += int64(n)
+				}
+				mu.Unlock()
+				if r.Err != nil {
+					failed.Add(1)
+					t.Fatal(r.Err)
+				}
+			})
+		}
+	})
+	elapsed := time.Since(started)
+	t.Logf("%d seeds from %d in %v (%v per seed, %.1f seeds/s on %d cores): %d client operations, %d scheduled events; %d failed",
+		seeds, *startFlag, elapsed.Round(time.Millisecond), (elapsed / time.Duration(max(seeds, 1))).Round(time.Microsecond), float64(seeds)/elapsed.Seconds(), parallelism(), ops, faults, failed.Load())
+}
+
+func logResult(t *testing.T, r Result) {
+	t.Logf("seed %d: %+v; %d steps, %v of fake time, final epoch %d, events %v, %d operations (%d reads, %d writes), %d failed (allowed under faults)",
+		r.Seed, r.Config, r.Steps, r.FakeTime.Round(time.Millisecond), r.Epoch, r.Faults, r.Ops, r.Reads, r.Writes, r.Errors)
+}
