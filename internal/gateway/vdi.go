@@ -112,6 +112,30 @@ func (g *Gateway) Open(ctx context.Context, name string) (*Disk, error) {
 	return &Disk{gateway: g, state: state, readOnly: readOnly, size: current.Size}, nil
 }
 
+// lockGrace is how long a writable open waits for another node's writer
+// to let go before it is refused: a client that has just closed the VDI
+// there (qemu stopped on one host and started on the next) has sent its
+// disconnect, but the lock's release may still be on its way through the
+// cluster log.
+const lockGrace = 2 * time.Second
+
+// acquireLock takes the VDI's writer lock, waiting up to lockGrace while
+// another node holds it.
+func (g *Gateway) acquireLock(ctx context.Context, name string) (cluster.Lock, error) {
+	deadline := time.Now().Add(lockGrace)
+	for {
+		l, err := g.cluster.AcquireLock(ctx, cluster.VDILockKey(name), g.session)
+		if !errors.Is(err, cluster.ErrLockHeld) || time.Now().After(deadline) {
+			return l, err
+		}
+		select {
+		case <-ctx.Done():
+			return l, err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 func (g *Gateway) acquireWriter(ctx context.Context, state *vdiState) error {
 	state.openMu.Lock()
 	defer state.openMu.Unlock()
@@ -119,7 +143,7 @@ func (g *Gateway) acquireWriter(ctx context.Context, state *vdiState) error {
 	held, name := state.lockHeld, state.vdi.Name
 	state.mu.Unlock()
 	if !held {
-		_, err := g.cluster.AcquireLock(ctx, cluster.VDILockKey(name), g.session)
+		_, err := g.acquireLock(ctx, name)
 		if err != nil {
 			var lockHeld *cluster.LockHeldError
 			if errors.As(err, &lockHeld) {

@@ -380,6 +380,10 @@ func qemuIOArgs(t *testing.T, uri string, args ...string) (string, error) {
 			i++
 			continue
 		}
+		if args[i] == "-r" {
+			full = append(full, "-r")
+			continue
+		}
 		full = append(full, "-c", args[i])
 	}
 	out, err := run(t, 2*time.Minute, "qemu-io", append(full, uri)...)
@@ -391,7 +395,7 @@ func qemuIOArgs(t *testing.T, uri string, args ...string) (string, error) {
 
 // TestSecondWriterRefused: while a client holds the VDI open for writing
 // through node A, a writer through node B is refused with an error naming
-// A; read-only opens work; once A's client leaves, B may write.
+// A; read-only opens work; once A's client leaves, B may write, at once.
 func TestSecondWriterRefused(t *testing.T) {
 	need(t, "qemu-io")
 	needLibnbd(t)
@@ -437,4 +441,18 @@ h.shutdown()
 		}
 		return true, nil
 	})
+
+	// A VM stopped on one host and started at once on the next: the
+	// writable open waits the moment the closed writer's lock needs to
+	// go, instead of failing as busy.
+	for i := 0; i < 6; i++ {
+		from, to := c.Node(i%3), c.Node((i+1)%3)
+		pattern := 0x60 + i
+		if out, err := qemuIO(t, from.NBDURI("disk"), fmt.Sprintf("write -P %#x 0 4096", pattern)); err != nil {
+			t.Fatalf("write %d through node %d: %v\n%s", i, i%3, err, out)
+		}
+		if out, err := qemuIO(t, to.NBDURI("disk"), fmt.Sprintf("read -P %#x 0 4096", pattern)); err != nil {
+			t.Fatalf("writable open through node %d right after node %d's client closed: %v\n%s", (i+1)%3, i%3, err, lastLines(out, 5))
+		}
+	}
 }
