@@ -7,6 +7,9 @@
 #
 #   bench/ab.sh REV_A REV_B [SIZE] [ROUNDS]    e.g. bench/ab.sh b7a8b39 HEAD 1G 3
 #   AB_JOBS=all bench/ab.sh ...                 the whole job set (seqwrite, seqread too)
+#   AB_ENV_A="VAR=value ..." bench/ab.sh ...   environment of A's nodes only
+#                                               (AB_ENV_B likewise), e.g.
+#   AB_ENV_A=HERD_BENCH_NO_CHECKSUMS=1 bench/ab.sh HEAD HEAD 1G 3
 set -euo pipefail
 # fio's nbd engine cannot load client certificates: reach the nodes through
 # their local socket unless HERD_BENCH_NBD says otherwise.
@@ -16,6 +19,7 @@ source "$(dirname "$0")/lib.sh"
 rev_a=${1:?usage: bench/ab.sh REV_A REV_B [SIZE] [ROUNDS]}
 rev_b=${2:?usage: bench/ab.sh REV_A REV_B [SIZE] [ROUNDS]}
 size=${3:-1G}
+: "${AB_ENV_A:=}" "${AB_ENV_B:=}"
 rounds=${4:-3}
 shared=$(cd "$root/../shared/bench" && pwd)
 out=$work/ab-$(date +%Y%m%d-%H%M%S)
@@ -27,15 +31,21 @@ for label in A B; do
   mkdir -p "$src"
   git -C "$root" archive "$(git -C "$root" rev-parse "$rev")" | tar -x -C "$src"
   (cd "$src" && go build -o "$out/herd-$label" ./cmd/herd)
-  echo "$label = $rev ($(git -C "$root" rev-parse --short "$rev"))" | tee -a "$out/revisions.txt"
+  env_vars=$AB_ENV_A
+  [ "$label" = B ] && env_vars=$AB_ENV_B
+  echo "$label = $rev ($(git -C "$root" rev-parse --short "$rev")) ${env_vars}" | tee -a "$out/revisions.txt"
 done
 jobs="precondition randwrite-qd1 randwrite-qd32 randread-qd1 randread-qd32 syncwrite-qd1"
 [ "${AB_JOBS:-}" = all ] && jobs="precondition seqwrite seqread randwrite-qd1 randwrite-qd32 randread-qd1 randread-qd32 syncwrite-qd1"
 for round in $(seq 1 "$rounds"); do
   for label in A B; do
     bin=$out/herd-$label
-    echo "== round $round: $label"
+    env_vars=$AB_ENV_A
+    [ "$label" = B ] && env_vars=$AB_ENV_B
+    echo "== round $round: $label ${env_vars}"
+    for kv in $env_vars; do export "${kv?}"; done
     start_cluster 3 3 bench "$size"
+    for kv in $env_vars; do unset "${kv%%=*}"; done
     JOBS=$jobs "$shared/run-fio.sh" "$label-$round" "$out" --ioengine=nbd --uri="$uri" | tee "$out/$label-$round.txt"
     stop_all
   done

@@ -347,6 +347,13 @@ func (s *Store) attach(h *handle, d *diskState, path string, f *os.File) error {
 // version 1): the benchmarks' baseline in the same binary.
 var createLegacy bool
 
+// BenchmarkWithoutChecksums makes every copy this process creates from
+// now on a copy without checksums (format version 1, read unverified),
+// as herd wrote before checksums. It exists only so that benchmarks can
+// measure what checksums cost with one binary (bench/ab.sh, env
+// HERD_BENCH_NO_CHECKSUMS=1); the first scrub pass would add them.
+func BenchmarkWithoutChecksums() { createLegacy = true }
+
 // create makes a new object file on disk d with its header stamped epoch.
 func (s *Store) create(h *handle, d *diskState, epoch uint64) error {
 	if err := s.checkReserve(d, h.oid); err != nil {
