@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/url"
+	"strconv"
 	"sync"
 	"time"
 
@@ -156,6 +157,20 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 	s.handle(mux, "GET /v1/cluster", func(r *http.Request) (any, error) { return c.Info(), nil })
 	s.handle(mux, "GET /v1/cluster/health", func(r *http.Request) (any, error) { return s.health(r.Context()), nil })
 	s.handle(mux, "GET /v1/cluster/epochs", func(r *http.Request) (any, error) { return c.Epochs(), nil })
+	s.handle(mux, "GET /v1/events", func(r *http.Request) (any, error) {
+		var after uint64
+		if v := r.URL.Query().Get("after"); v != "" {
+			var err error
+			if after, err = strconv.ParseUint(v, 10, 64); err != nil {
+				return nil, fmt.Errorf("%w: after=%q: want a log index", cluster.ErrInvalid, v)
+			}
+		}
+		events := c.Events(after)
+		if events == nil {
+			events = []cluster.Event{}
+		}
+		return events, nil
+	})
 	s.handle(mux, "POST /v1/cluster/format", func(r *http.Request) (any, error) {
 		var req FormatRequest
 		if err := decodeBody(r, &req); err != nil {

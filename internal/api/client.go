@@ -150,6 +150,12 @@ func (c *Client) Epochs(ctx context.Context) ([]cluster.Epoch, error) {
 	return v, c.Do(ctx, http.MethodGet, "/v1/cluster/epochs", nil, &v)
 }
 
+// Events returns the cluster's events after log index after (0: all kept).
+func (c *Client) Events(ctx context.Context, after uint64) ([]cluster.Event, error) {
+	var v []cluster.Event
+	return v, c.Do(ctx, http.MethodGet, fmt.Sprintf("/v1/events?after=%d", after), nil, &v)
+}
+
 func (c *Client) Format(ctx context.Context, copies int, objectSize uint64) (cluster.Format, error) {
 	var v cluster.Format
 	return v, c.Do(ctx, http.MethodPost, "/v1/cluster/format", FormatRequest{Copies: copies, ObjectSize: objectSize}, &v)

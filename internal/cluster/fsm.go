@@ -292,6 +292,12 @@ func (f *FSM) ApplyBatch(entries []*raft.Log) []any {
 		default:
 			before := len(f.state.Epochs)
 			result.Value, result.Err = fn(f.state, entry.Data[1:])
+			if result.Err == nil {
+				describe(f.state, t, entry.Data[1:], result.Value)
+				f.state.commitEvents(entry.Index, entry.AppendedAt)
+			} else {
+				f.state.pending = f.state.pending[:0]
+			}
 			nodesChanged = nodesChanged || len(f.state.Epochs) != before || t == commandNodeJoin
 		}
 		results[i] = result
@@ -494,7 +500,10 @@ func applyNodeJoin(s *State, data []byte) (any, error) {
 	old, existed := s.Nodes[n.ID]
 	if existed && old.Incarnation != n.Incarnation {
 		// The node restarted: whatever its previous process held is gone.
-		releaseLocks(s, func(l *Lock) bool { return l.Node == n.ID && l.Incarnation != n.Incarnation })
+		if old.State == NodeAlive {
+			s.note("node", "node %s (%s) restarted: a new process", n.ID, n.Address)
+		}
+		releaseLocks(s, "its node "+n.ID+" restarted", func(l *Lock) bool { return l.Node == n.ID && l.Incarnation != n.Incarnation })
 	}
 	wasAlive := existed && old.State == NodeAlive
 	if existed {
@@ -531,7 +540,7 @@ func applyNodeLeave(s *State, data []byte) (any, error) {
 	}
 	n.State = NodeDead
 	n.Since = c.Time
-	releaseLocks(s, func(l *Lock) bool { return l.Node == c.ID })
+	releaseLocks(s, "its node "+c.ID+" left", func(l *Lock) bool { return l.Node == c.ID })
 	reason := "node " + c.ID + " left"
 	if c.Reason != "" {
 		reason += " (" + c.Reason + ")"
@@ -555,6 +564,7 @@ func newEpoch(s *State, at time.Time, reason string) {
 		members = append(members, MemberOf(*n))
 	}
 	s.Epochs = append(s.Epochs, Epoch{Number: s.Epoch() + 1, Nodes: alive, Full: full, Members: members, Time: at, Reason: reason})
+	s.note("epoch", "epoch %d: %s; %d nodes alive", s.Epoch(), reason, len(alive))
 }
 
 // applyNodeSpace marks a node full or not; a change is a new epoch, since
@@ -586,14 +596,20 @@ func applyNodeSpace(s *State, data []byte) (any, error) {
 // whose writer lock goes this way is marked unclean: its writer may have
 // died in the middle of writes, leaving replicas that differ, and the
 // next writer repairs it before serving (issue 5 item 5).
-func releaseLocks(s *State, match func(*Lock) bool) {
+func releaseLocks(s *State, why string, match func(*Lock) bool) {
+	var keys []string
 	for key, l := range s.Locks {
 		if match(l) {
-			delete(s.Locks, key)
-			if name, ok := strings.CutPrefix(key, vdiLockKey("")); ok {
-				if v, ok := s.VDIs[name]; ok {
-					v.Unclean = true
-				}
+			keys = append(keys, key)
+		}
+	}
+	sort.Strings(keys) // the events come in one order on every node
+	for _, key := range keys {
+		delete(s.Locks, key)
+		if name, ok := strings.CutPrefix(key, vdiLockKey("")); ok {
+			if v, ok := s.VDIs[name]; ok {
+				v.Unclean = true
+				s.note("lock", "the writer lock on vdi %q was taken away (%s): the vdi is unclean until its next writer makes its replicas identical", name, why)
 			}
 		}
 	}

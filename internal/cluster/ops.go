@@ -398,6 +398,20 @@ func (c *applied) Epochs() []Epoch {
 	return out
 }
 
+// Events returns the cluster's events made by log entries after index
+// after (0: all that are kept), oldest first.
+func (c *applied) Events(after uint64) []Event {
+	var out []Event
+	c.fsm.View(func(s *State) {
+		for _, e := range s.Events {
+			if e.Index > after {
+				out = append(out, e)
+			}
+		}
+	})
+	return out
+}
+
 // VDIs lists VDIs by name.
 func (c *applied) VDIs() []VDI {
 	var out []VDI

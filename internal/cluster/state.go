@@ -183,6 +183,11 @@ type State struct {
 	Tokens   map[string]*Token    `json:"tokens"`
 	Clients  map[string]*Client   `json:"clients"`
 	Removed  map[string]time.Time `json:"removed"` // nodes removed for good
+
+	// Events is the cluster's history in words, the newest MaxEvents
+	// (events.go); pending holds those of the entry being applied.
+	Events  []Event `json:"events,omitempty"`
+	pending []Event
 }
 
 func newState() *State {

@@ -496,6 +496,9 @@ func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *layout.Epoch, oid,
 func (r *Recovery) removeSurplus(ctx context.Context, epoch uint64) {
 	for delay := time.Second; ctx.Err() == nil; delay = min(2*delay, 30*time.Second) {
 		left, err := r.removeSurplusOnce(ctx, epoch)
+		if errors.Is(err, layout.ErrNotFormatted) {
+			return // no objects exist before the cluster is formatted
+		}
 		if err != nil && ctx.Err() == nil {
 			r.logger.Warn("recovery: removing surplus copies", "epoch", epoch, "err", err)
 		}

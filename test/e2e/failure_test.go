@@ -205,6 +205,7 @@ func TestWriterNodeKilledMidWrite(t *testing.T) {
 	c := dataCluster(t, 4, 3, "disk", "256M")
 	fio, out := startFio(t, "writer", c.Node(1).NBDURI("disk"), "rw=randwrite\nbs=4k-256k\niodepth=32\nsize=256M\ntime_based=1\nruntime=600\n")
 	waitObjectCopies(t, c, 120)
+	killed := nodeID(t, c, 1)
 	c.Node(1).Kill()
 	fio.Wait()
 	t.Logf("fio, cut off: %s", lastLines(out.String(), 2))
@@ -228,6 +229,40 @@ func TestWriterNodeKilledMidWrite(t *testing.T) {
 	}
 	t.Logf("%s", lastLines(grepLines(string(logged), "repaired vdi"), 1))
 	checkVDIClean(t, c, 3, "disk")
+
+	// `herd events` tells the story, in order, the same through every node.
+	want := []string{
+		`vdi "disk" created`,
+		`the writer lock on vdi "disk" was taken away (its node ` + killed + ` left)`,
+		"node " + killed + " left",
+		`vdi "disk" repaired`,
+	}
+	// A node may apply the last entries a moment after the others.
+	var first string
+	testcluster.WaitFor(t, 10*time.Second, "herd events to tell the story alike through nodes 0, 2 and 3", func() (bool, error) {
+		first = ""
+		for _, i := range three {
+			out, stderr, err := c.Herd(ctx(t), i, "events")
+			if err != nil {
+				return false, fmt.Errorf("herd events through node %d: %v %s", i, err, stderr)
+			}
+			rest := out
+			for _, w := range want {
+				at := strings.Index(rest, w)
+				if at < 0 {
+					return false, fmt.Errorf("herd events through node %d lacks %q after the events before it:\n%s", i, w, out)
+				}
+				rest = rest[at+len(w):]
+			}
+			if first == "" {
+				first = out
+			} else if out != first {
+				return false, fmt.Errorf("herd events differs between nodes:\n%s\n%s", first, out)
+			}
+		}
+		return true, nil
+	})
+	t.Logf("herd events:\n%s", first)
 }
 
 func grepLines(text, substring string) string {

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Build the herd container image from this work tree: a static binary
+# (CGO_ENABLED=0) in an image FROM scratch. No registry is needed.
+#
+#   deploy/build-image.sh [TAG]     (default herd:local)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+tag=${1:-herd:local}
+context=$(mktemp -d)
+trap 'rm -rf "$context"' EXIT
+mkdir -m 0700 "$context/data"
+(cd "$root" && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$context/herd" ./cmd/herd)
+cp "$root/deploy/Dockerfile" "$context/"
+docker build -q -t "$tag" "$context" >/dev/null
+echo "built $tag ($(docker image inspect -f '{{.Size}}' "$tag") bytes)"
