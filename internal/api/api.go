@@ -32,6 +32,11 @@ import (
 
 // Request and response bodies.
 type (
+	// MaintenanceRequest opens a node's maintenance window for Seconds
+	// (0 ends it).
+	MaintenanceRequest struct {
+		Seconds float64 `json:"seconds"`
+	}
 	FormatRequest struct {
 		Copies     int    `json:"copies"`
 		ObjectSize uint64 `json:"object_size"`
@@ -157,6 +162,13 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 	s.handle(mux, "GET /v1/cluster", func(r *http.Request) (any, error) { return c.Info(), nil })
 	s.handle(mux, "GET /v1/cluster/health", func(r *http.Request) (any, error) { return s.health(r.Context()), nil })
 	s.handle(mux, "GET /v1/cluster/epochs", func(r *http.Request) (any, error) { return c.Epochs(), nil })
+	s.handle(mux, "POST /v1/nodes/{id}/maintenance", func(r *http.Request) (any, error) {
+		var req MaintenanceRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return c.SetMaintenance(r.Context(), r.PathValue("id"), time.Duration(req.Seconds*float64(time.Second)))
+	})
 	s.handle(mux, "GET /v1/events", func(r *http.Request) (any, error) {
 		var after uint64
 		if v := r.URL.Query().Get("after"); v != "" {

@@ -275,6 +275,12 @@ func (c *Client) RevokeClient(ctx context.Context, name string) (cluster.Client,
 	return v, c.Do(ctx, http.MethodDelete, "/v1/clients/"+url.PathEscape(name), nil, &v)
 }
 
+// SetMaintenance opens node id's maintenance window for d (0 ends it).
+func (c *Client) SetMaintenance(ctx context.Context, id string, d time.Duration) (cluster.Node, error) {
+	var v cluster.Node
+	return v, c.Do(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(id)+"/maintenance", MaintenanceRequest{Seconds: d.Seconds()}, &v)
+}
+
 func (c *Client) RemoveNode(ctx context.Context, id string) error {
 	return c.Do(ctx, http.MethodDelete, "/v1/nodes/"+url.PathEscape(id), nil, nil)
 }

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
@@ -63,6 +64,10 @@ func (s *Server) health(ctx context.Context) Health {
 	defer cancel()
 	for _, n := range s.nodes(ctx) {
 		switch {
+		case n.State != cluster.NodeAlive && n.InMaintenance(time.Now()):
+			h.add(HealthWarn, "node %s (%s) is down in its maintenance window (until %s): its objects have one copy fewer and are not re-replicated meanwhile",
+				n.ID, n.Address, n.MaintenanceUntil.UTC().Format(time.RFC3339))
+			continue
 		case n.State != cluster.NodeAlive:
 			h.add(HealthWarn, "node %s (%s) is down", n.ID, n.Address)
 			continue
@@ -84,6 +89,10 @@ func (s *Server) health(ctx context.Context) Health {
 			continue
 		case st.Unavailable > 0:
 			h.add(HealthErr, "node %s: %d objects unavailable: their newest copies may be on nodes that are down; reads and writes of them fail until one returns", r.Node, st.Unavailable)
+		}
+		if st.Deferred > 0 {
+			h.add(HealthWarn, "node %s: %d object copies wait for the maintenance window of %s to close (%s)", r.Node, st.Deferred,
+				strings.Join(st.HeldBy, ", "), st.HeldUntil.UTC().Format(time.RFC3339))
 		}
 		if st.Remaining > 0 {
 			eta := "unknown"

@@ -222,6 +222,9 @@ func nodeCommand(g *globals) *cobra.Command {
 					if n.Full {
 						state += ", FULL: takes no objects"
 					}
+					if n.InMaintenance(time.Now()) {
+						state += ", maintenance until " + n.MaintenanceUntil.Local().Format(time.DateTime)
+					}
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.Address, zone, size.Format(n.Capacity), used, free, objects, bad, repaired, n.Role, state)
 				}
 			})
@@ -265,6 +268,9 @@ func nodeCommand(g *globals) *cobra.Command {
 					if note == "" {
 						note = st.LastError
 					}
+					if note == "" && st.Deferred > 0 {
+						note = fmt.Sprintf("%d copies wait for the maintenance of %s (until %s)", st.Deferred, strings.Join(st.HeldBy, ", "), st.HeldUntil.Local().Format(time.DateTime))
+					}
 					if note == "" && st.Unavailable > 0 {
 						note = fmt.Sprintf("%d objects unavailable until nodes holding their newest copies return", st.Unavailable)
 					}
@@ -285,7 +291,7 @@ func nodeCommand(g *globals) *cobra.Command {
 	}
 	recovery.Flags().StringVar(&maxRate, "max-rate", "", "copy at most RATE per node (e.g. 100MiB or 100MiB/s; 0 = unlimited)")
 	recovery.Flags().IntVar(&concurrency, "concurrency", 0, "recover at most N objects at once per node (1-64)")
-	cmd.AddCommand(list, recovery, nodeRemoveCommand(g))
+	cmd.AddCommand(list, recovery, nodeRemoveCommand(g), nodeMaintenanceCommand(g))
 	return cmd
 }
 
@@ -569,4 +575,61 @@ func parseRate(text string) (uint64, error) {
 		return 0, fmt.Errorf("--max-rate %q: %v (a size per second such as 100MiB/s, or 0 for unlimited)", text, err)
 	}
 	return n, nil
+}
+
+func nodeMaintenanceCommand(g *globals) *cobra.Command {
+	var window time.Duration
+	var end bool
+	cmd := &cobra.Command{
+		Use:   "maintenance NODE --for DURATION | --end",
+		Short: "let a node be down for a while (a reboot) without re-replicating its data; NODE is its id or address",
+		Long: `While a node is down inside its maintenance window, the cluster serves
+its VDIs from the other replicas and copies only the objects clients use
+to the nodes standing in for it; its other objects are not copied. When
+it returns it catches up only what changed. When the window closes first,
+recovery copies the rest as after any failure.`,
+		Args: args(1, "NODE"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			if end == cmd.Flags().Changed("for") {
+				return fmt.Errorf("give --for DURATION (e.g. --for 30m) or --end")
+			}
+			if !end && window <= 0 {
+				return fmt.Errorf("--for must be a positive duration such as 30m or 2h, not %s (--end ends a window)", window)
+			}
+			ctx, cancel := g.context()
+			defer cancel()
+			id, err := resolveNode(ctx, g, a[0])
+			if err != nil {
+				return err
+			}
+			n, err := g.client().SetMaintenance(ctx, id, window)
+			if err != nil {
+				return err
+			}
+			return g.output(n, func(w *tabwriter.Writer) {
+				if n.MaintenanceUntil.IsZero() {
+					fmt.Fprintf(w, "node %s (%s): maintenance ended\n", n.ID, n.Address)
+					return
+				}
+				fmt.Fprintf(w, "node %s (%s) in maintenance until %s\n", n.ID, n.Address, n.MaintenanceUntil.Local().Format(time.DateTime))
+			})
+		},
+	}
+	cmd.Flags().DurationVar(&window, "for", 0, "length of the window, e.g. 30m (at most 168h)")
+	cmd.Flags().BoolVar(&end, "end", false, "end the node's window now")
+	return cmd
+}
+
+// resolveNode turns a node id or address into its id.
+func resolveNode(ctx context.Context, g *globals, name string) (string, error) {
+	nodes, err := g.client().Nodes(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, n := range nodes {
+		if n.ID == name || n.Address == name {
+			return n.ID, nil
+		}
+	}
+	return "", fmt.Errorf("no node %q: give a node id or address from herd node list", name)
 }

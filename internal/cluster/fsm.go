@@ -508,6 +508,7 @@ func applyNodeJoin(s *State, data []byte) (any, error) {
 	wasAlive := existed && old.State == NodeAlive
 	if existed {
 		n.Full = old.Full // the node clears it itself, with a new epoch
+		n.MaintenanceUntil = old.MaintenanceUntil
 	}
 	n.State = NodeAlive
 	n.Since = c.Time

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/raft"
 )
@@ -82,6 +83,8 @@ var fuzzPayloads = map[commandType][]any{
 	commandClientRevoke:  {clientRevokeCommand{Name: "vmhost"}, clientRevokeCommand{Name: "none"}},
 	commandNodeRemove:    {nodeRemoveCommand{ID: "d", Time: t0}, nodeRemoveCommand{ID: "a", Time: t0}},
 	commandJoinSecretSet: {joinSecretCommand{Hash: "j3"}},
+	commandNodeMaintenance: {nodeMaintenanceCommand{ID: "c", Until: t0.Add(time.Hour), Time: t0}, nodeMaintenanceCommand{ID: "c", Time: t0},
+		nodeMaintenanceCommand{ID: "zz", Until: t0.Add(time.Hour), Time: t0}, nodeMaintenanceCommand{ID: "a", Until: t0.Add(30 * 24 * time.Hour), Time: t0}},
 }
 
 // appendEntry appends one log entry to a fuzz input: its length as a

@@ -115,6 +115,15 @@ func (l *Local) NodeLeave(id, reason string) (uint64, error) {
 	return epoch, err
 }
 
+// SetMaintenance commits a maintenance window of length d for node id,
+// as `herd node maintenance` does.
+func (l *Local) SetMaintenance(id string, d time.Duration) (Node, error) {
+	var n Node
+	now := time.Now().UTC()
+	err := l.commitCommand(commandNodeMaintenance, nodeMaintenanceCommand{ID: id, Until: now.Add(d), Time: now}, &n)
+	return n, err
+}
+
 // CreateVDI commits a new VDI, as `herd vdi create` does.
 func (l *Local) CreateVDI(name string, size uint64) (VDI, error) {
 	var v VDI

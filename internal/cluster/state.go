@@ -35,7 +35,16 @@ type Node struct {
 	// (issue 5 item 7). Set and cleared by the node itself.
 	Full  bool      `json:"full,omitempty"`
 	Since time.Time `json:"since"` // when State last changed
+	// MaintenanceUntil: an operator put the node in maintenance until
+	// then (`herd node maintenance`). While it is down inside that window
+	// its objects are not copied elsewhere in the background (only those
+	// clients use are, on demand), so a reboot does not move its data out
+	// and back (maintenance.go).
+	MaintenanceUntil time.Time `json:"maintenance_until,omitzero"`
 }
+
+// InMaintenance reports whether the node's maintenance window is open at now.
+func (n Node) InMaintenance(now time.Time) bool { return now.Before(n.MaintenanceUntil) }
 
 // Epoch is one entry of the epoch history: the set of alive nodes from
 // Number on, until the next epoch, and everything placement needs of

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/layout"
@@ -117,6 +118,8 @@ func (l *fakeLog) Node(id string) (cluster.Node, bool) {
 	n, ok := l.nodes[id]
 	return n, ok
 }
+
+func (l *fakeLog) MaintenanceHold(time.Time) (time.Time, []string) { return time.Time{}, nil }
 
 func (l *fakeLog) VDIByID(id uint32) (cluster.VDI, bool) {
 	l.mu.Lock()

@@ -48,6 +48,9 @@ type Cluster interface {
 	WaitEpoch(ctx context.Context, after uint64) (cluster.EpochView, error)
 	Epochs() []cluster.Epoch
 	VDIByID(id uint32) (cluster.VDI, bool)
+	// MaintenanceHold names the nodes down inside their maintenance
+	// window, and the earliest end of those windows.
+	MaintenanceHold(now time.Time) (until time.Time, nodes []string)
 }
 
 // Replicas reaches every node's replica (replica.Client).
@@ -106,6 +109,11 @@ type Status struct {
 	// object holds a current, durable copy. Removed counts those deleted.
 	Surplus int `json:"surplus"`
 	Removed int `json:"removed"`
+	// Deferred counts objects whose copy waits for a maintenance window
+	// to close (HeldBy: the nodes down in one, HeldUntil: its end).
+	Deferred  int       `json:"deferred,omitempty"`
+	HeldBy    []string  `json:"held_by,omitempty"`
+	HeldUntil time.Time `json:"held_until,omitzero"`
 	// Progress of the pass in bytes: the copy rate so far, an estimate of
 	// the bytes left (objects left times the share of objects that needed
 	// a copy so far) and of the time left at that rate.
@@ -208,6 +216,12 @@ func (r *Recovery) Run(ctx context.Context) {
 		}(epoch)
 		for attempt := 0; run.Err() == nil; attempt++ {
 			err := r.recover(run, epoch)
+			var held *heldError
+			if errors.As(err, &held) {
+				r.waitHold(run)
+				attempt = -1
+				continue
+			}
 			if err == nil || run.Err() != nil {
 				break
 			}
@@ -220,6 +234,36 @@ func (r *Recovery) Run(ctx context.Context) {
 		}
 		r.removeSurplus(run, epoch)
 		cancel()
+	}
+}
+
+// errDeferred: a copy was not made because a maintenance window is open.
+var errDeferred = errors.New("recovery: copy deferred by a maintenance window")
+
+// heldError ends a pass that deferred copies for a maintenance window.
+type heldError struct {
+	nodes    []string
+	until    time.Time
+	deferred int
+}
+
+func (e *heldError) Error() string {
+	return fmt.Sprintf("recovery: %d copies wait for the maintenance of %v (until %s)", e.deferred, e.nodes, e.until.UTC().Format(time.RFC3339))
+}
+
+// waitHold waits until no node is down inside a maintenance window (its
+// window closed or was ended), or ctx ends (the node returned: a new
+// epoch).
+func (r *Recovery) waitHold(ctx context.Context) {
+	for ctx.Err() == nil {
+		until, nodes := r.cluster.MaintenanceHold(time.Now())
+		if len(nodes) == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(min(time.Until(until), 5*time.Second)):
+		}
 	}
 }
 
@@ -283,6 +327,14 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 	})
 	// Every node of the epoch answered the listing; no other node did.
 	answered := func(id string) bool { _, ok := rv.Nodes[id]; return ok || bugEveryNodeWitnesses }
+	// While a node is down inside its maintenance window, copies wait
+	// (restamps do not): clients' objects are made current on demand.
+	throttle := r.throttle.wait
+	heldUntil, heldBy := r.cluster.MaintenanceHold(time.Now())
+	if len(heldBy) > 0 {
+		throttle = func(context.Context, uint64) error { return errDeferred }
+	}
+	var deferred int
 	work := make(chan uint64)
 	var failed error
 	var failedOnce sync.Once
@@ -299,9 +351,13 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 					continue
 				}
 				b := newest[oid]
-				copied, err := r.makeCurrent(ctx, rv, oid, b.stamp, []cluster.Node{b.holder}, answered, r.throttle.wait)
+				copied, err := r.makeCurrent(ctx, rv, oid, b.stamp, []cluster.Node{b.holder}, answered, throttle)
 				r.throttle.leave()
 				switch {
+				case errors.Is(err, errDeferred):
+					mu.Lock()
+					deferred++
+					mu.Unlock()
 				case errors.Is(err, object.ErrNoCopy):
 					mu.Lock()
 					unavailable = append(unavailable, oid)
@@ -355,6 +411,13 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 	// that other nodes may delete the copies they replace.
 	if err := r.local.Store().Flush(); err != nil {
 		return fmt.Errorf("flushing recovered copies: %w", err)
+	}
+	if deferred > 0 {
+		r.update(func(s *Status) {
+			s.State, s.Deferred, s.HeldBy, s.HeldUntil = "held for maintenance", deferred, heldBy, heldUntil
+		})
+		r.logger.Info("recovery: copies wait for a maintenance window", "epoch", epoch, "objects", deferred, "nodes", heldBy, "until", heldUntil)
+		return &heldError{nodes: heldBy, until: heldUntil, deferred: deferred}
 	}
 	status := r.Status()
 	r.update(func(s *Status) { s.State, s.Finished = "done", time.Now() })

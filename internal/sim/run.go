@@ -31,6 +31,7 @@ type Result struct {
 	Reads    int64
 	Writes   int64
 	Errors   int64    // operations that failed (allowed: a fault may cause them)
+	Held     int      // steps at which a node's recovery waited for a maintenance window
 	Notes    []string // the step log
 	Clients  []string // each client's first errors
 	Err      error    // a *Failure, or nil
@@ -192,6 +193,9 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 		}
 		if problems := check(); len(problems) > 0 {
 			return fail(problems...)
+		}
+		if w.held() {
+			r.Held++
 		}
 	}
 

@@ -39,9 +39,10 @@ const (
 	Heal                       // the partition ends
 	Network                    // message drops and delays change
 	Lag                        // how far behind the log the node applies
+	Maintenance                // the node's maintenance window opens (Window)
 )
 
-var eventNames = map[EventKind]string{Check: "check", Kill: "kill", Restart: "restart", Pause: "pause", Resume: "resume", Partition: "partition", Heal: "heal", Network: "network", Lag: "lag"}
+var eventNames = map[EventKind]string{Check: "check", Kill: "kill", Restart: "restart", Pause: "pause", Resume: "resume", Partition: "partition", Heal: "heal", Network: "network", Lag: "lag", Maintenance: "maintenance"}
 
 func (k EventKind) String() string { return eventNames[k] }
 
@@ -54,6 +55,7 @@ type Event struct {
 	DropPerMille int   // Network: requests (and, as often, answers) lost per 1000
 	DelayMax     time.Duration
 	Lag          time.Duration
+	Window       time.Duration // Maintenance
 }
 
 func (e Event) String() string {
@@ -70,6 +72,8 @@ func (e Event) String() string {
 		return fmt.Sprintf("network: drop %d/1000 requests and as many answers, delay up to %v", e.DropPerMille, e.DelayMax)
 	case Lag:
 		return fmt.Sprintf("lag: n%d applies the log %v late", e.Node, e.Lag)
+	case Maintenance:
+		return fmt.Sprintf("maintenance: n%d for %v", e.Node, e.Window)
 	}
 	return e.Kind.String()
 }
@@ -228,6 +232,19 @@ func NewSchedule(seed uint64) Schedule {
 			}
 		}
 	}
+	// A third of the kills follow a maintenance window for that node (5 to
+	// 30 s), so that copies wait for it while it is down. These come from
+	// their own random stream: the rest of each seed's schedule is what it
+	// was before maintenance windows existed.
+	m := rand.New(rand.NewPCG(seed, 0x6d61696e))
+	withWindows := make([]Event, 0, len(faults))
+	for _, e := range faults {
+		if e.Kind == Kill && m.IntN(3) == 0 {
+			withWindows = append(withWindows, Event{At: e.At, Kind: Maintenance, Node: e.Node, Window: time.Duration(5+m.IntN(26)) * time.Second})
+		}
+		withWindows = append(withWindows, e)
+	}
+	faults = withWindows
 	// Checks every second between the faults.
 	for at := checkInterval; at < cfg.Faults; at += checkInterval {
 		faults = append(faults, Event{At: at, Kind: Check})

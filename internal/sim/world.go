@@ -358,6 +358,10 @@ func (w *World) apply(e Event) error {
 		w.mu.Lock()
 		w.dropPerMille, w.delayMax = e.DropPerMille, e.DelayMax
 		w.mu.Unlock()
+	case Maintenance:
+		if _, err := w.log.SetMaintenance(w.nodes[e.Node].id, e.Window); err != nil {
+			return fmt.Errorf("maintenance window for %s: %w", w.nodes[e.Node].id, err)
+		}
 	case Lag:
 		n := w.nodes[e.Node]
 		w.mu.Lock()
@@ -367,6 +371,19 @@ func (w *World) apply(e Event) error {
 		p.member.SetLag(e.Lag)
 	}
 	return nil
+}
+
+// held reports whether a running node's recovery waits for a
+// maintenance window.
+func (w *World) held() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, n := range w.nodes {
+		if !n.killed && n.proc != nil && n.proc.recovery.Status().Deferred > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // kill ends n's process as kill -9 does: nothing more runs, requests to
