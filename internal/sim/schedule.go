@@ -30,16 +30,16 @@ type Config struct {
 type EventKind int
 
 const (
-	Check     EventKind = iota // nothing: a step that only checks the invariants
-	Kill                       // the node's process dies (its disk stays)
-	Restart                    // a killed node starts again: a new process
-	Pause                      // the node's process stops (SIGSTOP)
-	Resume                     // ... and continues (SIGCONT)
-	Partition                  // Nodes are cut off from the others, both ways
-	Heal                       // the partition ends
-	Network                    // message drops and delays change
-	Lag                        // how far behind the log the node applies
-	Maintenance                // the node's maintenance window opens (Window)
+	Check       EventKind = iota // nothing: a step that only checks the invariants
+	Kill                         // the node's process dies (its disk stays)
+	Restart                      // a killed node starts again: a new process
+	Pause                        // the node's process stops (SIGSTOP)
+	Resume                       // ... and continues (SIGCONT)
+	Partition                    // Nodes are cut off from the others, both ways
+	Heal                         // the partition ends
+	Network                      // message drops and delays change
+	Lag                          // how far behind the log the node applies
+	Maintenance                  // the node's maintenance window opens (Window)
 )
 
 var eventNames = map[EventKind]string{Check: "check", Kill: "kill", Restart: "restart", Pause: "pause", Resume: "resume", Partition: "partition", Heal: "heal", Network: "network", Lag: "lag", Maintenance: "maintenance"}
