@@ -321,6 +321,7 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 		}
 		return lockBench(r.Context(), c, req)
 	})
+	dashboardRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("%w: no such API route %s %s", cluster.ErrNotFound, r.Method, r.URL.Path))
 	})
