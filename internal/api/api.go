@@ -32,6 +32,10 @@ import (
 
 // Request and response bodies.
 type (
+	// DrainRequest starts a node's drain, or cancels it.
+	DrainRequest struct {
+		Cancel bool `json:"cancel,omitempty"`
+	}
 	// MaintenanceRequest opens a node's maintenance window for Seconds
 	// (0 ends it).
 	MaintenanceRequest struct {
@@ -168,6 +172,13 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 			return nil, err
 		}
 		return c.SetMaintenance(r.Context(), r.PathValue("id"), time.Duration(req.Seconds*float64(time.Second)))
+	})
+	s.handle(mux, "POST /v1/nodes/{id}/drain", func(r *http.Request) (any, error) {
+		var req DrainRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return c.Drain(r.Context(), r.PathValue("id"), !req.Cancel)
 	})
 	s.handle(mux, "GET /v1/events", func(r *http.Request) (any, error) {
 		var after uint64

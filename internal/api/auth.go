@@ -249,6 +249,9 @@ func (s *Server) securityRoutes(mux *http.ServeMux) {
 	})
 	s.handle(mux, "DELETE /v1/nodes/{id}", func(r *http.Request) (any, error) {
 		id := r.PathValue("id")
+		if err := s.safeToRemove(r.Context(), id); err != nil {
+			return nil, err
+		}
 		return map[string]string{"removed": id}, c.RemoveNode(r.Context(), id)
 	})
 	s.handle(mux, "POST /v1/cluster/join-token", func(r *http.Request) (any, error) {
@@ -258,4 +261,27 @@ func (s *Server) securityRoutes(mux *http.ServeMux) {
 		}
 		return JoinTokenResponse{Token: pki.JoinToken{Fingerprint: s.sec.Fingerprint, Secret: secret}.String()}, nil
 	})
+}
+
+// safeToRemove refuses to forget a dead node for good while it may hold
+// the only current copy of an object: until every alive node has
+// finished recovering the current epoch (which re-created the node's
+// copies elsewhere) with no object unavailable.
+func (s *Server) safeToRemove(ctx context.Context, id string) error {
+	n, ok := s.cluster.Node(id)
+	if !ok || n.State == cluster.NodeAlive || !s.cluster.Info().Formatted {
+		return nil // the log refuses the first two with its own message; no objects exist before format
+	}
+	epoch := s.cluster.Epoch()
+	for _, e := range s.recovery(ctx) {
+		switch {
+		case e.Error != "":
+			return fmt.Errorf("%w: cannot tell whether node %s holds the only copy of anything: node %s did not answer (%s); try again", cluster.ErrBusy, id, e.Node, e.Error)
+		case e.Status.Unavailable > 0:
+			return fmt.Errorf("%w: node %s may hold the only current copy of %d objects (node %s cannot recover them); bring it back, or wait until those objects are written again", cluster.ErrBusy, id, e.Status.Unavailable, e.Node)
+		case e.Status.Epoch != epoch || (e.Status.State != "done" && e.Status.State != "idle"):
+			return fmt.Errorf("%w: node %s's copies are still being re-created on node %s (recovery of epoch %d: %s); wait for herd node recovery to finish", cluster.ErrBusy, id, e.Node, e.Status.Epoch, e.Status.State)
+		}
+	}
+	return nil
 }

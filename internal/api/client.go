@@ -275,6 +275,12 @@ func (c *Client) RevokeClient(ctx context.Context, name string) (cluster.Client,
 	return v, c.Do(ctx, http.MethodDelete, "/v1/clients/"+url.PathEscape(name), nil, &v)
 }
 
+// Drain starts node id's drain (cancel: ends it).
+func (c *Client) Drain(ctx context.Context, id string, cancel bool) (cluster.Node, error) {
+	var v cluster.Node
+	return v, c.Do(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(id)+"/drain", DrainRequest{Cancel: cancel}, &v)
+}
+
 // SetMaintenance opens node id's maintenance window for d (0 ends it).
 func (c *Client) SetMaintenance(ctx context.Context, id string, d time.Duration) (cluster.Node, error) {
 	var v cluster.Node

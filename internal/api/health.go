@@ -71,6 +71,8 @@ func (s *Server) health(ctx context.Context) Health {
 		case n.State != cluster.NodeAlive:
 			h.add(HealthWarn, "node %s (%s) is down", n.ID, n.Address)
 			continue
+		case n.Draining && n.Objects > 0:
+			h.add(HealthWarn, "node %s (%s) is draining: %d copies left to move", n.ID, n.Address, n.Objects)
 		case n.Full:
 			h.add(HealthWarn, "node %s (%s) is full: it takes no new objects", n.ID, n.Address)
 		}

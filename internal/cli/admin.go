@@ -222,6 +222,13 @@ func nodeCommand(g *globals) *cobra.Command {
 					if n.Full {
 						state += ", FULL: takes no objects"
 					}
+					if n.Draining && n.State == "alive" {
+						if n.Objects == 0 && n.UsageError == "" {
+							state += ", drained: holds nothing"
+						} else {
+							state += ", draining"
+						}
+					}
 					if n.InMaintenance(time.Now()) {
 						state += ", maintenance until " + n.MaintenanceUntil.Local().Format(time.DateTime)
 					}
@@ -291,7 +298,7 @@ func nodeCommand(g *globals) *cobra.Command {
 	}
 	recovery.Flags().StringVar(&maxRate, "max-rate", "", "copy at most RATE per node (e.g. 100MiB or 100MiB/s; 0 = unlimited)")
 	recovery.Flags().IntVar(&concurrency, "concurrency", 0, "recover at most N objects at once per node (1-64)")
-	cmd.AddCommand(list, recovery, nodeRemoveCommand(g), nodeMaintenanceCommand(g))
+	cmd.AddCommand(list, recovery, nodeRemoveCommand(g), nodeMaintenanceCommand(g), nodeDrainCommand(g))
 	return cmd
 }
 
@@ -632,4 +639,39 @@ func resolveNode(ctx context.Context, g *globals, name string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("no node %q: give a node id or address from herd node list", name)
+}
+
+func nodeDrainCommand(g *globals) *cobra.Command {
+	var cancelDrain bool
+	cmd := &cobra.Command{
+		Use:   "drain NODE [--cancel]",
+		Short: "move a node's data to the other nodes, keeping every object's copies throughout; NODE is its id or address",
+		Long: `The node stays in the cluster but takes no objects: recovery copies each
+of its objects to another node and deletes the node's copy once the new
+one is durable, so every object keeps its full number of copies. When
+'herd node list' says "drained: holds nothing", stop the node and, for
+good, 'herd node remove' it. --cancel makes it take objects again.`,
+		Args: args(1, "NODE"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			id, err := resolveNode(ctx, g, a[0])
+			if err != nil {
+				return err
+			}
+			n, err := g.client().Drain(ctx, id, cancelDrain)
+			if err != nil {
+				return err
+			}
+			return g.output(n, func(w *tabwriter.Writer) {
+				if n.Draining {
+					fmt.Fprintf(w, "node %s (%s) draining: its objects move to the other nodes (herd node list, herd node recovery)\n", n.ID, n.Address)
+				} else {
+					fmt.Fprintf(w, "node %s (%s) takes objects again\n", n.ID, n.Address)
+				}
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&cancelDrain, "cancel", false, "stop draining: the node takes objects again")
+	return cmd
 }

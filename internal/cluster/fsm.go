@@ -509,6 +509,7 @@ func applyNodeJoin(s *State, data []byte) (any, error) {
 	if existed {
 		n.Full = old.Full // the node clears it itself, with a new epoch
 		n.MaintenanceUntil = old.MaintenanceUntil
+		n.Draining = old.Draining
 	}
 	n.State = NodeAlive
 	n.Since = c.Time
@@ -559,7 +560,7 @@ func newEpoch(s *State, at time.Time, reason string) {
 	members := make([]Member, 0, len(alive))
 	for _, id := range alive {
 		n := s.Nodes[id]
-		if n.Full {
+		if n.Full || n.Draining {
 			full = append(full, id)
 		}
 		members = append(members, MemberOf(*n))

@@ -18,7 +18,10 @@ import (
 // unchanged copies and fetches only what changed; when the window closes
 // first, the background pass copies the rest as after any failure.
 
-const commandNodeMaintenance commandType = 23
+const (
+	commandNodeMaintenance commandType = 23
+	commandNodeDrain       commandType = 24
+)
 
 // MaxMaintenance is the longest window one command opens.
 const MaxMaintenance = 7 * 24 * time.Hour
@@ -31,7 +34,73 @@ type nodeMaintenanceCommand struct {
 
 func (c nodeMaintenanceCommand) check() error { return checkLength("node id", c.ID, MaxOwnerLength) }
 
-func init() { commands[commandNodeMaintenance] = applyNodeMaintenance }
+func init() {
+	commands[commandNodeMaintenance] = applyNodeMaintenance
+	commands[commandNodeDrain] = applyNodeDrain
+}
+
+type nodeDrainCommand struct {
+	ID    string    `json:"id"`
+	Drain bool      `json:"drain"` // false: cancel the drain
+	Time  time.Time `json:"time"`
+}
+
+func (c nodeDrainCommand) check() error { return checkLength("node id", c.ID, MaxOwnerLength) }
+
+// applyNodeDrain starts or cancels a drain: a new epoch in which the
+// node takes no objects (or takes them again). A drain is refused when
+// the nodes left to hold objects are too few for the cluster's copies.
+func applyNodeDrain(s *State, data []byte) (any, error) {
+	var c nodeDrainCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	n, ok := s.Nodes[c.ID]
+	if !ok {
+		return nil, fmt.Errorf("node %s: %w", c.ID, ErrNotFound)
+	}
+	if n.Draining == c.Drain {
+		return *n, nil
+	}
+	if c.Drain && s.Format != nil {
+		zones := map[string]bool{}
+		placeable, zoned := 0, false
+		for _, id := range s.AliveNodes() {
+			m := s.Nodes[id]
+			if id == c.ID || m.Full || m.Draining {
+				continue
+			}
+			placeable++
+			zones[m.Zone] = true
+			zoned = zoned || m.Zone != ""
+		}
+		if placeable < s.Format.Copies || (zoned && len(zones) < s.Format.Copies) {
+			return nil, fmt.Errorf("%w: draining node %s would leave %d nodes (%d zones) to hold %d copies of every object; add a node first",
+				ErrTooFewNodes, c.ID, placeable, len(zones), s.Format.Copies)
+		}
+	}
+	n.Draining = c.Drain
+	reason := "node " + n.ID + " draining: its objects move to the other nodes"
+	if !c.Drain {
+		reason = "node " + n.ID + ": drain cancelled, it takes objects again"
+	}
+	if n.State == NodeAlive {
+		newEpoch(s, c.Time, reason)
+	} else {
+		s.note("node", "%s", reason)
+	}
+	return *n, nil
+}
+
+// Drain starts (drain true) or cancels the drain of node id.
+func (c *Cluster) Drain(ctx context.Context, id string, drain bool) (Node, error) {
+	var n Node
+	out, err := c.propose(ctx, commandNodeDrain, nodeDrainCommand{ID: id, Drain: drain, Time: time.Now().UTC()})
+	if err != nil {
+		return n, err
+	}
+	return n, json.Unmarshal(out, &n)
+}
 
 func applyNodeMaintenance(s *State, data []byte) (any, error) {
 	var c nodeMaintenanceCommand

@@ -41,6 +41,11 @@ type Node struct {
 	// clients use are, on demand), so a reboot does not move its data out
 	// and back (maintenance.go).
 	MaintenanceUntil time.Time `json:"maintenance_until,omitzero"`
+	// Draining: an operator asked for the node's data to move to the
+	// others (`herd node drain`). The placement treats it as full: it
+	// takes no objects and its copies are deleted once replaced, so full
+	// redundancy is kept throughout (maintenance.go).
+	Draining bool `json:"draining,omitempty"`
 }
 
 // InMaintenance reports whether the node's maintenance window is open at now.
@@ -78,7 +83,7 @@ type Member struct {
 
 // MemberOf is placement's view of n.
 func MemberOf(n Node) Member {
-	return Member{ID: n.ID, Zone: n.Zone, Weight: max(n.Capacity, 1), Full: n.Full}
+	return Member{ID: n.ID, Zone: n.Zone, Weight: max(n.Capacity, 1), Full: n.Full || n.Draining}
 }
 
 // Placed returns the epoch's nodes that hold objects: all but the full

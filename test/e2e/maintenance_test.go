@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"fmt"
+	"io/fs"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -49,6 +52,7 @@ func TestMaintenanceWindow(t *testing.T) {
 	if out, stderr, err := c.Herd(ctx(t), 0, "node", "maintenance", c.Node(3).Address(), "--for", "10m"); err != nil || !strings.Contains(out, "in maintenance until") {
 		t.Fatalf("node maintenance: %v %s %s", err, out, stderr)
 	}
+	nodeID3 := nodeID(t, c, 3)
 	c.Node(3).Stop()
 	waitAgreement(t, c, survivors, time.Minute)
 	// A client writes 8 MiB (two objects) while the node is away.
@@ -69,6 +73,10 @@ func TestMaintenanceWindow(t *testing.T) {
 		}
 		return deferred > 0, fmt.Errorf("%d copies deferred: %+v", deferred, entries)
 	})
+	// Forgetting it for good now would lose the copies only it holds.
+	if _, stderr, err := c.Herd(ctx(t), 0, "node", "remove", nodeID3); err == nil || !strings.Contains(stderr, "still being re-created") {
+		t.Errorf("node remove of a node whose copies wait for its maintenance window: %v %s", err, stderr)
+	}
 	health, _, _ := c.Herd(ctx(t), 0, "cluster", "health")
 	if !strings.Contains(health, "maintenance window") {
 		t.Errorf("cluster health does not name the maintenance window:\n%s", health)
@@ -92,9 +100,8 @@ func TestMaintenanceWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := nodeID(t, c, 3)
 	for _, e := range entries {
-		if e.Node == id {
+		if e.Node == nodeID3 {
 			t.Logf("node 3 back: recovery %+v", e.Status)
 			if e.Status.Copied == 0 || e.Status.Copied > 4 {
 				t.Errorf("node 3 copied %d objects on its return; want the 1 to 4 written while it was away", e.Status.Copied)
@@ -119,4 +126,81 @@ func TestMaintenanceWindow(t *testing.T) {
 	if err != nil || !strings.Contains(events, "in maintenance until") {
 		t.Errorf("herd events lacks the maintenance windows: %v\n%s", err, events)
 	}
+}
+
+// objectCopies counts each object's copies (files named by object id,
+// complete: recovery installs a copy by renaming a finished file) on the
+// nodes, and the copies node holds.
+func objectCopies(t *testing.T, c *testcluster.Cluster, node int) (map[string]int, int) {
+	t.Helper()
+	count, held := map[string]int{}, 0
+	for _, n := range c.Nodes() {
+		filepath.WalkDir(filepath.Join(n.DataDir(), "objects"), func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || len(d.Name()) != 16 {
+				return nil
+			}
+			if _, err := strconv.ParseUint(d.Name(), 16, 64); err != nil {
+				return nil
+			}
+			count[d.Name()]++
+			if n.Index() == node {
+				held++
+			}
+			return nil
+		})
+	}
+	return count, held
+}
+
+// TestDrainKeepsRedundancy: a drained node's objects move to the others
+// while every object keeps 3 copies at every moment (counted every 100 ms
+// while a client writes), until it holds nothing; a drain that would leave
+// too few nodes is refused; the drained node is then stopped and removed.
+func TestDrainKeepsRedundancy(t *testing.T) {
+	need(t, "qemu-io", "fio")
+	c := dataCluster(t, 4, 3, "vm1", "256M")
+	if out, err := qemuIO(t, c.Node(0).NBDURI("vm1"), "write -P 0x33 0 96M", "flush"); err != nil {
+		t.Fatalf("write: %v\n%s", err, lastLines(out, 5))
+	}
+	start, held := objectCopies(t, c, 3)
+	if held < 10 {
+		t.Fatalf("node 3 holds %d copies before the drain; want a share of %d objects", held, len(start))
+	}
+	fio, fioOut := startFio(t, "during-drain", c.Node(1).NBDURI("vm1"), "rw=randwrite\nbs=16k\niodepth=4\noffset=100M\nsize=64M\nverify=crc32c\nverify_fatal=1\n")
+	if out, stderr, err := c.Herd(ctx(t), 0, "node", "drain", c.Node(3).Address()); err != nil || !strings.Contains(out, "draining") {
+		t.Fatalf("node drain: %v %s %s", err, out, stderr)
+	}
+	if _, stderr, err := c.Herd(ctx(t), 0, "node", "drain", c.Node(2).Address()); err == nil || !strings.Contains(stderr, "add a node first") {
+		t.Errorf("draining a second node of four with 3 copies: %v %s", err, stderr)
+	}
+	checks, least := 0, 3
+	testcluster.WaitFor(t, 3*time.Minute, "node 3 to hold nothing, every object keeping 3 copies", func() (bool, error) {
+		count, held := objectCopies(t, c, 3)
+		checks++
+		for oid := range start {
+			if count[oid] < 3 {
+				least = min(least, count[oid])
+				t.Errorf("object %s has %d copies during the drain", oid, count[oid])
+			}
+		}
+		return held == 0, fmt.Errorf("node 3 holds %d copies", held)
+	})
+	t.Logf("%d checks of every object's copies during the drain; fewest copies seen: %d", checks, least)
+	if err := fio.Wait(); err != nil {
+		t.Fatalf("fio during the drain: %v\n%s", err, lastLines(fioOut.String(), 5))
+	}
+	waitRecovered(t, c, 4)
+	list, _, _ := c.Herd(ctx(t), 0, "node", "list")
+	if !strings.Contains(list, "drained: holds nothing") {
+		t.Errorf("node list after the drain:\n%s", list)
+	}
+	checkReplicasOn(t, c, 3, []int{0, 1, 2})
+	id := nodeID(t, c, 3)
+	c.Node(3).Stop()
+	waitAgreement(t, c, []int{0, 1, 2}, time.Minute)
+	waitRecovered(t, c, 3)
+	if _, stderr, err := c.Herd(ctx(t), 0, "node", "remove", id); err != nil {
+		t.Fatalf("node remove of the drained node: %v %s", err, stderr)
+	}
+	checkVDIClean(t, c, 0, "vm1")
 }

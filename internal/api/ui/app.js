@@ -107,10 +107,11 @@ function renderRecovery(entries) {
 function renderNodes(nodes) {
   table($('#nodes'), ['id', 'address', 'zone', 'capacity', 'used', 'free', 'objects', 'bad blocks', 'role', 'state'],
     nodes.map((n) => {
+      const alive = n.state === 'alive';
       let state = n.state;
       if (n.full) state += ', full';
+      if (n.draining && alive) state += n.objects ? ', draining' : ', drained: holds nothing';
       if (n.maintenance_until && new Date(n.maintenance_until) > new Date()) state += ', maintenance until ' + when(n.maintenance_until);
-      const alive = n.state === 'alive';
       return [n.id, n.address, n.zone || '-', cell(bytes(n.capacity), 'num'), cell(alive ? bytes(n.used_bytes) : '-', 'num'),
         cell(alive ? bytes(n.free_bytes) : '-', 'num'), cell(alive ? String(n.objects) : '-', 'num'),
         cell(alive ? String(n.checksum_errors) : '-', 'num'), n.role, cell(state, alive ? '' : 'down')];
