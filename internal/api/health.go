@@ -93,7 +93,7 @@ func (s *Server) health(ctx context.Context) Health {
 			h.add(HealthErr, "node %s: %d objects unavailable: their newest copies may be on nodes that are down; reads and writes of them fail until one returns", r.Node, st.Unavailable)
 		}
 		if st.Deferred > 0 {
-			h.add(HealthWarn, "node %s: %d object copies wait for the maintenance window of %s to close (%s)", r.Node, st.Deferred,
+			h.add(HealthWarn, "node %s: %d objects wait for the maintenance window of %s to close (%s); clients recover the ones they use", r.Node, st.Deferred,
 				strings.Join(st.HeldBy, ", "), st.HeldUntil.UTC().Format(time.RFC3339))
 		}
 		if st.Remaining > 0 {

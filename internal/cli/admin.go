@@ -276,7 +276,7 @@ func nodeCommand(g *globals) *cobra.Command {
 						note = st.LastError
 					}
 					if note == "" && st.Deferred > 0 {
-						note = fmt.Sprintf("%d copies wait for the maintenance of %s (until %s)", st.Deferred, strings.Join(st.HeldBy, ", "), st.HeldUntil.Local().Format(time.DateTime))
+						note = fmt.Sprintf("%d objects wait for the maintenance of %s (until %s)", st.Deferred, strings.Join(st.HeldBy, ", "), st.HeldUntil.Local().Format(time.DateTime))
 					}
 					if note == "" && st.Unavailable > 0 {
 						note = fmt.Sprintf("%d objects unavailable until nodes holding their newest copies return", st.Unavailable)

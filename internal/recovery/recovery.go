@@ -109,8 +109,10 @@ type Status struct {
 	// object holds a current, durable copy. Removed counts those deleted.
 	Surplus int `json:"surplus"`
 	Removed int `json:"removed"`
-	// Deferred counts objects whose copy waits for a maintenance window
-	// to close (HeldBy: the nodes down in one, HeldUntil: its end).
+	// Deferred counts the objects placed here that the pass leaves as
+	// they are until a maintenance window closes (HeldBy: the nodes down
+	// in one, HeldUntil: its end); clients' objects are recovered on
+	// demand meanwhile.
 	Deferred  int       `json:"deferred,omitempty"`
 	HeldBy    []string  `json:"held_by,omitempty"`
 	HeldUntil time.Time `json:"held_until,omitzero"`
@@ -237,9 +239,6 @@ func (r *Recovery) Run(ctx context.Context) {
 	}
 }
 
-// errDeferred: a copy was not made because a maintenance window is open.
-var errDeferred = errors.New("recovery: copy deferred by a maintenance window")
-
 // heldError ends a pass that deferred copies for a maintenance window.
 type heldError struct {
 	nodes    []string
@@ -248,7 +247,7 @@ type heldError struct {
 }
 
 func (e *heldError) Error() string {
-	return fmt.Sprintf("recovery: %d copies wait for the maintenance of %v (until %s)", e.deferred, e.nodes, e.until.UTC().Format(time.RFC3339))
+	return fmt.Sprintf("recovery: %d objects wait for the maintenance of %v (until %s)", e.deferred, e.nodes, e.until.UTC().Format(time.RFC3339))
 }
 
 // waitHold waits until no node is down inside a maintenance window (its
@@ -327,14 +326,20 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 	})
 	// Every node of the epoch answered the listing; no other node did.
 	answered := func(id string) bool { _, ok := rv.Nodes[id]; return ok || bugEveryNodeWitnesses }
-	// While a node is down inside its maintenance window, copies wait
-	// (restamps do not): clients' objects are made current on demand.
-	throttle := r.throttle.wait
+	// While a node is down inside its maintenance window, the pass makes
+	// nothing current: clients' objects are made current on demand, and
+	// the others keep their stamps. (Restamping them would make the
+	// returning node's unchanged copies look older than the others' and
+	// so fetch them all; left alone, its copies are proven current.)
 	heldUntil, heldBy := r.cluster.MaintenanceHold(time.Now())
 	if len(heldBy) > 0 {
-		throttle = func(context.Context, uint64) error { return errDeferred }
+		r.update(func(s *Status) {
+			s.State, s.Remaining, s.Deferred, s.HeldBy, s.HeldUntil = "held for maintenance", 0, len(mine), heldBy, heldUntil
+		})
+		r.logger.Info("recovery: waits for a maintenance window", "epoch", epoch, "objects", len(mine), "nodes", heldBy, "until", heldUntil)
+		return &heldError{nodes: heldBy, until: heldUntil, deferred: len(mine)}
 	}
-	var deferred int
+	throttle := r.throttle.wait
 	work := make(chan uint64)
 	var failed error
 	var failedOnce sync.Once
@@ -354,10 +359,6 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 				copied, err := r.makeCurrent(ctx, rv, oid, b.stamp, []cluster.Node{b.holder}, answered, throttle)
 				r.throttle.leave()
 				switch {
-				case errors.Is(err, errDeferred):
-					mu.Lock()
-					deferred++
-					mu.Unlock()
 				case errors.Is(err, object.ErrNoCopy):
 					mu.Lock()
 					unavailable = append(unavailable, oid)
@@ -411,13 +412,6 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 	// that other nodes may delete the copies they replace.
 	if err := r.local.Store().Flush(); err != nil {
 		return fmt.Errorf("flushing recovered copies: %w", err)
-	}
-	if deferred > 0 {
-		r.update(func(s *Status) {
-			s.State, s.Deferred, s.HeldBy, s.HeldUntil = "held for maintenance", deferred, heldBy, heldUntil
-		})
-		r.logger.Info("recovery: copies wait for a maintenance window", "epoch", epoch, "objects", deferred, "nodes", heldBy, "until", heldUntil)
-		return &heldError{nodes: heldBy, until: heldUntil, deferred: deferred}
 	}
 	status := r.Status()
 	r.update(func(s *Status) { s.State, s.Finished = "done", time.Now() })

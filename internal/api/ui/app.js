@@ -96,7 +96,7 @@ function renderRecovery(entries) {
     entries.map((e) => {
       const s = e.status || {};
       let note = e.error || s.last_error || '';
-      if (!note && s.deferred) note = `${s.deferred} copies wait for a maintenance window`;
+      if (!note && s.deferred) note = `${s.deferred} objects wait for a maintenance window`;
       if (!note && s.unavailable) note = `${s.unavailable} objects unavailable`;
       return [e.node, e.address, s.epoch ?? '-', s.state ?? '-', cell(String(s.remaining ?? 0), 'num'),
         cell(bytes(s.bytes_remaining || 0), 'num'), s.rate_bytes_per_second ? bytes(s.rate_bytes_per_second) + '/s' : '-',
