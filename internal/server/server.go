@@ -277,6 +277,7 @@ func Run(ctx context.Context, o Options) error {
 	go maintenance.WatchSpace(ctx, c, objects, logger)
 	security := api.Security{Fingerprint: credentials.fingerprint, ServerTLS: credentials.serverTLS(), PeerTLS: credentials.peerTLS(), Authority: credentials}
 	meters.AddGauges(nodeGauges(c, objects, rec, nbdServer, localNBD)...)
+	meters.AddGauges(scrubGauges(scrubber)...)
 	apiServer := api.NewServer(c, dataPath{gateway: gw, store: objects, recovery: rec, maintenance: maint, metrics: meters, scrub: scrubber}, security, logger)
 	served := make(chan error, 1)
 	go func() { served <- apiServer.Serve(adminListener) }()
@@ -474,6 +475,7 @@ func nodeGauges(c *cluster.Cluster, objects *store.Store, rec *recovery.Recovery
 		{Name: "herd_recovery_objects_remaining", Help: "Objects this node's recovery pass has still to make current.", Read: func() []metrics.Sample { return one(float64(rec.Status().Remaining)) }},
 		{Name: "herd_recovery_bytes_remaining", Help: "Estimated bytes this node's recovery pass has still to copy.", Read: func() []metrics.Sample { return one(float64(rec.Status().BytesRemaining)) }},
 		{Name: "herd_recovery_rate_bytes_per_second", Help: "Copy rate of this node's recovery pass.", Read: func() []metrics.Sample { return one(float64(rec.Status().Rate)) }},
+		{Name: "herd_recovery_objects_deferred", Help: "Objects placed here that recovery leaves alone while a node is down inside its maintenance window.", Read: func() []metrics.Sample { return one(float64(rec.Status().Deferred)) }},
 		{Name: "herd_recovery_objects_unavailable", Help: "Objects placed here whose newest copies may be on nodes that are down.", Read: func() []metrics.Sample { return one(float64(rec.Status().Unavailable)) }},
 		{Name: "herd_disk_used_bytes", Help: "Used space of each object disk's file system.", Labels: []string{"disk"}, Read: func() []metrics.Sample {
 			var out []metrics.Sample
@@ -523,3 +525,24 @@ func nodeGauges(c *cluster.Cluster, objects *store.Store, rec *recovery.Recovery
 }
 
 func (d dataPath) Metrics() prometheus.Gatherer { return d.metrics.Registry }
+
+// scrubGauges are the scrub's progress and findings on this node.
+func scrubGauges(sc *scrub.Scrubber) []metrics.Gauge {
+	one := func(v float64) []metrics.Sample { return []metrics.Sample{{Value: v}} }
+	return []metrics.Gauge{
+		{Name: "herd_scrub_passes_total", Help: "Scrub passes this node completed since it started.", Counter: true, Read: func() []metrics.Sample { return one(float64(sc.Status().Passes)) }},
+		{Name: "herd_scrub_pass_bytes_verified", Help: "Bytes the current (or last) scrub pass has read and verified.", Read: func() []metrics.Sample { return one(float64(sc.Status().BytesVerified)) }},
+		{Name: "herd_scrub_pass_objects_remaining", Help: "Copies the current scrub pass has still to verify.", Read: func() []metrics.Sample {
+			st := sc.Status()
+			return one(float64(max(st.Objects-st.Done, 0)))
+		}},
+		{Name: "herd_scrub_last_complete_timestamp_seconds", Help: "Unix time of the end of the last complete scrub pass (0: none yet).", Read: func() []metrics.Sample {
+			st := sc.Status()
+			if st.LastComplete.IsZero() {
+				return one(0)
+			}
+			return one(float64(st.LastComplete.Unix()))
+		}},
+		{Name: "herd_scrub_unrepairable_blocks_total", Help: "Blocks scrub passes found bad on every replica (their data is lost), since the node started.", Counter: true, Read: func() []metrics.Sample { return one(float64(sc.Status().Unrepairable)) }},
+	}
+}

@@ -184,6 +184,11 @@ func TestChecksumsCatchAndRepairRot(t *testing.T) {
 	if rate > 8<<20*1.25+float64(1<<20)/seconds {
 		t.Errorf("scrub read %.1f MiB/s, above its 8 MiB/s limit", rate/(1<<20))
 	}
+	// The same in node 2's metrics.
+	families, _ := scrape(t, c.Node(2).AdminAddr(), c.Token())
+	if passes, lost := value(families, "herd_scrub_passes_total", nil), value(families, "herd_scrub_unrepairable_blocks_total", nil); passes < 1 || lost < 1 {
+		t.Errorf("node 2's metrics: herd_scrub_passes_total %v, herd_scrub_unrepairable_blocks_total %v; want at least 1 each", passes, lost)
+	}
 
 	// vdi check decides by checksums: a bad block on one replica is
 	// found and, with --repair, rewritten from a good one; the block bad
