@@ -250,6 +250,35 @@ func (e *heldError) Error() string {
 	return fmt.Sprintf("recovery: %d objects wait for the maintenance of %v (until %s)", e.deferred, e.nodes, e.until.UTC().Format(time.RFC3339))
 }
 
+// returnGrace is how long a pass leaves the objects it shares with a
+// node back from maintenance, so that node's own pass lists them first.
+const returnGrace = 5 * time.Second
+
+// returningFromMaintenance names the other nodes of rv that were not in
+// the epoch before it and have had a maintenance window: nodes coming
+// back from one.
+func (r *Recovery) returningFromMaintenance(rv *layout.Epoch) map[string]bool {
+	var before map[string]bool
+	for _, e := range r.cluster.Epochs() {
+		if e.Number+1 == rv.Number {
+			before = map[string]bool{}
+			for _, id := range e.Nodes {
+				before[id] = true
+			}
+		}
+	}
+	out := map[string]bool{}
+	if before == nil {
+		return out
+	}
+	for id, n := range rv.Nodes {
+		if id != r.self && !before[id] && !n.MaintenanceUntil.IsZero() {
+			out[id] = true
+		}
+	}
+	return out
+}
+
 // waitHold waits until no node is down inside a maintenance window (its
 // window closed or was ended), or ctx ends (the node returned: a new
 // epoch).
@@ -311,16 +340,34 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 		}
 	}
 	copies := rv.Format.Copies
+	// Objects that a node just back from a maintenance window also holds
+	// come last, after a grace: restamped here first, they would look
+	// newer than that node's unchanged copies when its own pass lists
+	// them (a restamp in this epoch cannot be told from a write in it), and
+	// it would fetch them all. Using this listing's stamps for them later
+	// is what the pass does for every object anyway.
+	returning := r.returningFromMaintenance(rv)
 	var mine []uint64
+	later := map[uint64]bool{}
 	for oid := range newest {
+		placedHere, shared := false, false
 		for _, n := range rv.ReplicasOf(oid, copies) {
-			if n.ID == r.self {
-				mine = append(mine, oid)
-				break
+			placedHere = placedHere || n.ID == r.self
+			shared = shared || returning[n.ID]
+		}
+		if placedHere {
+			mine = append(mine, oid)
+			if shared {
+				later[oid] = true
 			}
 		}
 	}
-	sort.Slice(mine, func(i, j int) bool { return mine[i] < mine[j] })
+	sort.Slice(mine, func(i, j int) bool {
+		if later[mine[i]] != later[mine[j]] {
+			return !later[mine[i]]
+		}
+		return mine[i] < mine[j]
+	})
 	r.update(func(s *Status) {
 		s.State, s.Objects, s.Remaining, s.objectSize = "pulling", len(mine), len(mine), rv.Format.ObjectSize
 	})
@@ -380,7 +427,15 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 			}
 		}()
 	}
+	waited := false
 	for _, oid := range mine {
+		if later[oid] && !waited {
+			waited = true
+			select {
+			case <-ctx.Done():
+			case <-time.After(returnGrace):
+			}
+		}
 		select {
 		case work <- oid:
 		case <-ctx.Done():
