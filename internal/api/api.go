@@ -173,6 +173,13 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 		}
 		return c.SetMaintenance(r.Context(), r.PathValue("id"), time.Duration(req.Seconds*float64(time.Second)))
 	})
+	s.handle(mux, "POST /v1/nodes/{id}/settings", func(r *http.Request) (any, error) {
+		var req cluster.NodeSettings
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return c.SetNode(r.Context(), r.PathValue("id"), req)
+	})
 	s.handle(mux, "POST /v1/nodes/{id}/drain", func(r *http.Request) (any, error) {
 		var req DrainRequest
 		if err := decodeBody(r, &req); err != nil {

@@ -275,6 +275,12 @@ func (c *Client) RevokeClient(ctx context.Context, name string) (cluster.Client,
 	return v, c.Do(ctx, http.MethodDelete, "/v1/clients/"+url.PathEscape(name), nil, &v)
 }
 
+// SetNode changes node id's capacity or zone.
+func (c *Client) SetNode(ctx context.Context, id string, settings cluster.NodeSettings) (cluster.Node, error) {
+	var v cluster.Node
+	return v, c.Do(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(id)+"/settings", settings, &v)
+}
+
 // Drain starts node id's drain (cancel: ends it).
 func (c *Client) Drain(ctx context.Context, id string, cancel bool) (cluster.Node, error) {
 	var v cluster.Node

@@ -298,7 +298,7 @@ func nodeCommand(g *globals) *cobra.Command {
 	}
 	recovery.Flags().StringVar(&maxRate, "max-rate", "", "copy at most RATE per node (e.g. 100MiB or 100MiB/s; 0 = unlimited)")
 	recovery.Flags().IntVar(&concurrency, "concurrency", 0, "recover at most N objects at once per node (1-64)")
-	cmd.AddCommand(list, recovery, nodeRemoveCommand(g), nodeMaintenanceCommand(g), nodeDrainCommand(g))
+	cmd.AddCommand(list, recovery, nodeRemoveCommand(g), nodeMaintenanceCommand(g), nodeDrainCommand(g), nodeSetCommand(g))
 	return cmd
 }
 
@@ -673,5 +673,54 @@ good, 'herd node remove' it. --cancel makes it take objects again.`,
 		},
 	}
 	cmd.Flags().BoolVar(&cancelDrain, "cancel", false, "stop draining: the node takes objects again")
+	return cmd
+}
+
+func nodeSetCommand(g *globals) *cobra.Command {
+	var capacity, zone string
+	var reset bool
+	cmd := &cobra.Command{
+		Use:   "set NODE [--capacity SIZE] [--zone ZONE] [--reset]",
+		Short: "change a node's capacity (placement weight) or zone at run time: a new epoch; NODE is its id or address",
+		Long: `The new values are recorded in the cluster log and win over the node's
+own --capacity and --zone flags, also across its restarts, until --reset
+(from its next start its flags count again). A change is a new epoch:
+recovery moves objects to match the new placement.`,
+		Args: args(1, "NODE"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			var settings cluster.NodeSettings
+			if cmd.Flags().Changed("capacity") {
+				bytes, err := size.Parse(capacity)
+				if err != nil {
+					return fmt.Errorf("--capacity: %w", err)
+				}
+				settings.Capacity = &bytes
+			}
+			if cmd.Flags().Changed("zone") {
+				settings.Zone = &zone
+			}
+			settings.Reset = reset
+			ctx, cancel := g.context()
+			defer cancel()
+			id, err := resolveNode(ctx, g, a[0])
+			if err != nil {
+				return err
+			}
+			n, err := g.client().SetNode(ctx, id, settings)
+			if err != nil {
+				return err
+			}
+			return g.output(n, func(w *tabwriter.Writer) {
+				z := n.Zone
+				if z == "" {
+					z = "-"
+				}
+				fmt.Fprintf(w, "node %s (%s): capacity %s, zone %s\n", n.ID, n.Address, size.Format(n.Capacity), z)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&capacity, "capacity", "", "placement weight as a size, e.g. 500G")
+	cmd.Flags().StringVar(&zone, "zone", "", "failure domain (\"\" for none)")
+	cmd.Flags().BoolVar(&reset, "reset", false, "drop earlier settings: the node's flags count from its next start")
 	return cmd
 }

@@ -510,6 +510,12 @@ func applyNodeJoin(s *State, data []byte) (any, error) {
 		n.Full = old.Full // the node clears it itself, with a new epoch
 		n.MaintenanceUntil = old.MaintenanceUntil
 		n.Draining = old.Draining
+		if old.SetCapacity {
+			n.Capacity, n.SetCapacity = old.Capacity, true
+		}
+		if old.SetZone {
+			n.Zone, n.SetZone = old.Zone, true
+		}
 	}
 	n.State = NodeAlive
 	n.Since = c.Time

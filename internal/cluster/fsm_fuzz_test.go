@@ -83,6 +83,7 @@ var fuzzPayloads = map[commandType][]any{
 	commandClientRevoke:  {clientRevokeCommand{Name: "vmhost"}, clientRevokeCommand{Name: "none"}},
 	commandNodeRemove:    {nodeRemoveCommand{ID: "d", Time: t0}, nodeRemoveCommand{ID: "a", Time: t0}},
 	commandJoinSecretSet: {joinSecretCommand{Hash: "j3"}},
+	commandNodeSet:       {nodeSetCommand{ID: "c", Settings: NodeSettings{Capacity: ptr(uint64(1 << 30))}, Time: t0}, nodeSetCommand{ID: "c", Settings: NodeSettings{Zone: ptr("z9")}, Time: t0}, nodeSetCommand{ID: "c", Settings: NodeSettings{Reset: true}}, nodeSetCommand{ID: "c", Settings: NodeSettings{Capacity: ptr(uint64(0))}}},
 	commandNodeDrain:     {nodeDrainCommand{ID: "c", Drain: true, Time: t0}, nodeDrainCommand{ID: "c", Time: t0}, nodeDrainCommand{ID: "zz", Drain: true}},
 	commandNodeMaintenance: {nodeMaintenanceCommand{ID: "c", Until: t0.Add(time.Hour), Time: t0}, nodeMaintenanceCommand{ID: "c", Time: t0},
 		nodeMaintenanceCommand{ID: "zz", Until: t0.Add(time.Hour), Time: t0}, nodeMaintenanceCommand{ID: "a", Until: t0.Add(30 * 24 * time.Hour), Time: t0}},
@@ -442,3 +443,5 @@ func TestCheckStateFindsDamage(t *testing.T) {
 		})
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"sort"
 	"time"
 )
@@ -21,6 +22,7 @@ import (
 const (
 	commandNodeMaintenance commandType = 23
 	commandNodeDrain       commandType = 24
+	commandNodeSet         commandType = 25
 )
 
 // MaxMaintenance is the longest window one command opens.
@@ -37,6 +39,92 @@ func (c nodeMaintenanceCommand) check() error { return checkLength("node id", c.
 func init() {
 	commands[commandNodeMaintenance] = applyNodeMaintenance
 	commands[commandNodeDrain] = applyNodeDrain
+	commands[commandNodeSet] = applyNodeSet
+}
+
+// NodeSettings are what `herd node set` changes; nil leaves a value as
+// it is. Reset drops earlier settings: the node's own flags count again
+// from its next start.
+type NodeSettings struct {
+	Capacity *uint64 `json:"capacity,omitempty"`
+	Zone     *string `json:"zone,omitempty"`
+	Reset    bool    `json:"reset,omitempty"`
+}
+
+type nodeSetCommand struct {
+	ID       string       `json:"id"`
+	Settings NodeSettings `json:"settings"`
+	Time     time.Time    `json:"time"`
+}
+
+func (c nodeSetCommand) check() error {
+	zone := ""
+	if c.Settings.Zone != nil {
+		zone = *c.Settings.Zone
+	}
+	return checkLengths(lengthCheck{"node id", c.ID, MaxOwnerLength}, lengthCheck{"node zone", zone, MaxZoneLength})
+}
+
+// applyNodeSet changes a node's capacity (its placement weight) or zone;
+// a change is a new epoch, since the placement changes. A zone change
+// is refused when it would leave too few zones for the copies.
+func applyNodeSet(s *State, data []byte) (any, error) {
+	var c nodeSetCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	n, ok := s.Nodes[c.ID]
+	if !ok {
+		return nil, fmt.Errorf("node %s: %w", c.ID, ErrNotFound)
+	}
+	before := MemberOf(*n)
+	next := *n
+	if c.Settings.Reset {
+		next.SetCapacity, next.SetZone = false, false
+	}
+	if c.Settings.Capacity != nil {
+		if *c.Settings.Capacity == 0 {
+			return nil, fmt.Errorf("%w: capacity must be more than 0 (drain the node to give it no objects)", ErrInvalid)
+		}
+		next.Capacity, next.SetCapacity = *c.Settings.Capacity, true
+	}
+	if c.Settings.Zone != nil {
+		next.Zone, next.SetZone = *c.Settings.Zone, true
+	}
+	if s.Format != nil && next.Zone != n.Zone {
+		saved := *n
+		*n = next
+		err := checkCopiesPlaceable(s, s.Format.Copies)
+		*n = saved
+		if err != nil {
+			return nil, fmt.Errorf("zone %q for node %s: %w", next.Zone, c.ID, err)
+		}
+	}
+	*n = next
+	if after := MemberOf(*n); after != before && n.State == NodeAlive {
+		newEpoch(s, c.Time, fmt.Sprintf("node %s set to capacity %d, zone %q (was %d, %q)", n.ID, n.Capacity, n.Zone, before.Weight, before.Zone))
+	} else if c.Settings.Reset {
+		s.note("node", "node %s: its capacity and zone come from its flags again from its next start", n.ID)
+	}
+	return *n, nil
+}
+
+var zoneRegexp = regexp.MustCompile(`^[A-Za-z0-9._-]{0,64}$`)
+
+// SetNode changes node id's capacity or zone at run time.
+func (c *Cluster) SetNode(ctx context.Context, id string, settings NodeSettings) (Node, error) {
+	var n Node
+	if settings.Zone != nil && !zoneRegexp.MatchString(*settings.Zone) {
+		return n, fmt.Errorf("%w: zone %q: use up to 64 letters, digits, '.', '_' or '-' (\"\" for none)", ErrInvalid, *settings.Zone)
+	}
+	if settings.Capacity == nil && settings.Zone == nil && !settings.Reset {
+		return n, fmt.Errorf("%w: give --capacity, --zone or --reset", ErrInvalid)
+	}
+	out, err := c.propose(ctx, commandNodeSet, nodeSetCommand{ID: id, Settings: settings, Time: time.Now().UTC()})
+	if err != nil {
+		return n, err
+	}
+	return n, json.Unmarshal(out, &n)
 }
 
 type nodeDrainCommand struct {

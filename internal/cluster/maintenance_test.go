@@ -67,3 +67,34 @@ func TestMaintenanceWindowIsRecorded(t *testing.T) {
 		t.Fatalf("after b returned: hold %v, node %+v", nodes, h.state().Nodes["b"])
 	}
 }
+
+// A node's capacity or zone set at run time is a new epoch, wins over
+// what the node announces when it rejoins, and yields to it after a reset.
+func TestNodeSetIsAnEpochAndOutlivesRestarts(t *testing.T) {
+	h := newHarness(t)
+	for _, id := range []string{"a", "b", "c"} {
+		h.join(id, "", "1")
+	}
+	capacity := uint64(1 << 30)
+	if _, err := h.apply(commandNodeSet, nodeSetCommand{ID: "c", Settings: NodeSettings{Capacity: &capacity}, Time: t0}); err != nil {
+		t.Fatal(err)
+	}
+	if e := h.state().Epochs[len(h.state().Epochs)-1]; e.Number != 4 || e.Members[2].Weight != capacity {
+		t.Fatalf("epoch after node set: %+v", e)
+	}
+	h.join("c", "", "2") // restarts announcing capacity 0 (its flags)
+	if n := h.state().Nodes["c"]; n.Capacity != capacity || h.state().Epoch() != 4 {
+		t.Fatalf("after c restarted: %+v, epoch %d", n, h.state().Epoch())
+	}
+	zero := uint64(0)
+	if _, err := h.apply(commandNodeSet, nodeSetCommand{ID: "c", Settings: NodeSettings{Capacity: &zero}, Time: t0}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("capacity 0: %v", err)
+	}
+	if _, err := h.apply(commandNodeSet, nodeSetCommand{ID: "c", Settings: NodeSettings{Reset: true}, Time: t0}); err != nil {
+		t.Fatal(err)
+	}
+	h.join("c", "", "3")
+	if n := h.state().Nodes["c"]; n.Capacity != 0 || n.SetCapacity || h.state().Epoch() != 5 {
+		t.Fatalf("after a reset and a restart: %+v, epoch %d", n, h.state().Epoch())
+	}
+}

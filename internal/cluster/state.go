@@ -46,6 +46,11 @@ type Node struct {
 	// takes no objects and its copies are deleted once replaced, so full
 	// redundancy is kept throughout (maintenance.go).
 	Draining bool `json:"draining,omitempty"`
+	// SetCapacity and SetZone: an operator set the node's capacity or zone
+	// at run time (`herd node set`); they win over what the node announces
+	// from its flags when it rejoins, until reset.
+	SetCapacity bool `json:"set_capacity,omitempty"`
+	SetZone     bool `json:"set_zone,omitempty"`
 }
 
 // InMaintenance reports whether the node's maintenance window is open at now.

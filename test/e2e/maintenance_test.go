@@ -208,3 +208,56 @@ func TestDrainKeepsRedundancy(t *testing.T) {
 	}
 	checkVDIClean(t, c, 0, "vm1")
 }
+
+// TestNodeSetCapacity: bad settings refused; a node's capacity cut at run
+// time is a new epoch that moves its objects to the others (exactly 2
+// copies of every object after), and the setting outlives the node's
+// restart with its old flags.
+func TestNodeSetCapacity(t *testing.T) {
+	need(t, "qemu-io")
+	c := dataCluster(t, 4, 2, "vm1", "256M")
+	if out, err := qemuIO(t, c.Node(0).NBDURI("vm1"), "write -P 0x44 0 96M", "flush"); err != nil {
+		t.Fatalf("write: %v\n%s", err, lastLines(out, 5))
+	}
+	address := c.Node(3).Address()
+	for _, args := range [][]string{
+		{"node", "set", address},
+		{"node", "set", address, "--capacity", "0"},
+		{"node", "set", address, "--capacity", "12 parsecs"},
+		{"node", "set", address, "--zone", "no spaces"},
+		{"node", "set", "no-such-node", "--capacity", "1G"},
+	} {
+		if _, stderr, err := c.Herd(ctx(t), 0, args...); err == nil || strings.TrimSpace(stderr) == "" {
+			t.Errorf("herd %v: want a refusal with a message, got %v %q", args, err, stderr)
+		}
+	}
+	_, held := objectCopies(t, c, 3)
+	if out, stderr, err := c.Herd(ctx(t), 0, "node", "set", address, "--capacity", "1M"); err != nil || !strings.Contains(out, "capacity 1.0 MiB") {
+		t.Fatalf("node set: %v %s %s", err, out, stderr)
+	}
+	testcluster.WaitFor(t, 2*time.Minute, "node 3's objects to move to the others", func() (bool, error) {
+		_, now := objectCopies(t, c, 3)
+		return now <= held/4, fmt.Errorf("node 3 holds %d copies (had %d)", now, held)
+	})
+	waitRecovered(t, c, 4)
+	waitExactCopies(t, c, 2, []int{0, 1, 2, 3})
+	_, after := objectCopies(t, c, 3)
+	t.Logf("node 3 held %d copies at 252 GiB of capacity and %d at 1 MiB", held, after)
+	if _, epochs, err := epochsJSON(t, c, 0); err != nil || !strings.Contains(epochs[len(epochs)-1].Reason, "set to capacity 1048576") {
+		t.Errorf("the last epoch is not the capacity change: %v %+v", err, epochs[len(epochs)-1])
+	}
+
+	c.Node(3).Stop()
+	waitAgreement(t, c, []int{0, 1, 2}, time.Minute)
+	c.Node(3).Restart()
+	waitAgreement(t, c, []int{0, 1, 2, 3}, time.Minute)
+	nodes, err := client(c, 0).Nodes(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if n.Address == address && n.Capacity != 1<<20 {
+			t.Errorf("after its restart node 3 has capacity %d, want the 1 MiB set at run time", n.Capacity)
+		}
+	}
+}
