@@ -232,7 +232,7 @@ func TestNodeSetCapacity(t *testing.T) {
 		}
 	}
 	_, held := objectCopies(t, c, 3)
-	if out, stderr, err := c.Herd(ctx(t), 0, "node", "set", address, "--capacity", "1M"); err != nil || !strings.Contains(out, "capacity 1.0 MiB") {
+	if out, stderr, err := c.Herd(ctx(t), 0, "node", "set", address, "--capacity", "1M"); err != nil || !strings.Contains(out, "capacity 1 MiB") {
 		t.Fatalf("node set: %v %s %s", err, out, stderr)
 	}
 	testcluster.WaitFor(t, 2*time.Minute, "node 3's objects to move to the others", func() (bool, error) {
