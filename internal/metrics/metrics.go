@@ -20,6 +20,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	gometrics "github.com/armon/go-metrics"
+	gmprometheus "github.com/armon/go-metrics/prometheus"
 )
 
 // Op is an NBD request kind.
@@ -224,4 +227,21 @@ func (c *gaugeCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+}
+
+// RouteLibraryMetrics sends what hashicorp/raft and memberlist measure
+// (through go-metrics' process-wide sink) to this node's registry: raft's
+// commit and apply times, leader contact, elections (herd_raft_state_*),
+// memberlist's probes and gossip, with go-metrics' names under herd_.
+// Series not updated for a minute go (a follower has no leader-only ones).
+// Once per process: the sink is global.
+func (n *Node) RouteLibraryMetrics() error {
+	sink, err := gmprometheus.NewPrometheusSinkFrom(gmprometheus.PrometheusOpts{Registerer: n.Registry, Expiration: time.Minute, Name: "herd_library_metrics"})
+	if err != nil {
+		return err
+	}
+	config := gometrics.DefaultConfig("herd")
+	config.EnableHostname, config.EnableHostnameLabel, config.EnableRuntimeMetrics, config.EnableServiceLabel = false, false, false, false
+	_, err = gometrics.NewGlobal(config, sink)
+	return err
 }

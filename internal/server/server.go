@@ -191,6 +191,9 @@ func Run(ctx context.Context, o Options) error {
 	incarnation := make([]byte, 8)
 	rand.Read(incarnation)
 	meters := metrics.New()
+	if err := meters.RouteLibraryMetrics(); err != nil {
+		logger.Warn("raft's and memberlist's metrics are not exported", "err", err)
+	}
 	c, err := cluster.Start(ctx, cluster.Config{
 		DataDir:         o.DataDir,
 		NodeID:          id,

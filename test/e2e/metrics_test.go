@@ -99,6 +99,12 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("%s = %v, want > 0", name, v)
 		}
 	}
+	// raft's and memberlist's own measurements, routed from go-metrics.
+	for _, name := range []string{"herd_raft_fsm_applyBatchNum", "herd_memberlist_gossip"} {
+		if f := families[name]; f == nil || len(f.Metric) == 0 || f.Metric[0].GetSummary().GetSampleCount() == 0 {
+			t.Errorf("%s: no samples (%v)", name, f)
+		}
+	}
 	if v := value(families, "herd_cluster_nodes", map[string]string{"state": "alive"}); v != 2 {
 		t.Errorf("herd_cluster_nodes{state=alive} = %v, want 2", v)
 	}
