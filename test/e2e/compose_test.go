@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -52,7 +53,8 @@ func TestComposeCluster(t *testing.T) {
 	compose := func(timeout time.Duration, args ...string) (string, error) {
 		t.Helper()
 		full := append([]string{"-p", id, "-f", filepath.Join(root, "deploy/docker-compose.yml")}, args...)
-		ctx, cancel := contextWithTimeout(t, timeout)
+		// Not t.Context(): the clean-up (down) runs after it is cancelled.
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, "docker-compose", full...)
 		cmd.Env = append(os.Environ(), "HERD_IMAGE="+image, "HERD_NET="+subnet)
