@@ -6,6 +6,10 @@
 #
 #   bench/table4.sh [SECONDS]     (default 10 per point)
 #   HERD_REV=REV bench/table4.sh  the same for a git revision of herd
+# fio's nbd engine cannot load client certificates: reach the nodes through
+# node 1's local socket unless HERD_BENCH_NBD says otherwise.
+: "${HERD_BENCH_NBD:=socket}"
+export HERD_BENCH_NBD
 source "$(dirname "$0")/lib.sh"
 seconds=${1:-10}
 sizes="512 2k 8k 32k 128k 512k"
