@@ -6,6 +6,7 @@
 # prints where; $HERD_TEST_LOGS chooses the directory).
 #
 #   bench/robustness-repeat.sh [N]      e.g. bench/robustness-repeat.sh 20
+#   ROBUSTNESS_ARGS=-robustness.log-level=debug bench/robustness-repeat.sh 20
 #
 # Needs root (network namespaces for partitions), ip and nft.
 set -euo pipefail
@@ -14,7 +15,7 @@ runs=${1:-20}
 started=$(date +%s)
 for i in $(seq 1 "$runs"); do
   run_started=$(date +%s)
-  if ! out=$(CI=true go test -race -count=1 -v -timeout 20m -run '^TestRobustness$' ./test/robustness 2>&1); then
+  if ! out=$(CI=true go test -race -count=1 -v -timeout 20m -run '^TestRobustness$' ./test/robustness ${ROBUSTNESS_ARGS:-} 2>&1); then
     echo "$out" | grep -E 'seed|summary|client [0-9]|robustness_test|kept in|FAIL' | head -60 || true
     echo "run $i FAILED after $((i - 1)) passing runs in a row ($(( $(date +%s) - started )) s in all)"
     exit 1

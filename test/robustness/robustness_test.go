@@ -40,6 +40,7 @@ import (
 var (
 	duration = flag.Duration("robustness.duration", 75*time.Second, "how long clients run under the nemesis")
 	seedFlag = flag.Uint64("robustness.seed", 0, "random seed for clients and nemesis (0: from the clock)")
+	logLevel = flag.String("robustness.log-level", "info", "the nodes' --log-level (debug keeps every retry in the logs a failed run leaves)")
 )
 
 const (
@@ -62,7 +63,7 @@ func TestRobustness(t *testing.T) {
 		seed = uint64(time.Now().UnixNano())
 	}
 	t.Logf("seed %d (rerun with -robustness.seed=%d), duration %v", seed, seed, *duration)
-	c := testcluster.Start(t, testcluster.Options{Nodes: nodes, Namespaces: true})
+	c := testcluster.Start(t, testcluster.Options{Nodes: nodes, Namespaces: true, ExtraArgs: []string{"--log-level", *logLevel}})
 	all := []int{0, 1, 2, 3, 4}
 	waitHealthy(t, c, all)
 	herd(t, c, "cluster", "format", "--copies", fmt.Sprint(copies))
