@@ -64,9 +64,10 @@ type (
 		Time   time.Time `json:"time"`
 	}
 	vdiCreateCommand struct {
-		Name string    `json:"name"`
-		Size uint64    `json:"size"`
-		Time time.Time `json:"time"`
+		Name      string    `json:"name"`
+		Size      uint64    `json:"size"`
+		Exclusive bool      `json:"exclusive,omitempty"`
+		Time      time.Time `json:"time"`
 	}
 	vdiDeleteCommand struct {
 		Name string `json:"name"`
@@ -235,12 +236,27 @@ type FSM struct {
 	applied uint64
 	waiters map[uint64][]chan struct{} // closed once applied >= key
 
-	epochMu      sync.Mutex    // guards epochChanged
+	epochMu      sync.Mutex    // guards epochChanged and changed
 	epochChanged chan struct{} // closed and replaced whenever the epoch changes
+	changed      chan struct{} // closed and replaced after every applied batch
 }
 
 func newFSM() *FSM {
-	return &FSM{state: newState(), waiters: map[uint64][]chan struct{}{}, epochChanged: make(chan struct{})}
+	return &FSM{state: newState(), waiters: map[uint64][]chan struct{}{}, epochChanged: make(chan struct{}), changed: make(chan struct{})}
+}
+
+// changes returns a channel closed after the next applied batch.
+func (f *FSM) changes() <-chan struct{} {
+	f.epochMu.Lock()
+	defer f.epochMu.Unlock()
+	return f.changed
+}
+
+func (f *FSM) signalChange() {
+	f.epochMu.Lock()
+	close(f.changed)
+	f.changed = make(chan struct{})
+	f.epochMu.Unlock()
 }
 
 func (f *FSM) signalEpoch() {
@@ -308,6 +324,7 @@ func (f *FSM) ApplyBatch(entries []*raft.Log) []any {
 	}
 	if len(entries) > 0 {
 		f.setApplied(entries[len(entries)-1].Index)
+		f.signalChange()
 	}
 	if nodesChanged {
 		f.signalEpoch()
@@ -675,7 +692,7 @@ func applyVDICreate(s *State, data []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &VDI{ID: id, Name: c.Name, Size: c.Size, Copies: s.Format.Copies, ObjectSize: s.Format.ObjectSize, Created: c.Time, Since: s.Epoch()}
+	v := &VDI{ID: id, Name: c.Name, Size: c.Size, Copies: s.Format.Copies, ObjectSize: s.Format.ObjectSize, Created: c.Time, Since: s.Epoch(), Exclusive: c.Exclusive}
 	s.VDIs[c.Name] = v
 	return *v, nil
 }
@@ -941,9 +958,7 @@ func applyLockAcquire(s *State, data []byte) (any, error) {
 		}
 		return nil, &LockHeldError{Lock: *l}
 	}
-	l := &Lock{Key: c.Key, Node: c.Node, Incarnation: c.Incarnation, Session: c.Session, Acquired: c.Time}
-	s.Locks[c.Key] = l
-	return *l, nil
+	return *grantLock(s, c.Key, LockOwner{Node: c.Node, Incarnation: c.Incarnation, Session: c.Session}, c.Time), nil
 }
 
 func applyLockRelease(s *State, data []byte) (any, error) {

@@ -85,6 +85,10 @@ var fuzzPayloads = map[commandType][]any{
 	commandJoinSecretSet: {joinSecretCommand{Hash: "j3"}},
 	commandNodeSet:       {nodeSetCommand{ID: "c", Settings: NodeSettings{Capacity: ptr(uint64(1 << 30))}, Time: t0}, nodeSetCommand{ID: "c", Settings: NodeSettings{Zone: ptr("z9")}, Time: t0}, nodeSetCommand{ID: "c", Settings: NodeSettings{Reset: true}}, nodeSetCommand{ID: "c", Settings: NodeSettings{Capacity: ptr(uint64(0))}}},
 	commandNodeDrain:     {nodeDrainCommand{ID: "c", Drain: true, Time: t0}, nodeDrainCommand{ID: "c", Time: t0}, nodeDrainCommand{ID: "zz", Drain: true}},
+	commandLockWant:      {lockCommand{Key: vdiLockKey("db"), Node: "b", Incarnation: "1", Session: "t", Time: t0}, lockCommand{Key: vdiLockKey("vm"), Node: "b", Incarnation: "1", Session: "t"}, lockCommand{Key: vdiLockKey("db"), Node: "zz", Incarnation: "1", Session: "t"}},
+	commandLockHandover:  {lockHandoverCommand{Key: vdiLockKey("db"), FromNode: "a", FromSession: "s", To: LockOwner{Node: "b", Incarnation: "1", Session: "t"}, Time: t0}, lockHandoverCommand{Key: vdiLockKey("db"), FromNode: "a", FromSession: "s", To: LockOwner{Node: "zz"}}, lockHandoverCommand{Key: vdiLockKey("vm"), FromNode: "b"}},
+	commandLockBreak:     {lockBreakCommand{Key: vdiLockKey("db"), By: "admin", Time: t0}, lockBreakCommand{Key: "none"}},
+	commandVDISet:        {vdiSetCommand{Name: "db", Settings: VDISettings{Exclusive: ptr(true)}}, vdiSetCommand{Name: "vm@s1", Settings: VDISettings{Exclusive: ptr(true)}}, vdiSetCommand{Name: "none"}},
 	commandNodeMaintenance: {nodeMaintenanceCommand{ID: "c", Until: t0.Add(time.Hour), Time: t0}, nodeMaintenanceCommand{ID: "c", Time: t0},
 		nodeMaintenanceCommand{ID: "zz", Until: t0.Add(time.Hour), Time: t0}, nodeMaintenanceCommand{ID: "a", Until: t0.Add(30 * 24 * time.Hour), Time: t0}},
 }
@@ -246,7 +250,7 @@ func malformed(entry []byte) bool {
 	if _, known := commands[command]; !known {
 		return true
 	}
-	if command == commandLockAcquire || command == commandLockRelease {
+	if command == commandLockAcquire || command == commandLockRelease || command == commandLockWant {
 		_, err := decodeLockCommand(payload)
 		return err != nil
 	}

@@ -157,6 +157,11 @@ type VDI struct {
 	// objects it was writing may differ until the next writer (or `herd
 	// vdi check --repair`) makes them identical.
 	Unclean bool `json:"unclean,omitempty"`
+	// Exclusive: a second writer is refused while the VDI is open for
+	// writing, instead of taking the lock over (handover.go).
+	Exclusive bool `json:"exclusive,omitempty"`
+	// Handovers counts the times its writer lock moved between nodes.
+	Handovers uint64 `json:"handovers,omitempty"`
 }
 
 // FullName is NAME for a writable VDI and NAME@TAG for a snapshot.
@@ -183,6 +188,12 @@ type Lock struct {
 	Incarnation string    `json:"incarnation"`
 	Session     string    `json:"session"`
 	Acquired    time.Time `json:"acquired"`
+	// Generation is this grant's number: every grant of any lock gets the
+	// next one, so a holder can tell that the lock is still the grant it
+	// was given (handover.go).
+	Generation uint64 `json:"generation,omitempty"`
+	// Wanted is the owner waiting for the holder to hand the lock over.
+	Wanted *LockOwner `json:"wanted,omitempty"`
 }
 
 // State is the replicated state machine's data. Every node holds the same
@@ -196,6 +207,8 @@ type State struct {
 	Garbage   []Garbage        `json:"garbage,omitempty"`
 	NextVDIID uint32           `json:"next_vdi_id"`
 	Locks     map[string]*Lock `json:"locks"`
+	// LockGrants counts lock grants: the last Lock.Generation given.
+	LockGrants uint64 `json:"lock_grants,omitempty"`
 
 	// Credentials (security.go).
 	JoinHash string               `json:"join_hash,omitempty"`

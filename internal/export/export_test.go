@@ -93,6 +93,31 @@ func (c *fakeCluster) ReleaseLock(ctx context.Context, key, session string) erro
 
 func (c *fakeCluster) MarkVDIUnclean(ctx context.Context, name string) error { return nil }
 
+func (c *fakeCluster) Lock(key string) (cluster.Lock, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	holder, held := c.locks[key]
+	return cluster.Lock{Key: key, Node: holder}, held
+}
+
+func (c *fakeCluster) WaitLock(ctx context.Context, key string, done func(cluster.Lock, bool) bool) (cluster.Lock, bool, error) {
+	l, held := c.Lock(key)
+	if done(l, held) {
+		return l, held, nil
+	}
+	<-ctx.Done()
+	return l, held, ctx.Err()
+}
+
+func (c *fakeCluster) WantLock(ctx context.Context, key, session string) (cluster.LockWant, error) {
+	l, err := c.AcquireLock(ctx, key, session)
+	return cluster.LockWant{Lock: l, Granted: err == nil}, err
+}
+
+func (c *fakeCluster) HandOverLock(ctx context.Context, key, session string, to cluster.LockOwner) error {
+	return errors.New("not in this fake")
+}
+
 func (c *fakeCluster) counts() (lookups, locking int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -128,7 +153,7 @@ func newTestGateway(t *testing.T) (*gateway.Gateway, *fakeCluster) {
 		{ID: 1, Name: "alpha", Size: 1 << 30, Copies: 1, ObjectSize: 1 << 20, Snapshot: true, Tag: "monday"},
 		{ID: 2, Name: "alpha", Size: 1 << 30, Copies: 1, ObjectSize: 1 << 20, Parent: 1},
 		{ID: 3, Name: "beta", Size: 1 << 20, Copies: 1, ObjectSize: 1 << 20},
-		{ID: 4, Name: "gamma", Size: 1 << 20, Copies: 1, ObjectSize: 1 << 20},
+		{ID: 4, Name: "gamma", Size: 1 << 20, Copies: 1, ObjectSize: 1 << 20, Exclusive: true},
 	}}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	return gateway.New(c, layout.NewHistory(c, logger), noReplicas{}, logger, gateway.Options{}), c
@@ -279,7 +304,8 @@ func TestInfoOnlyTakesNoLock(t *testing.T) {
 		t.Fatalf("%d lock acquisitions for NBD_OPT_INFO", locking)
 	}
 
-	// Another node writes gamma: INFO still answers, GO is refused.
+	// Another node writes gamma, an exclusive VDI: INFO still answers,
+	// GO is refused.
 	c.mu.Lock()
 	c.locks[cluster.VDILockKey("gamma")] = "node2"
 	c.mu.Unlock()

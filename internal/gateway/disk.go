@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/layout"
@@ -20,6 +21,8 @@ type Disk struct {
 	readOnly bool
 	size     uint64
 	closed   sync.Once
+	client   string    // the client's address, when the opener said
+	since    time.Time // opened
 }
 
 // VDI is the VDI this disk reads and writes (after a snapshot taken
@@ -66,15 +69,10 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 	g, state := d.gateway, d.state
 	state.io.RLock()
 	defer state.io.RUnlock()
-	vdi, chain := state.current()
+	vdi, chain, refresh := g.view(state)
 	return d.each(ctx, pieces, func(pc piece) error {
 		buffer := p[pc.start : pc.start+pc.length]
-		// A read-only open of a VDI written elsewhere re-reads the map
-		// page where it saw nothing: the writer may have written since.
-		owner, err := g.resolve(ctx, state, vdi, chain, pc.index, false)
-		if err == nil && owner == 0 && d.readOnly && !vdi.Snapshot {
-			owner, err = g.resolve(ctx, state, vdi, chain, pc.index, true)
-		}
+		owner, err := g.resolve(ctx, state, vdi, chain, pc.index, refresh)
 		if err != nil {
 			return err
 		}
@@ -97,6 +95,10 @@ func (d *Disk) WriteAt(ctx context.Context, p []byte, offset uint64, fua bool) e
 	}
 	d.state.io.RLock()
 	defer d.state.io.RUnlock()
+	if err := d.gateway.ensureWriter(ctx, d.state); err != nil {
+		return err
+	}
+	ctx = d.gateway.withFence(ctx, d.state)
 	vdi, chain := d.state.current()
 	return d.each(ctx, pieces, func(pc piece) error {
 		return d.writePiece(ctx, vdi, chain, pc.index, p[pc.start:pc.start+pc.length], pc.within, fua)
@@ -214,6 +216,10 @@ func (d *Disk) zero(ctx context.Context, offset, length uint64, noHole, fua bool
 	g, state := d.gateway, d.state
 	state.io.RLock()
 	defer state.io.RUnlock()
+	if err := g.ensureWriter(ctx, state); err != nil {
+		return err
+	}
+	ctx = g.withFence(ctx, state)
 	vdi, chain := state.current()
 	what := "TRIM"
 	if noHole {
@@ -291,8 +297,7 @@ func (d *Disk) Extents(ctx context.Context, offset, length uint64) ([]Extent, er
 	if err != nil {
 		return nil, err
 	}
-	vdi, chain := d.state.current()
-	refresh := d.readOnly && !vdi.Snapshot
+	vdi, chain, refresh := d.gateway.view(d.state)
 	extents := make([]Extent, 0, min(pieces.count(), 64))
 	for i := range pieces.count() {
 		pc := pieces.piece(i)
@@ -316,6 +321,11 @@ func (d *Disk) Close() error {
 	if d.readOnly {
 		kind = openReader
 	}
-	d.closed.Do(func() { d.gateway.release(d.state, kind) })
+	d.closed.Do(func() {
+		d.state.mu.Lock()
+		delete(d.state.disks, d)
+		d.state.mu.Unlock()
+		d.gateway.release(d.state, kind)
+	})
 	return nil
 }

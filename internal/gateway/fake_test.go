@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 
@@ -27,6 +28,10 @@ type fakeCluster struct {
 	nextID  uint32
 	locks   map[string]cluster.Lock
 	changed chan struct{}
+	// grants numbers lock grants; lockChanged is closed and replaced
+	// whenever a lock changes.
+	grants      uint64
+	lockChanged chan struct{}
 }
 
 type fakeWorld struct {
@@ -35,7 +40,7 @@ type fakeWorld struct {
 }
 
 func newWorld(t *testing.T, nodes int, copies int) *fakeWorld {
-	c := &fakeCluster{nodes: map[string]cluster.Node{}, vdis: map[string]cluster.VDI{}, frozen: map[uint32]cluster.VDI{}, nextID: 100, locks: map[string]cluster.Lock{}, changed: make(chan struct{}),
+	c := &fakeCluster{nodes: map[string]cluster.Node{}, vdis: map[string]cluster.VDI{}, frozen: map[uint32]cluster.VDI{}, nextID: 100, locks: map[string]cluster.Lock{}, changed: make(chan struct{}), lockChanged: make(chan struct{}),
 		format: cluster.Format{Copies: copies, ObjectSize: 1 << 20}}
 	var ids []string
 	for i := 0; i < nodes; i++ {
@@ -71,12 +76,27 @@ func (c *selfCluster) ID() string { return c.self }
 func (c *selfCluster) AcquireLock(ctx context.Context, key, session string) (cluster.Lock, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if l, ok := c.locks[key]; ok && (l.Node != c.self || l.Session != session) {
-		return cluster.Lock{}, &cluster.LockHeldError{Lock: l}
+	if l, ok := c.locks[key]; ok {
+		if l.Node != c.self || l.Session != session {
+			return cluster.Lock{}, &cluster.LockHeldError{Lock: l}
+		}
+		return l, nil
 	}
-	l := cluster.Lock{Key: key, Node: c.self, Session: session}
+	return c.grantLocked(key, cluster.LockOwner{Node: c.self, Session: session}), nil
+}
+
+// grantLocked gives key to owner with the next generation.
+func (c *fakeCluster) grantLocked(key string, owner cluster.LockOwner) cluster.Lock {
+	c.grants++
+	l := cluster.Lock{Key: key, Node: owner.Node, Session: owner.Session, Generation: c.grants}
 	c.locks[key] = l
-	return l, nil
+	c.lockChangedLocked()
+	return l
+}
+
+func (c *fakeCluster) lockChangedLocked() {
+	close(c.lockChanged)
+	c.lockChanged = make(chan struct{})
 }
 
 func (c *selfCluster) ReleaseLock(ctx context.Context, key, session string) error {
@@ -86,7 +106,85 @@ func (c *selfCluster) ReleaseLock(ctx context.Context, key, session string) erro
 		return cluster.ErrNotLockOwner
 	}
 	delete(c.locks, key)
+	c.lockChangedLocked()
 	return nil
+}
+
+func (c *selfCluster) WantLock(ctx context.Context, key, session string) (cluster.LockWant, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.locks[key]
+	switch {
+	case !ok:
+		return cluster.LockWant{Lock: c.grantLocked(key, cluster.LockOwner{Node: c.self, Session: session}), Granted: true}, nil
+	case l.Node == c.self && l.Session == session:
+		return cluster.LockWant{Lock: l, Granted: true}, nil
+	}
+	if name, ok := strings.CutPrefix(key, "vdi/"); ok && c.vdis[name].Exclusive {
+		return cluster.LockWant{}, &cluster.LockHeldError{Lock: l}
+	}
+	l.Wanted = &cluster.LockOwner{Node: c.self, Session: session}
+	c.locks[key] = l
+	c.lockChangedLocked()
+	return cluster.LockWant{Lock: l}, nil
+}
+
+func (c *selfCluster) HandOverLock(ctx context.Context, key, session string, to cluster.LockOwner) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.locks[key]
+	if !ok {
+		return cluster.ErrNotFound
+	}
+	if l.Node != c.self || l.Session != session {
+		return cluster.ErrNotLockOwner
+	}
+	c.grantLocked(key, to)
+	if name, ok := strings.CutPrefix(key, "vdi/"); ok {
+		v := c.vdis[name]
+		v.Handovers++
+		c.vdis[name] = v
+	}
+	return nil
+}
+
+// breakLock takes key away from its holder, as `herd vdi unlock --force`
+// does: the lock goes, the VDI is unclean, and a new epoch begins.
+func (c *fakeCluster) breakLock(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.locks, key)
+	if name, ok := strings.CutPrefix(key, "vdi/"); ok {
+		v := c.vdis[name]
+		v.Unclean = true
+		c.vdis[name] = v
+	}
+	c.lockChangedLocked()
+	c.commitLocked(c.epochs[len(c.epochs)-1].Nodes)
+}
+
+func (c *fakeCluster) Lock(key string) (cluster.Lock, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.locks[key]
+	return l, ok
+}
+
+func (c *fakeCluster) WaitLock(ctx context.Context, key string, done func(cluster.Lock, bool) bool) (cluster.Lock, bool, error) {
+	for {
+		c.mu.Lock()
+		changed := c.lockChanged
+		l, held := c.locks[key]
+		c.mu.Unlock()
+		if done(l, held) {
+			return l, held, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return l, held, ctx.Err()
+		}
+	}
 }
 
 func (c *fakeCluster) View() cluster.EpochView {
@@ -279,6 +377,14 @@ func (c *fakeCluster) addVDI(name string, id uint32, size uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.vdis[name] = cluster.VDI{ID: id, Name: name, Size: size, Copies: c.format.Copies, ObjectSize: c.format.ObjectSize, Since: c.epochs[len(c.epochs)-1].Number}
+}
+
+func (c *fakeCluster) setExclusive(name string, exclusive bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v := c.vdis[name]
+	v.Exclusive = exclusive
+	c.vdis[name] = v
 }
 
 // memoryReplicas stores objects per node in memory and enforces epochs

@@ -57,6 +57,10 @@ type Cluster interface {
 	Epoch() uint64
 	View() cluster.EpochView
 	WaitEpoch(ctx context.Context, after uint64) (cluster.EpochView, error)
+	Lock(key string) (cluster.Lock, bool)
+	WaitLock(ctx context.Context, key string, done func(l cluster.Lock, held bool) bool) (cluster.Lock, bool, error)
+	WantLock(ctx context.Context, key, session string) (cluster.LockWant, error)
+	HandOverLock(ctx context.Context, key, session string, to cluster.LockOwner) error
 	Node(id string) (cluster.Node, bool)
 	VDI(name string) (cluster.VDI, error)
 	LookupVDI(ctx context.Context, name string) (cluster.VDI, error)
@@ -210,7 +214,12 @@ func unanswered(ctx, scope context.Context, err error) error {
 // returns nil only when every replica of one epoch succeeded.
 func (g *Gateway) replicate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
 	deadline := time.Now().Add(g.options.RetryTimeout)
-	for {
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			if err := g.checkFence(ctx); err != nil {
+				return err
+			}
+		}
 		rv, err := g.layouts.Current()
 		if err != nil {
 			return err

@@ -188,9 +188,11 @@ func TestStaleEpochIsRetriedNotLost(t *testing.T) {
 	replicasIdentical(t, w, g, 2)
 }
 
+// An exclusive VDI refuses a second writer (the rule before handovers).
 func TestWriterLockAndReadOnlyOpens(t *testing.T) {
 	w := newWorld(t, 3, 3)
 	w.cluster.addVDI("disk", 1, objectSize)
+	w.cluster.setExclusive("disk", true)
 	a, b := w.gateway("node00"), w.gateway("node01")
 	ctx := context.Background()
 	first, err := a.Open(ctx, "disk")

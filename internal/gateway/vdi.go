@@ -33,15 +33,27 @@ type vdiState struct {
 	// which so falls exactly between completed writes.
 	io waitlock.RWLock
 
-	mu       sync.Mutex // guards vdi, chain, pages, writers, readers, lockHeld
+	mu       sync.Mutex // guards the fields below, up to openMu
 	vdi      cluster.VDI
 	chain    []uint32 // vdi.ID, then its ancestors, nearest first
 	pages    map[uint64][]uint32
 	writers  int
 	readers  int
 	lockHeld bool
+	// lockGen is the generation of the writer lock held (lockHeld);
+	// fenced, once set, is why changes through this state fail (the lock
+	// was taken away without a handover); stopWatch ends the holder's
+	// watcher (handover.go); handovers counts the locks handed over.
+	lockGen   uint64
+	fenced    error
+	stopWatch context.CancelFunc
+	handovers uint64
+	disks     map[*Disk]struct{}
 
-	openMu waitlock.RWLock // serialises taking and releasing the cluster lock
+	openMu waitlock.RWLock // serialises taking and releasing the cluster lock at open and close
+	// acquireMu serialises a standby's takeover of the lock (handover.go);
+	// taken under io held shared.
+	acquireMu waitlock.RWLock
 
 	// allocation serialises first writes (and copy-on-write) to an
 	// object: the data, then its map entry. Striped by index.
@@ -54,6 +66,24 @@ func (s *vdiState) current() (cluster.VDI, []uint32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.vdi, s.chain
+}
+
+// view returns the VDI and chain a request uses, and whether map pages
+// must be re-read. The writer lock's holder keeps both cached (nobody
+// else writes); any other open of a writable VDI (read-only, or on
+// standby for the lock) re-reads the VDI from the log and its own map
+// pages, since the holder may have snapshotted it or written anywhere.
+func (g *Gateway) view(s *vdiState) (cluster.VDI, []uint32, bool) {
+	s.mu.Lock()
+	vdi, chain, held := s.vdi, s.chain, s.lockHeld
+	s.mu.Unlock()
+	if held || vdi.Snapshot {
+		return vdi, chain, false
+	}
+	if current, err := g.cluster.VDI(vdi.Name); err == nil && !current.Snapshot {
+		vdi, chain = current, g.cluster.Chain(current.ID)
+	}
+	return vdi, chain, true
 }
 
 // List returns every VDI that can be opened: writable ones and
@@ -92,7 +122,7 @@ func (g *Gateway) Open(ctx context.Context, name string) (*Disk, error) {
 	g.mu.Lock()
 	state, ok := g.open[key]
 	if !ok {
-		state = &vdiState{key: key, vdi: vdi, chain: g.cluster.Chain(vdi.ID), pages: map[uint64][]uint32{}}
+		state = &vdiState{key: key, vdi: vdi, chain: g.cluster.Chain(vdi.ID), pages: map[uint64][]uint32{}, disks: map[*Disk]struct{}{}}
 		g.open[key] = state
 	}
 	state.refs++
@@ -108,8 +138,13 @@ func (g *Gateway) Open(ctx context.Context, name string) (*Disk, error) {
 			return nil, err
 		}
 	}
-	current, _ := state.current()
-	return &Disk{gateway: g, state: state, readOnly: readOnly, size: current.Size}, nil
+	current, _, _ := g.view(state)
+	client, _ := ctx.Value(clientKey{}).(string)
+	d := &Disk{gateway: g, state: state, readOnly: readOnly, size: current.Size, client: client, since: time.Now()}
+	state.mu.Lock()
+	state.disks[d] = struct{}{}
+	state.mu.Unlock()
+	return d, nil
 }
 
 // lockGrace is how long a writable open waits for another node's writer
@@ -136,6 +171,11 @@ func (g *Gateway) acquireLock(ctx context.Context, name string) (cluster.Lock, e
 	}
 }
 
+// acquireWriter makes a writable open of state: it takes the VDI's
+// writer lock when it is free (or already this node's). When another node
+// holds it, an exclusive VDI is refused (ErrBusy, naming the holder); any
+// other opens on standby and takes the lock over with its first change
+// (handover.go).
 func (g *Gateway) acquireWriter(ctx context.Context, state *vdiState) error {
 	state.openMu.Lock()
 	defer state.openMu.Unlock()
@@ -143,47 +183,38 @@ func (g *Gateway) acquireWriter(ctx context.Context, state *vdiState) error {
 	held, name := state.lockHeld, state.vdi.Name
 	state.mu.Unlock()
 	if !held {
-		_, err := g.acquireLock(ctx, name)
-		if err != nil {
-			var lockHeld *cluster.LockHeldError
-			if errors.As(err, &lockHeld) {
-				holder := lockHeld.Lock.Node
-				if n, ok := g.cluster.Node(holder); ok {
-					holder = fmt.Sprintf("%s (%s)", n.ID, n.Address)
-				}
-				return fmt.Errorf("%w: vdi %q is open for writing through node %s; open it read-only as %q, or close it there first",
-					ErrBusy, name, holder, ReadOnlyPrefix+name)
-			}
-			if errors.Is(err, cluster.ErrLockHeld) {
-				return fmt.Errorf("%w: %v", ErrBusy, err)
-			}
-			return fmt.Errorf("%w: cannot lock vdi %q: %v", ErrNotReady, name, err)
-		}
-		// The lock is ours: reload the VDI, which may have been
-		// snapshotted or rolled back since this state was made, and start
-		// with an empty map cache (another node may have written it).
 		vdi, err := g.cluster.VDI(name)
 		if err != nil {
-			g.cluster.ReleaseLock(ctx, cluster.VDILockKey(name), g.session)
 			return fmt.Errorf("%w: %v", ErrUnknownVDI, err)
 		}
-		if vdi.Unclean {
-			repair := g.repair.Load()
-			if repair == nil {
-				g.cluster.ReleaseLock(ctx, cluster.VDILockKey(name), g.session)
-				return fmt.Errorf("%w: vdi %q must be repaired (its previous writer's node died) and this node cannot repair yet", ErrNotReady, name)
-			}
-			if err := (*repair)(ctx, vdi); err != nil {
-				g.cluster.ReleaseLock(ctx, cluster.VDILockKey(name), g.session)
-				return fmt.Errorf("%w: vdi %q: the node of its previous writer died, and making its replicas identical failed: %v", ErrNotReady, name, err)
-			}
+		var l cluster.Lock
+		if vdi.Exclusive {
+			l, err = g.acquireLock(ctx, name)
+		} else {
+			l, err = g.cluster.AcquireLock(ctx, cluster.VDILockKey(name), g.session)
 		}
-		state.mu.Lock()
-		state.vdi, state.chain, state.pages = vdi, g.cluster.Chain(vdi.ID), map[uint64][]uint32{}
-		state.mu.Unlock()
+		var lockHeld *cluster.LockHeldError
+		switch {
+		case err == nil:
+			if err := g.take(ctx, state, l); err != nil {
+				return err
+			}
+		case errors.As(err, &lockHeld) && !vdi.Exclusive:
+			// Standby: the holder hands the lock over on our first change.
+		case errors.As(err, &lockHeld):
+			holder := lockHeld.Lock.Node
+			if n, ok := g.cluster.Node(holder); ok {
+				holder = fmt.Sprintf("%s (%s)", n.ID, n.Address)
+			}
+			return fmt.Errorf("%w: vdi %q is exclusive and open for writing through node %s; open it read-only as %q, or close it there first (`herd vdi set %s --exclusive=false` lets a second writer take it over)",
+				ErrBusy, name, holder, ReadOnlyPrefix+name, name)
+		case errors.Is(err, cluster.ErrLockHeld):
+			return fmt.Errorf("%w: %v", ErrBusy, err)
+		default:
+			return fmt.Errorf("%w: cannot lock vdi %q: %v", ErrNotReady, name, err)
+		}
 	}
 	state.mu.Lock()
-	state.lockHeld = true
 	state.writers++
 	state.mu.Unlock()
 	return nil
@@ -212,6 +243,10 @@ func (g *Gateway) release(state *vdiState, kind openKind) {
 	releaseLock := kind == openWriter && state.writers == 0 && state.lockHeld
 	if releaseLock {
 		state.lockHeld = false
+		if state.stopWatch != nil {
+			state.stopWatch()
+			state.stopWatch = nil
+		}
 	}
 	name, vdi, chain := state.vdi.Name, state.vdi, state.chain
 	state.mu.Unlock()
@@ -266,6 +301,10 @@ func (g *Gateway) Snapshot(ctx context.Context, name, tag string) (cluster.Snaps
 		if writing {
 			state.io.Lock()
 			defer state.io.Unlock()
+			if state.standby() {
+				// Handed over while the snapshot waited for the writes.
+				return g.cluster.SnapshotVDI(ctx, name, tag, "")
+			}
 			result, err := g.cluster.SnapshotVDI(ctx, name, tag, g.cluster.ID())
 			if err != nil {
 				return result, err

@@ -1,0 +1,295 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Writer handover (issue 11): a VDI's writer lock moves between gateways
+// cooperatively, the way a live migration needs it. A gateway that wants
+// to write while another holds the lock records its wish in the log
+// (LockWant); the holder sees it, stops and drains its writes, flushes,
+// forgets what it cached of the VDI, and hands the lock over in one entry
+// (LockHandover). Every grant gets a new Generation, so a gateway can tell
+// that the lock it holds is still the one it was granted. An operator can
+// take a lock away from a holder that is gone (LockBreak): that entry also
+// begins a new epoch, so that every replica refuses the old holder's
+// writes stamped with the epoch before (the fence), and marks the VDI
+// unclean, so its next writer makes its replicas identical first.
+//
+// An exclusive VDI (VDI.Exclusive) keeps the older rule: a second writer
+// is refused while the lock is held, and a want is never recorded.
+
+const (
+	commandLockWant     commandType = 26
+	commandLockHandover commandType = 27
+	commandLockBreak    commandType = 28
+	commandVDISet       commandType = 29
+)
+
+func init() {
+	commands[commandLockWant] = applyLockWant
+	commands[commandLockHandover] = applyLockHandover
+	commands[commandLockBreak] = applyLockBreak
+	commands[commandVDISet] = applyVDISet
+}
+
+// LockOwner is who holds or wants a lock.
+type LockOwner struct {
+	Node        string    `json:"node"`
+	Incarnation string    `json:"incarnation"`
+	Session     string    `json:"session"`
+	Since       time.Time `json:"since,omitzero"`
+}
+
+// LockWant is the result of a want: the lock as it is after the entry,
+// and whether the wanter holds it now.
+type LockWant struct {
+	Lock    Lock `json:"lock"`
+	Granted bool `json:"granted"`
+}
+
+type lockHandoverCommand struct {
+	Key         string    `json:"key"`
+	FromNode    string    `json:"from_node"`
+	FromSession string    `json:"from_session"`
+	To          LockOwner `json:"to"`
+	Time        time.Time `json:"time"`
+}
+
+func (c lockHandoverCommand) check() error {
+	return checkLengths(lengthCheck{"lock key", c.Key, MaxLockKeyLength}, lengthCheck{"lock owner node", c.FromNode, MaxOwnerLength},
+		lengthCheck{"lock session", c.FromSession, MaxOwnerLength}, lengthCheck{"lock owner node", c.To.Node, MaxOwnerLength},
+		lengthCheck{"lock owner incarnation", c.To.Incarnation, MaxOwnerLength}, lengthCheck{"lock session", c.To.Session, MaxOwnerLength})
+}
+
+type lockBreakCommand struct {
+	Key  string    `json:"key"`
+	By   string    `json:"by"` // who asked, for the event
+	Time time.Time `json:"time"`
+}
+
+func (c lockBreakCommand) check() error {
+	return checkLengths(lengthCheck{"lock key", c.Key, MaxLockKeyLength}, lengthCheck{"requester", c.By, MaxOwnerLength})
+}
+
+// VDISettings are what `herd vdi set` changes; nil leaves a value as it is.
+type VDISettings struct {
+	Exclusive *bool `json:"exclusive,omitempty"`
+}
+
+type vdiSetCommand struct {
+	Name     string      `json:"name"`
+	Settings VDISettings `json:"settings"`
+}
+
+func (c vdiSetCommand) check() error { return checkLength("vdi name", c.Name, MaxNameLength) }
+
+// grantLock gives key to owner with the next generation.
+func grantLock(s *State, key string, owner LockOwner, at time.Time) *Lock {
+	s.LockGrants++
+	l := &Lock{Key: key, Node: owner.Node, Incarnation: owner.Incarnation, Session: owner.Session, Acquired: at, Generation: s.LockGrants}
+	s.Locks[key] = l
+	return l
+}
+
+// lockedVDI returns the writable VDI a lock key guards, if any.
+func lockedVDI(s *State, key string) *VDI {
+	if name, ok := strings.CutPrefix(key, vdiLockKey("")); ok {
+		return s.VDIs[name]
+	}
+	return nil
+}
+
+func liveOwner(s *State, node, incarnation string) bool {
+	n, ok := s.Nodes[node]
+	return ok && n.State == NodeAlive && n.Incarnation == incarnation
+}
+
+// applyLockWant grants a free lock, or records that its owner wants a
+// held one (the holder hands it over). An exclusive VDI's lock is refused
+// while held, as an acquire is.
+func applyLockWant(s *State, data []byte) (any, error) {
+	c, err := decodeLockCommand(data)
+	if err != nil {
+		return nil, err
+	}
+	if c.Key == "" || c.Node == "" {
+		return nil, fmt.Errorf("%w: lock needs a key and an owner", ErrInvalid)
+	}
+	if !liveOwner(s, c.Node, c.Incarnation) {
+		return nil, fmt.Errorf("%w: lock %q wanted by node %s which is not a live member", ErrInvalid, c.Key, c.Node)
+	}
+	owner := LockOwner{Node: c.Node, Incarnation: c.Incarnation, Session: c.Session, Since: c.Time}
+	l, held := s.Locks[c.Key]
+	switch {
+	case !held:
+		return LockWant{Lock: *grantLock(s, c.Key, owner, c.Time), Granted: true}, nil
+	case l.Node == c.Node && l.Incarnation == c.Incarnation && l.Session == c.Session:
+		return LockWant{Lock: *l, Granted: true}, nil
+	}
+	if v := lockedVDI(s, c.Key); v != nil && v.Exclusive {
+		return nil, &LockHeldError{Lock: *l}
+	}
+	l.Wanted = &owner
+	return LockWant{Lock: *l}, nil
+}
+
+// applyLockHandover moves a lock from its holder to the owner that wants
+// it, with a new generation. A target that is no longer a live member
+// gets nothing: the lock is released instead.
+func applyLockHandover(s *State, data []byte) (any, error) {
+	var c lockHandoverCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	l, ok := s.Locks[c.Key]
+	if !ok {
+		return nil, fmt.Errorf("lock %q %w", c.Key, ErrNotFound)
+	}
+	if l.Node != c.FromNode || l.Session != c.FromSession {
+		return nil, fmt.Errorf("%w: lock %q is held by node %s session %s", ErrNotLockOwner, c.Key, l.Node, l.Session)
+	}
+	from := l.Node
+	if !liveOwner(s, c.To.Node, c.To.Incarnation) {
+		delete(s.Locks, c.Key)
+		s.note("lock", "lock %q released by node %s: the node that wanted it (%s) is gone", c.Key, from, c.To.Node)
+		return LockWant{}, nil
+	}
+	next := grantLock(s, c.Key, c.To, c.Time)
+	if v := lockedVDI(s, c.Key); v != nil {
+		v.Handovers++
+		s.note("lock", "the writer lock on vdi %q moved from node %s to node %s (handover %d)", v.Name, from, c.To.Node, v.Handovers)
+	}
+	return LockWant{Lock: *next, Granted: true}, nil
+}
+
+// applyLockBreak takes a lock away from its holder, whatever it is doing:
+// a new epoch fences the holder's writes in flight (every replica refuses
+// the epoch before), and the VDI is unclean until its next writer makes
+// its replicas identical.
+func applyLockBreak(s *State, data []byte) (any, error) {
+	var c lockBreakCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	l, ok := s.Locks[c.Key]
+	if !ok {
+		return nil, fmt.Errorf("lock %q %w: nothing to unlock", c.Key, ErrNotFound)
+	}
+	broken := *l
+	delete(s.Locks, c.Key)
+	what := fmt.Sprintf("lock %q", c.Key)
+	if v := lockedVDI(s, c.Key); v != nil {
+		v.Unclean = true
+		what = fmt.Sprintf("the writer lock on vdi %q", v.Name)
+	}
+	newEpoch(s, c.Time, fmt.Sprintf("%s was broken by %s (held by node %s since %s): the holder's writes are fenced", what, c.By, broken.Node, broken.Acquired.UTC().Format(time.RFC3339)))
+	return broken, nil
+}
+
+func applyVDISet(s *State, data []byte) (any, error) {
+	var c vdiSetCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	v, ok := s.VDIs[c.Name]
+	if !ok {
+		if _, err := s.lookup(c.Name); err == nil {
+			return nil, fmt.Errorf("%w: vdi %q is a snapshot: its settings cannot change", ErrInvalid, c.Name)
+		}
+		return nil, fmt.Errorf("vdi %q: %w", c.Name, ErrNotFound)
+	}
+	if c.Settings.Exclusive != nil {
+		v.Exclusive = *c.Settings.Exclusive
+		if v.Exclusive {
+			if l, held := s.Locks[vdiLockKey(v.Name)]; held {
+				l.Wanted = nil
+			}
+		}
+	}
+	return *v, nil
+}
+
+// WantLock claims key for session on this node, or, when another holds
+// it, records that this node wants it: the holder hands it over. Granted
+// says whether the lock is this node's now.
+func (c *Cluster) WantLock(ctx context.Context, key, session string) (LockWant, error) {
+	var w LockWant
+	wait, cancel := context.WithTimeout(ctx, applyTimeout)
+	err := c.registered(wait, c.cfg.NodeID, c.cfg.Incarnation)
+	cancel()
+	if err != nil {
+		return w, err
+	}
+	out, err := c.propose(ctx, commandLockWant, lockCommand{Key: key, Node: c.cfg.NodeID, Incarnation: c.cfg.Incarnation, Session: session, Time: time.Now().UTC()})
+	if err != nil {
+		return w, err
+	}
+	return w, json.Unmarshal(out, &w)
+}
+
+// HandOverLock moves key, held by session on this node, to owner.
+func (c *Cluster) HandOverLock(ctx context.Context, key, session string, to LockOwner) error {
+	_, err := c.propose(ctx, commandLockHandover, lockHandoverCommand{Key: key, FromNode: c.cfg.NodeID, FromSession: session, To: to, Time: time.Now().UTC()})
+	return err
+}
+
+// BreakLock takes key away from its holder (see applyLockBreak).
+func (c *Cluster) BreakLock(ctx context.Context, key, by string) (Lock, error) {
+	var l Lock
+	out, err := c.propose(ctx, commandLockBreak, lockBreakCommand{Key: key, By: by, Time: time.Now().UTC()})
+	if err != nil {
+		return l, err
+	}
+	return l, json.Unmarshal(out, &l)
+}
+
+// SetVDI changes a VDI's settings.
+func (c *Cluster) SetVDI(ctx context.Context, name string, settings VDISettings) (VDI, error) {
+	var v VDI
+	if settings.Exclusive == nil {
+		return v, fmt.Errorf("%w: give --exclusive or --exclusive=false", ErrInvalid)
+	}
+	out, err := c.propose(ctx, commandVDISet, vdiSetCommand{Name: name, Settings: settings})
+	if err != nil {
+		return v, err
+	}
+	return v, json.Unmarshal(out, &v)
+}
+
+// WantLock is Cluster.WantLock.
+func (m *LocalMember) WantLock(ctx context.Context, key, session string) (LockWant, error) {
+	var w LockWant
+	out, err := m.propose(ctx, commandLockWant, lockCommand{Key: key, Node: m.id, Incarnation: m.incarnation, Session: session, Time: time.Now().UTC()})
+	if err != nil {
+		return w, err
+	}
+	return w, json.Unmarshal(out, &w)
+}
+
+// HandOverLock is Cluster.HandOverLock.
+func (m *LocalMember) HandOverLock(ctx context.Context, key, session string, to LockOwner) error {
+	_, err := m.propose(ctx, commandLockHandover, lockHandoverCommand{Key: key, FromNode: m.id, FromSession: session, To: to, Time: time.Now().UTC()})
+	return err
+}
+
+// WaitLock waits until done, called with key's lock as this node has
+// applied it (held false when free), returns true, and returns that lock.
+func (c *applied) WaitLock(ctx context.Context, key string, done func(l Lock, held bool) bool) (Lock, bool, error) {
+	for {
+		changed := c.fsm.changes()
+		l, held := c.Lock(key)
+		if done(l, held) {
+			return l, held, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return l, held, ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,160 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/herd-storage/herd/internal/cluster"
+)
+
+// Two writers through two nodes alternate: the lock moves to whichever
+// writes, each side reads the other's writes (including objects the other
+// allocated after this side cached the map page), and nothing is lost.
+func TestWriterHandover(t *testing.T) {
+	w := newWorld(t, 3, 3)
+	w.cluster.addVDI("disk", 1, 4*objectSize)
+	a, b := w.gateway("node00"), w.gateway("node01")
+	ctx := context.Background()
+	da := open(t, a, "disk")
+	db := open(t, b, "disk") // the destination of a migration opens early
+	holder := func() cluster.Lock {
+		l, _ := w.cluster.Lock(cluster.VDILockKey("disk"))
+		return l
+	}
+	if l := holder(); l.Node != "node00" {
+		t.Fatalf("lock after the first open: %+v", l)
+	}
+	m := make(model, 4*objectSize)
+	write := func(d *Disk, p []byte, off uint64) {
+		t.Helper()
+		if err := d.WriteAt(ctx, p, off, false); err != nil {
+			t.Fatal(err)
+		}
+		m.write(p, off)
+	}
+	write(da, []byte("AAAA"), 0)
+	// The standby reads what the holder wrote; a read takes no lock.
+	verify(t, db, m)
+	if l := holder(); l.Node != "node00" {
+		t.Fatalf("a read moved the lock: %+v", l)
+	}
+	// The standby read every map page (holes past object 0); the holder
+	// allocates an object: the standby sees it, never a stale hole.
+	write(da, []byte("allocated by a"), objectSize+5)
+	verify(t, db, m)
+	first := holder().Generation
+	// b writes: a hands the lock over; b allocates an object that a's map
+	// cache says is a hole.
+	write(db, []byte("BBBB"), 0)
+	write(db, []byte("new object"), 2*objectSize+7)
+	if l := holder(); l.Node != "node01" || l.Generation <= first {
+		t.Fatalf("lock after b's write: %+v (first generation %d)", l, first)
+	}
+	verify(t, da, m)
+	// And back: a's write asks for it again.
+	write(da, []byte("again A"), 3*objectSize-3) // across two objects
+	if l := holder(); l.Node != "node00" {
+		t.Fatalf("lock after a wrote again: %+v", l)
+	}
+	verify(t, db, m)
+	if v, _ := w.cluster.VDI("disk"); v.Handovers != 2 {
+		t.Fatalf("handovers: %d, want 2", v.Handovers)
+	}
+
+	// Both write at once, each its own blocks: every write lands.
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	for i, d := range []*Disk{da, db} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range 20 {
+				p := []byte(fmt.Sprintf("side %d write %02d", i, k))
+				off := uint64(i)*objectSize + uint64(k)*64
+				if err := d.WriteAt(ctx, p, off, false); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		for k := range 20 {
+			m.write([]byte(fmt.Sprintf("side %d write %02d", i, k)), uint64(i)*objectSize+uint64(k)*64)
+		}
+	}
+	verify(t, da, m)
+	verify(t, db, m)
+	replicasIdentical(t, w, a, 4)
+
+	da.Close()
+	db.Close()
+	if _, held := w.cluster.Lock(cluster.VDILockKey("disk")); held {
+		t.Fatal("the lock outlived every open")
+	}
+}
+
+// A lock taken away without a handover fences the holder: its later
+// changes fail and never land, and the next writer takes it.
+func TestBrokenLockFencesTheHolder(t *testing.T) {
+	w := newWorld(t, 3, 3)
+	w.cluster.addVDI("disk", 1, objectSize)
+	a, b := w.gateway("node00"), w.gateway("node01")
+	b.SetRepair(func(ctx context.Context, vdi cluster.VDI) error { return nil })
+	ctx := context.Background()
+	da := open(t, a, "disk")
+	if err := da.WriteAt(ctx, []byte("before"), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	w.cluster.breakLock(cluster.VDILockKey("disk"))
+	err := da.WriteAt(ctx, []byte("AFTER!"), 0, false)
+	if !errors.Is(err, ErrFenced) {
+		t.Fatalf("write by the fenced holder: %v, want ErrFenced", err)
+	}
+	db := open(t, b, "disk")
+	buf := make([]byte, 6)
+	if err := db.ReadAt(ctx, buf, 0); err != nil || string(buf) != "before" {
+		t.Fatalf("after the break: %q %v", buf, err)
+	}
+	if err := db.WriteAt(ctx, []byte("writer"), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	// The fenced open stays fenced: it does not take the lock back.
+	if err := da.WriteAt(ctx, []byte("AFTER!"), 0, false); !errors.Is(err, ErrFenced) {
+		t.Fatalf("second write by the fenced holder: %v, want ErrFenced", err)
+	}
+	if err := da.ReadAt(ctx, buf, 0); err != nil || !bytes.Equal(buf, []byte("writer")) {
+		t.Fatalf("the fenced open reads %q %v, want the new writer's data", buf, err)
+	}
+	if l, _ := w.cluster.Lock(cluster.VDILockKey("disk")); l.Node != "node01" {
+		t.Fatalf("lock: %+v", l)
+	}
+	opens := a.Opens()
+	if len(opens) != 1 || !opens[0].Fenced || opens[0].Writer {
+		t.Fatalf("a's opens: %+v", opens)
+	}
+	da.Close()
+	db.Close()
+}
+
+// An exclusive VDI refuses the second writer at open.
+func TestExclusiveRefusesSecondWriter(t *testing.T) {
+	w := newWorld(t, 3, 3)
+	w.cluster.addVDI("disk", 1, objectSize)
+	w.cluster.setExclusive("disk", true)
+	a, b := w.gateway("node00"), w.gateway("node01")
+	da := open(t, a, "disk")
+	defer da.Close()
+	if _, err := b.Open(context.Background(), "disk"); !errors.Is(err, ErrBusy) {
+		t.Fatalf("second writer of an exclusive vdi: %v", err)
+	}
+}
