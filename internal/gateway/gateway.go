@@ -174,16 +174,52 @@ func (g *Gateway) SetRepair(fn func(ctx context.Context, vdi cluster.VDI) error)
 	g.repair.Store(&fn)
 }
 
+// retryBudget is how long one request may wait for the cluster: until
+// Options.RetryTimeout has passed without a new epoch. A cluster that is
+// visibly reconfiguring (a node dropped, another back, the placement
+// moved) is making progress, so every new epoch gives the request the
+// whole timeout again, up to maxRetryFactor times it in all: a run of
+// faults that each clear in time (a pause, then a partition, then a
+// kill) does not fail a request that a still cluster would have served.
+// A VM's disk request that fails is an I/O error in the guest, often a
+// file system remounted read-only; one that waits is only slow.
+type retryBudget struct {
+	started, deadline time.Time
+	epoch             uint64
+}
+
+// maxRetryFactor caps a request's whole wait at this many RetryTimeouts.
+const maxRetryFactor = 4
+
+func (g *Gateway) newBudget() *retryBudget {
+	now := time.Now()
+	return &retryBudget{started: now, deadline: now.Add(g.options.RetryTimeout), epoch: g.cluster.Epoch()}
+}
+
+// expired reports whether the wait is over, given the current epoch.
+func (g *Gateway) expired(b *retryBudget, epoch uint64) bool {
+	now := time.Now()
+	if epoch > b.epoch {
+		b.epoch = epoch
+		limit := b.started.Add(maxRetryFactor * g.options.RetryTimeout)
+		b.deadline = now.Add(g.options.RetryTimeout)
+		if b.deadline.After(limit) {
+			b.deadline = limit
+		}
+	}
+	return now.After(b.deadline)
+}
+
 // waitNextEpoch waits for an epoch after epoch, or at most a second:
 // some conditions clear without a new epoch (a leader election, a peer
-// connection re-established). It fails only once deadline has passed.
-func (g *Gateway) waitNextEpoch(ctx context.Context, epoch uint64, deadline time.Time, why error) error {
-	if time.Now().After(deadline) {
-		return fmt.Errorf("%w after %v (epoch %d): %v", ErrTimeout, g.options.RetryTimeout, epoch, why)
+// connection re-established). It fails only once the budget is spent.
+func (g *Gateway) waitNextEpoch(ctx context.Context, epoch uint64, budget *retryBudget, why error) error {
+	if g.expired(budget, g.cluster.Epoch()) {
+		return fmt.Errorf("%w after %v (epoch %d, %v without a new one): %v", ErrTimeout, time.Since(budget.started).Round(time.Second), epoch, g.options.RetryTimeout, why)
 	}
 	until := time.Now().Add(time.Second)
-	if deadline.Before(until) {
-		until = deadline
+	if budget.deadline.Before(until) {
+		until = budget.deadline
 	}
 	wait, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
@@ -213,7 +249,7 @@ func unanswered(ctx, scope context.Context, err error) error {
 // new placement when the epoch changes or a replica is unreachable, and
 // returns nil only when every replica of one epoch succeeded.
 func (g *Gateway) replicate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
-	deadline := time.Now().Add(g.options.RetryTimeout)
+	budget := g.newBudget()
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			if err := g.checkFence(ctx); err != nil {
@@ -263,7 +299,7 @@ func (g *Gateway) replicate(ctx context.Context, oid uint64, copies int, op func
 			return nil
 		}
 		g.logger.Debug("gateway: retrying on the next epoch", "object", fmt.Sprintf("%016x", oid), "epoch", rv.Number, "err", retry)
-		if err := g.waitNextEpoch(ctx, rv.Number, deadline, retry); err != nil {
+		if err := g.waitNextEpoch(ctx, rv.Number, budget, retry); err != nil {
 			return err
 		}
 	}
@@ -305,7 +341,7 @@ func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ct
 
 func (g *Gateway) mutateReplicas(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
 	lock := g.objectLock(oid)
-	deadline := time.Now().Add(g.options.RetryTimeout)
+	budget := g.newBudget()
 	for {
 		var mu sync.Mutex
 		var missing []cluster.Node
@@ -338,7 +374,7 @@ func (g *Gateway) mutateReplicas(ctx context.Context, oid uint64, copies int, op
 			return err
 		}
 		if err != nil {
-			if err := g.waitNextEpoch(ctx, g.cluster.Epoch(), deadline, err); err != nil {
+			if err := g.waitNextEpoch(ctx, g.cluster.Epoch(), budget, err); err != nil {
 				return err
 			}
 		}
@@ -401,7 +437,7 @@ func (g *Gateway) read(ctx context.Context, oid uint64, copies int, p []byte, of
 }
 
 func (g *Gateway) readReplicas(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error {
-	deadline := time.Now().Add(g.options.RetryTimeout)
+	budget := g.newBudget()
 	self := g.cluster.ID()
 	for {
 		rv, err := g.layouts.Current()
@@ -458,7 +494,7 @@ func (g *Gateway) readReplicas(ctx context.Context, oid uint64, copies int, p []
 		if retry == nil {
 			return hard
 		}
-		if err := g.waitNextEpoch(ctx, rv.Number, deadline, retry); err != nil {
+		if err := g.waitNextEpoch(ctx, rv.Number, budget, retry); err != nil {
 			if hard != nil {
 				return hard
 			}
@@ -531,7 +567,7 @@ func (g *Gateway) flush(ctx context.Context) error {
 }
 
 func (g *Gateway) flushNodes(ctx context.Context, targets map[string]bool) error {
-	deadline := time.Now().Add(g.options.RetryTimeout)
+	budget := g.newBudget()
 	for {
 		rv, err := g.layouts.Current()
 		if err != nil {
@@ -570,7 +606,7 @@ func (g *Gateway) flushNodes(ctx context.Context, targets map[string]bool) error
 		if retry == nil {
 			return nil
 		}
-		if err := g.waitNextEpoch(ctx, rv.Number, deadline, retry); err != nil {
+		if err := g.waitNextEpoch(ctx, rv.Number, budget, retry); err != nil {
 			return err
 		}
 	}

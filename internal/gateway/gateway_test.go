@@ -580,3 +580,44 @@ func TestDamagedCopyServedElsewhereAndReplaced(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// A request waits while the cluster keeps moving to new epochs (a run of
+// faults that each clear), and fails only after RetryTimeout without one
+// (the robustness flake of issue 15: writes that failed while the cluster
+// went through epochs 10, 11, 12 and 13 in 30 s).
+func TestRetryBudgetRenewsOnEachEpoch(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	w := newWorld(t, 3, 3)
+	w.cluster.addVDI("disk", 1, objectSize)
+	g := w.gatewayWith("node00", quiet(), Options{RetryTimeout: timeout})
+	e := open(t, g, "disk")
+	ctx := context.Background()
+	setUnavailable := func(down bool) {
+		w.replicas.mu.Lock()
+		w.replicas.unavailable["node02"] = down
+		w.replicas.mu.Unlock()
+	}
+	// Unreachable for 3x the timeout, with a new epoch every third of it.
+	setUnavailable(true)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 9 {
+			time.Sleep(timeout / 3)
+			w.cluster.rejoin("node01", 1<<40)
+		}
+		setUnavailable(false)
+	}()
+	started := time.Now()
+	if err := e.WriteAt(ctx, []byte("patient"), 0, false); err != nil {
+		t.Fatalf("write while the cluster kept changing, after %v: %v", time.Since(started), err)
+	}
+	<-done
+	// No new epoch: it fails after the timeout, naming it.
+	setUnavailable(true)
+	started = time.Now()
+	err := e.WriteAt(ctx, []byte("stuck"), 0, false)
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("write to a still, broken cluster: %v after %v, want ErrTimeout after about %v", err, time.Since(started), timeout)
+	}
+}
