@@ -18,11 +18,13 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/url"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/gateway"
 	"github.com/herd-storage/herd/internal/maintenance"
 	"github.com/herd-storage/herd/internal/recovery"
 	"github.com/herd-storage/herd/internal/scrub"
@@ -46,8 +48,27 @@ type (
 		ObjectSize uint64 `json:"object_size"`
 	}
 	CreateVDIRequest struct {
-		Name string `json:"name"`
-		Size uint64 `json:"size"`
+		Name      string `json:"name"`
+		Size      uint64 `json:"size"`
+		Exclusive bool   `json:"exclusive,omitempty"`
+	}
+	// UnlockRequest takes a VDI's writer lock away (Force must be set).
+	UnlockRequest struct {
+		Force bool `json:"force"`
+	}
+	// VDIStatus is who has a VDI open (`herd vdi status`).
+	VDIStatus struct {
+		VDI   cluster.VDI   `json:"vdi"`
+		Lock  *cluster.Lock `json:"lock,omitempty"`
+		Opens []NodeOpen    `json:"opens"`
+		// Errors name the nodes that could not be asked.
+		Errors []string `json:"errors,omitempty"`
+	}
+	// NodeOpen is one open of a VDI through a node.
+	NodeOpen struct {
+		Node    string `json:"node"`
+		Address string `json:"address"`
+		gateway.OpenInfo
 	}
 	ResizeVDIRequest struct {
 		Size uint64 `json:"size"`
@@ -117,6 +138,8 @@ type DataPath interface {
 	RecoveryLimits() recovery.Limits
 	SetRecoveryLimits(recovery.Limits) error
 	Check(ctx context.Context, name string, repair bool) (maintenance.CheckReport, error)
+	// Opens lists the VDIs open through this node.
+	Opens() []gateway.OpenInfo
 	// Metrics are the node's Prometheus metrics (GET /metrics).
 	Metrics() prometheus.Gatherer
 	// Scrub is this node's background scrub.
@@ -294,9 +317,45 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 		if err := decodeBody(r, &req); err != nil {
 			return nil, err
 		}
-		return c.CreateVDI(r.Context(), req.Name, req.Size)
+		return c.CreateVDIWith(r.Context(), req.Name, req.Size, cluster.VDISettings{Exclusive: &req.Exclusive})
 	})
 	s.handle(mux, "GET /v1/vdis/{name}", func(r *http.Request) (any, error) { return c.LookupVDI(r.Context(), r.PathValue("name")) })
+	s.handle(mux, "GET /v1/local/opens", func(r *http.Request) (any, error) {
+		opens := data.Opens()
+		if opens == nil {
+			opens = []gateway.OpenInfo{}
+		}
+		return opens, nil
+	})
+	s.handle(mux, "GET /v1/vdis/{name}/status", func(r *http.Request) (any, error) { return s.vdiStatus(r.Context(), r.PathValue("name")) })
+	s.handle(mux, "PUT /v1/vdis/{name}/settings", func(r *http.Request) (any, error) {
+		var req cluster.VDISettings
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		return c.SetVDI(r.Context(), r.PathValue("name"), req)
+	})
+	s.handle(mux, "POST /v1/vdis/{name}/unlock", func(r *http.Request) (any, error) {
+		var req UnlockRequest
+		if err := decodeBody(r, &req); err != nil {
+			return nil, err
+		}
+		name := r.PathValue("name")
+		v, err := c.LookupVDI(r.Context(), name)
+		if err != nil {
+			return nil, err
+		}
+		l, held := c.Lock(cluster.VDILockKey(v.Name))
+		if !held {
+			return nil, fmt.Errorf("%w: vdi %q is not open for writing: nothing to unlock", cluster.ErrNotFound, v.Name)
+		}
+		if !req.Force {
+			return nil, fmt.Errorf("%w: vdi %q is open for writing through node %s since %s; --force takes the lock away and fences that writer (its later writes fail)",
+				cluster.ErrInvalid, v.Name, l.Node, l.Acquired.UTC().Format(time.RFC3339))
+		}
+		s.logger.Warn("api: breaking a vdi's writer lock", "vdi", v.Name, "holder", l.Node, "from", r.RemoteAddr)
+		return c.BreakLock(r.Context(), cluster.VDILockKey(v.Name), "an operator through node "+c.ID()+"'s admin API")
+	})
 	s.handle(mux, "DELETE /v1/vdis/{name}", func(r *http.Request) (any, error) {
 		return map[string]string{"deleted": r.PathValue("name")}, c.DeleteVDI(r.Context(), r.PathValue("name"))
 	})
@@ -471,6 +530,59 @@ func (s *Server) recovery(ctx context.Context) []RecoveryEntry {
 	}
 	wg.Wait()
 	return out
+}
+
+// vdiStatus asks every live node which opens of a VDI it serves.
+func (s *Server) vdiStatus(ctx context.Context, name string) (VDIStatus, error) {
+	v, err := s.cluster.LookupVDI(ctx, name)
+	if err != nil {
+		return VDIStatus{}, err
+	}
+	status := VDIStatus{VDI: v, Opens: []NodeOpen{}}
+	if l, held := s.cluster.Lock(cluster.VDILockKey(v.Name)); held && !v.Snapshot {
+		status.Lock = &l
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, n := range s.cluster.Nodes() {
+		if n.State != cluster.NodeAlive {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var opens []gateway.OpenInfo
+			if n.ID == s.cluster.ID() {
+				opens = s.data.Opens()
+			} else {
+				ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+				defer cancel()
+				if err := s.peerClient(ctx, n.AdminAddr).Do(ctx, http.MethodGet, "/v1/local/opens", nil, &opens); err != nil {
+					mu.Lock()
+					status.Errors = append(status.Errors, fmt.Sprintf("node %s: %v", n.ID, err))
+					mu.Unlock()
+					return
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, o := range opens {
+				if o.VDI == v.FullName() {
+					status.Opens = append(status.Opens, NodeOpen{Node: n.ID, Address: n.Address, OpenInfo: o})
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	sort.Slice(status.Opens, func(i, j int) bool {
+		a, b := status.Opens[i], status.Opens[j]
+		if a.Node != b.Node {
+			return a.Node < b.Node
+		}
+		return a.Since.Before(b.Since)
+	})
+	sort.Strings(status.Errors)
+	return status, nil
 }
 
 func decodeBody(r *http.Request, v any) error {

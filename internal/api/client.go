@@ -177,8 +177,29 @@ func (c *Client) VDI(ctx context.Context, name string) (cluster.VDI, error) {
 }
 
 func (c *Client) CreateVDI(ctx context.Context, name string, size uint64) (cluster.VDI, error) {
+	return c.CreateVDIWith(ctx, CreateVDIRequest{Name: name, Size: size})
+}
+
+func (c *Client) CreateVDIWith(ctx context.Context, req CreateVDIRequest) (cluster.VDI, error) {
 	var v cluster.VDI
-	return v, c.Do(ctx, http.MethodPost, "/v1/vdis", CreateVDIRequest{Name: name, Size: size}, &v)
+	return v, c.Do(ctx, http.MethodPost, "/v1/vdis", req, &v)
+}
+
+func (c *Client) SetVDI(ctx context.Context, name string, settings cluster.VDISettings) (cluster.VDI, error) {
+	var v cluster.VDI
+	return v, c.Do(ctx, http.MethodPut, "/v1/vdis/"+url.PathEscape(name)+"/settings", settings, &v)
+}
+
+func (c *Client) VDIStatus(ctx context.Context, name string) (VDIStatus, error) {
+	var v VDIStatus
+	return v, c.Do(ctx, http.MethodGet, "/v1/vdis/"+url.PathEscape(name)+"/status", nil, &v)
+}
+
+// UnlockVDI takes a VDI's writer lock away from its holder (force must be
+// true); it returns the lock that was broken.
+func (c *Client) UnlockVDI(ctx context.Context, name string, force bool) (cluster.Lock, error) {
+	var l cluster.Lock
+	return l, c.Do(ctx, http.MethodPost, "/v1/vdis/"+url.PathEscape(name)+"/unlock", UnlockRequest{Force: force}, &l)
 }
 
 func (c *Client) DeleteVDI(ctx context.Context, name string) error {

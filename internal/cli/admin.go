@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -304,12 +305,20 @@ func nodeCommand(g *globals) *cobra.Command {
 
 func vdiCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "vdi", Short: "virtual disk images"}
+	var createExclusive, setExclusive bool
 	printVDI := func(v cluster.VDI) error {
 		return g.output(v, func(w *tabwriter.Writer) {
 			fmt.Fprintf(w, "Name:\t%s\nID:\t%d\nSize:\t%s (%d bytes)\nCopies:\t%d\nObject size:\t%s\nCreated:\t%s\n",
 				v.FullName(), v.ID, size.Format(v.Size), v.Size, v.Copies, size.Format(v.ObjectSize), v.Created.Local().Format(time.DateTime))
 			if v.Unclean {
 				fmt.Fprintf(w, "Unclean:\tits writer's node died; replicas are made identical when it is next opened for writing (or by vdi check --repair)\n")
+			}
+			if !v.Snapshot {
+				writers := "handover (a second writer takes the lock over: live migration)"
+				if v.Exclusive {
+					writers = "exclusive (a second writer is refused)"
+				}
+				fmt.Fprintf(w, "Writers:\t%s\n", writers)
 			}
 			if v.Snapshot {
 				fmt.Fprintf(w, "Snapshot:\t%s, taken %s (read-only; export %s)\n", v.Tag, v.SnapshotTime.Local().Format(time.DateTime), v.FullName())
@@ -395,13 +404,66 @@ func vdiCommand(g *globals) *cobra.Command {
 			}
 			ctx, cancel := g.context()
 			defer cancel()
-			v, err := g.client().CreateVDI(ctx, a[0], bytes)
+			v, err := g.client().CreateVDIWith(ctx, api.CreateVDIRequest{Name: a[0], Size: bytes, Exclusive: createExclusive})
 			if err != nil {
 				return err
 			}
 			return printVDI(v)
 		},
 	}
+	create.Flags().BoolVar(&createExclusive, "exclusive", false, "refuse a second writer while the VDI is open for writing (no handover: no live migration)")
+	set := &cobra.Command{
+		Use:   "set NAME --exclusive[=false]",
+		Short: "change a VDI's settings",
+		Args:  args(1, "NAME --exclusive[=false]"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			var settings cluster.VDISettings
+			if cmd.Flags().Changed("exclusive") {
+				settings.Exclusive = &setExclusive
+			}
+			ctx, cancel := g.context()
+			defer cancel()
+			v, err := g.client().SetVDI(ctx, a[0], settings)
+			if err != nil {
+				return err
+			}
+			return printVDI(v)
+		},
+	}
+	set.Flags().BoolVar(&setExclusive, "exclusive", false, "true: a second writer is refused while the VDI is open for writing; false: it takes the writer lock over (live migration)")
+	status := &cobra.Command{
+		Use:   "status NAME",
+		Short: "who has a VDI open: through which node, from which client, read-only or writing, since when",
+		Args:  args(1, "NAME"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			st, err := g.client().VDIStatus(ctx, a[0])
+			if err != nil {
+				return err
+			}
+			return g.output(st, func(w *tabwriter.Writer) { printVDIStatus(w, st) })
+		},
+	}
+	var force bool
+	unlock := &cobra.Command{
+		Use:   "unlock NAME --force",
+		Short: "take a VDI's writer lock away from a holder that is gone; the holder is fenced first (its later writes fail)",
+		Args:  args(1, "NAME --force"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			l, err := g.client().UnlockVDI(ctx, a[0], force)
+			if err != nil {
+				return err
+			}
+			return g.output(l, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "unlocked %s: node %s held its writer lock since %s; that node's opens of it are fenced (their writes fail) and the next writer repairs its replicas first\n",
+					a[0], l.Node, l.Acquired.Local().Format(time.DateTime))
+			})
+		},
+	}
+	unlock.Flags().BoolVar(&force, "force", false, "really take the lock away (required)")
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "list VDIs",
@@ -413,10 +475,20 @@ func vdiCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			writers := map[string]cluster.Lock{}
+			if locks, err := g.client().Locks(ctx); err == nil {
+				for _, l := range locks {
+					writers[l.Key] = l
+				}
+			}
 			return g.output(vdis, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "NAME\tID\tSIZE\tCOPIES\tCREATED")
+				fmt.Fprintln(w, "NAME\tID\tSIZE\tCOPIES\tCREATED\tWRITER")
 				for _, v := range vdis {
-					fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\n", v.Name, v.ID, size.Format(v.Size), v.Copies, v.Created.Local().Format(time.DateTime))
+					writer := "-"
+					if l, ok := writers[cluster.VDILockKey(v.Name)]; ok {
+						writer = l.Node
+					}
+					fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\t%s\n", v.Name, v.ID, size.Format(v.Size), v.Copies, v.Created.Local().Format(time.DateTime), writer)
 				}
 			})
 		},
@@ -463,7 +535,14 @@ func vdiCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printVDI(v)
+			if err := printVDI(v); err != nil {
+				return err
+			}
+			if st, err := g.client().VDIStatus(ctx, a[0]); err == nil && len(st.Opens) > 0 && !g.json {
+				// NBD has no way to tell a connected client its export grew.
+				fmt.Fprintf(os.Stderr, "note: vdi %s is open (%d connections); open clients see the new size after they reconnect (qemu: block_resize, or reopen the disk)\n", a[0], len(st.Opens))
+			}
+			return nil
 		},
 	}
 	var repair bool
@@ -503,7 +582,7 @@ func vdiCommand(g *globals) *cobra.Command {
 		},
 	}
 	check.Flags().BoolVar(&repair, "repair", false, "replace differing or missing replicas with the newest copy, rewrite blocks that fail their checksum from a good replica")
-	cmd.AddCommand(create, list, info, remove, resize, snapshot, clone, rollback, tree, check)
+	cmd.AddCommand(create, list, info, remove, resize, snapshot, clone, rollback, tree, check, set, status, unlock)
 	return cmd
 }
 
@@ -530,6 +609,50 @@ func lockCommand(g *globals) *cobra.Command {
 	}
 	cmd.AddCommand(list)
 	return cmd
+}
+
+func printVDIStatus(w *tabwriter.Writer, st api.VDIStatus) {
+	v := st.VDI
+	fmt.Fprintf(w, "vdi\t%s\n", v.FullName())
+	mode := "handover (a second writer takes the lock over)"
+	if v.Exclusive {
+		mode = "exclusive (a second writer is refused)"
+	}
+	fmt.Fprintf(w, "writers\t%s\n", mode)
+	if st.Lock != nil {
+		l := st.Lock
+		fmt.Fprintf(w, "writer lock\tnode %s since %s (generation %d)\n", l.Node, l.Acquired.Local().Format(time.DateTime), l.Generation)
+		if l.Wanted != nil {
+			fmt.Fprintf(w, "wanted by\tnode %s (handover in progress)\n", l.Wanted.Node)
+		}
+	} else {
+		fmt.Fprintf(w, "writer lock\tfree\n")
+	}
+	fmt.Fprintf(w, "handovers\t%d\n", v.Handovers)
+	if v.Unclean {
+		fmt.Fprintf(w, "unclean\tyes: its next writer makes its replicas identical first\n")
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "NODE\tADDRESS\tCLIENT\tMODE\tSINCE")
+	for _, o := range st.Opens {
+		mode := "read-only"
+		switch {
+		case o.Writer:
+			mode = "writing (holds the lock)"
+		case o.Fenced:
+			mode = "fenced (writes fail)"
+		case o.Standby:
+			mode = "writable, standby (takes the lock on its first write)"
+		}
+		client := o.Client
+		if client == "" {
+			client = "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", o.Node, o.Address, client, mode, o.Since.Local().Format(time.DateTime))
+	}
+	for _, e := range st.Errors {
+		fmt.Fprintf(w, "could not ask %s\n", e)
+	}
 }
 
 // printTree prints the VDI tree, children indented under their parent.

@@ -180,6 +180,11 @@ func (c *Cluster) Format(ctx context.Context, copies int, objectSize uint64) (Fo
 
 // CreateVDI creates a VDI; the first committed create of a name wins.
 func (c *Cluster) CreateVDI(ctx context.Context, name string, size uint64) (VDI, error) {
+	return c.CreateVDIWith(ctx, name, size, VDISettings{})
+}
+
+// CreateVDIWith creates a VDI with settings (Exclusive).
+func (c *Cluster) CreateVDIWith(ctx context.Context, name string, size uint64, settings VDISettings) (VDI, error) {
 	var v VDI
 	if err := ValidateName(name); err != nil {
 		return v, err
@@ -187,7 +192,7 @@ func (c *Cluster) CreateVDI(ctx context.Context, name string, size uint64) (VDI,
 	if err := ValidateSize(size, 0); err != nil {
 		return v, err
 	}
-	out, err := c.propose(ctx, commandVDICreate, vdiCreateCommand{Name: name, Size: size, Time: time.Now().UTC()})
+	out, err := c.propose(ctx, commandVDICreate, vdiCreateCommand{Name: name, Size: size, Exclusive: settings.Exclusive != nil && *settings.Exclusive, Time: time.Now().UTC()})
 	if err != nil {
 		return v, err
 	}

@@ -155,7 +155,7 @@ func (b Backend) Open(ctx context.Context, name string, session nbd.Session) (nb
 	if (access.ReadOnly || session.InfoOnly) && !readOnlyName {
 		openName = gateway.ReadOnlyPrefix + name
 	}
-	disk, err := b.Gateway.Open(ctx, openName)
+	disk, err := b.Gateway.Open(gateway.WithClient(ctx, session.RemoteAddress), openName)
 	switch {
 	case err == nil:
 		e := &export{disk: disk}

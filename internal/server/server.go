@@ -549,3 +549,5 @@ func scrubGauges(sc *scrub.Scrubber) []metrics.Gauge {
 		{Name: "herd_scrub_unrepairable_blocks_total", Help: "Blocks scrub passes found bad on every replica (their data is lost), since the node started.", Counter: true, Read: func() []metrics.Sample { return one(float64(sc.Status().Unrepairable)) }},
 	}
 }
+
+func (d dataPath) Opens() []gateway.OpenInfo { return d.gateway.Opens() }

@@ -396,29 +396,17 @@ func qemuIOArgs(t *testing.T, uri string, args ...string) (string, error) {
 // TestSecondWriterRefused: while a client holds the VDI open for writing
 // through node A, a writer through node B is refused with an error naming
 // A; read-only opens work; once A's client leaves, B may write, at once.
+// An exclusive VDI refuses a second writer, naming the holder; `herd vdi
+// unlock --force` takes the lock from a holder that went quiet (a paused
+// client) and fences it: its later writes fail and never land.
 func TestSecondWriterRefused(t *testing.T) {
 	need(t, "qemu-io")
 	needLibnbd(t)
 	c := dataCluster(t, 3, 3, "disk", "64M")
-	holder := exec.Command("/usr/bin/python3", "-c", `
-import nbd, sys
-h = nbd.NBD()
-h.connect_uri(sys.argv[1])
-h.pwrite(b"held" * 1024, 0)
-h.flush()
-print("holding", flush=True)
-sys.stdin.read()
-h.shutdown()
-`, c.Node(0).NBDURI("disk"))
-	stdin, _ := holder.StdinPipe()
-	stdout, _ := holder.StdoutPipe()
-	if err := holder.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
-	line := make([]byte, 8)
-	if _, err := stdout.Read(line); err != nil || !strings.HasPrefix(string(line), "holding") {
-		t.Fatalf("holder did not start: %q %v", line, err)
+	herd(t, c, 0, "vdi", "set", "disk", "--exclusive")
+	holder := startNBDWriter(t, "holder through node 0", c.Node(0).NBDURI("disk"))
+	if _, failure := holder.write(0, 0x68); failure != "" {
+		t.Fatal(failure)
 	}
 	holderID := nodeID(t, c, 0)
 	out, err := qemuIO(t, c.Node(1).NBDURI("disk"), "write -P 0x55 0 4096")
@@ -432,8 +420,37 @@ h.shutdown()
 	if out, err := run(t, time.Minute, "qemu-io", "-f", "raw", "-c", "write 0 512", readOnly); err == nil && !strings.Contains(out, "failed") {
 		t.Fatalf("a write through the read-only export succeeded:\n%s", out)
 	}
-	stdin.Close() // the holder disconnects
-	holder.Wait()
+
+	// The holder goes quiet. Without --force nothing happens.
+	if _, stderr, err := c.Herd(ctx(t), 1, "vdi", "unlock", "disk"); err == nil || !strings.Contains(stderr, "--force") {
+		t.Fatalf("vdi unlock without --force: %v %s", err, stderr)
+	}
+	herd(t, c, 1, "vdi", "unlock", "disk", "--force")
+	testcluster.WaitFor(t, 30*time.Second, "a writer through node 1 after the forced unlock", func() (bool, error) {
+		out, err := qemuIO(t, c.Node(1).NBDURI("disk"), "write -P 0x77 0 4096")
+		return err == nil, fmt.Errorf("%v: %s", err, lastLines(out, 3))
+	})
+	// The old holder wakes up and writes: refused, and nothing of it lands.
+	if _, failure := holder.write(0, 0x99); failure == "" {
+		t.Fatal("the fenced holder's write succeeded")
+	}
+	if out, err := qemuIOReadOnly(t, c.Node(2).NBDURI("ro/disk"), "read -P 0x77 0 4096"); err != nil {
+		t.Fatalf("after the fenced holder's write: %v\n%s", err, out)
+	}
+	st := vdiStatus(t, c, 2, "disk")
+	fenced := 0
+	for _, o := range st.Opens {
+		if o.Fenced {
+			fenced++
+		}
+	}
+	if fenced != 1 || !st.VDI.Exclusive {
+		t.Errorf("status after the forced unlock: %+v", st)
+	}
+	if events := herd(t, c, 2, "events", "--last", "20"); !strings.Contains(events, "broken") {
+		t.Errorf("the forced unlock is not in the cluster's events:\n%s", events)
+	}
+	holder.in.Close() // the holder disconnects
 	testcluster.WaitFor(t, 15*time.Second, "node 1 to get the vdi after the holder left", func() (bool, error) {
 		out, err := qemuIO(t, c.Node(1).NBDURI("disk"), "write -P 0x55 0 4096", "read -P 0x55 0 4096")
 		if err != nil {
