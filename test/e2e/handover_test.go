@@ -173,6 +173,8 @@ func TestWritersAlternateThroughTwoNodes(t *testing.T) {
 		t.Errorf("status after the last write through node 1: %+v", st)
 	}
 	slices.Sort(handovers)
-	p := func(q float64) time.Duration { return handovers[int(q*float64(len(handovers)-1))].Round(time.Microsecond) }
+	p := func(q float64) time.Duration {
+		return handovers[int(q*float64(len(handovers)-1))].Round(time.Microsecond)
+	}
 	t.Logf("handover: write+flush after the lock moved, %d samples: p50 %v, p99 %v, max %v", len(handovers), p(0.5), p(0.99), handovers[len(handovers)-1].Round(time.Microsecond))
 }
