@@ -56,6 +56,15 @@ type Options struct {
 	MemoryMiB int
 	// Timeout bounds the whole run, boot included; 0 means DefaultTimeout.
 	Timeout time.Duration
+	// QMP, when set, is a unix socket path on which QEMU serves QMP (a
+	// test that migrates the VM drives it there).
+	QMP string
+	// Incoming, when set, starts QEMU waiting for a migration stream on
+	// that address ("tcp:127.0.0.1:4444") instead of booting the guest;
+	// the guest's console continues here once the migration completes.
+	Incoming string
+	// Console, when set, also receives the console as it comes.
+	Console io.Writer
 	// WorkDir receives the initramfs (initramfs.cpio.gz), the console
 	// (console.log) and QEMU's own messages (qemu.log), which stay there.
 	// Empty means a temporary directory that Run removes.
@@ -147,7 +156,7 @@ func Run(ctx context.Context, options Options) (Result, error) {
 	graceContext, cancelGrace := context.WithCancel(runContext)
 	defer cancelGrace()
 
-	console := &consoleWriter{file: consoleLog, done: make(chan struct{})}
+	console := &consoleWriter{file: consoleLog, done: make(chan struct{}), copy: options.Console}
 	var qemuMessages bytes.Buffer
 	command := exec.CommandContext(graceContext, machine.qemu, qemuArguments(machine, initramfsPath, options)...)
 	command.Stdout = console
@@ -217,6 +226,12 @@ func qemuArguments(machine *host, initramfsPath string, options Options) []strin
 			tls = []string{"-object", "tls-creds-x509,id=tls0,endpoint=client,dir=" + escapeDriveOption(options.TLSDir)}
 		}
 	}
+	if options.QMP != "" {
+		tls = append(tls, "-qmp", "unix:"+escapeDriveOption(options.QMP)+",server=on,wait=off")
+	}
+	if options.Incoming != "" {
+		tls = append(tls, "-incoming", options.Incoming)
+	}
 	return append(tls,
 		"-accel", "tcg",
 		"-m", strconv.Itoa(options.MemoryMiB),
@@ -252,6 +267,7 @@ func lastLines(text string, count int) string {
 // notes when the script started and when the done line appeared.
 type consoleWriter struct {
 	file    *os.File
+	copy    io.Writer // Options.Console, or nil
 	started time.Time
 	// done is closed when the done line has appeared.
 	done chan struct{}
@@ -266,6 +282,9 @@ func (writer *consoleWriter) Write(data []byte) (int, error) {
 	writer.mu.Lock()
 	defer writer.mu.Unlock()
 	writer.file.Write(data)
+	if writer.copy != nil {
+		writer.copy.Write(data)
+	}
 	// Only the text that may hold a marker split across writes is searched.
 	searchFrom := max(0, writer.output.Len()-len(DoneMarker)-len(ScriptStartMarker)-16)
 	writer.output.Write(data)
