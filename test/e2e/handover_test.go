@@ -172,6 +172,9 @@ func TestWritersAlternateThroughTwoNodes(t *testing.T) {
 	if writers != 1 || standby != 1 || st.Lock == nil || st.Lock.Node != nodeID(t, c, 1) {
 		t.Errorf("status after the last write through node 1: %+v", st)
 	}
+	if list := herd(t, c, 0, "vdi", "list"); !strings.Contains(list, nodeID(t, c, 1)) {
+		t.Errorf("vdi list does not show the writer node %s:\n%s", nodeID(t, c, 1), list)
+	}
 	slices.Sort(handovers)
 	p := func(q float64) time.Duration {
 		return handovers[int(q*float64(len(handovers)-1))].Round(time.Microsecond)
