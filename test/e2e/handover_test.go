@@ -45,6 +45,7 @@ h.shutdown()
 type nbdWriter struct {
 	t     *testing.T
 	name  string
+	cmd   *exec.Cmd
 	in    io.WriteCloser
 	lines chan string
 }
@@ -60,7 +61,7 @@ func startNBDWriter(t *testing.T, name, uri string) *nbdWriter {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { in.Close(); cmd.Process.Kill(); cmd.Wait() })
-	w := &nbdWriter{t: t, name: name, in: in, lines: make(chan string, 16)}
+	w := &nbdWriter{t: t, name: name, cmd: cmd, in: in, lines: make(chan string, 16)}
 	go func() {
 		scanner := bufio.NewScanner(out)
 		for scanner.Scan() {

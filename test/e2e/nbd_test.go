@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -421,7 +422,10 @@ func TestSecondWriterRefused(t *testing.T) {
 		t.Fatalf("a write through the read-only export succeeded:\n%s", out)
 	}
 
-	// The holder goes quiet. Without --force nothing happens.
+	// The holder is paused (SIGSTOP). Without --force nothing happens.
+	if err := holder.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
 	if _, stderr, err := c.Herd(ctx(t), 1, "vdi", "unlock", "disk"); err == nil || !strings.Contains(stderr, "--force") {
 		t.Fatalf("vdi unlock without --force: %v %s", err, stderr)
 	}
@@ -431,6 +435,9 @@ func TestSecondWriterRefused(t *testing.T) {
 		return err == nil, fmt.Errorf("%v: %s", err, lastLines(out, 3))
 	})
 	// The old holder wakes up and writes: refused, and nothing of it lands.
+	if err := holder.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
 	if _, failure := holder.write(0, 0x99); failure == "" {
 		t.Fatal("the fenced holder's write succeeded")
 	}
