@@ -50,7 +50,10 @@ type (
 	CreateVDIRequest struct {
 		Name      string `json:"name"`
 		Size      uint64 `json:"size"`
-		Exclusive bool   `json:"exclusive,omitempty"`
+		// Handover lets a second writer through another node take the
+		// writer lock over (live migration); without it the VDI is
+		// exclusive: a second writer is refused.
+		Handover bool `json:"handover,omitempty"`
 	}
 	// UnlockRequest takes a VDI's writer lock away (Force must be set).
 	UnlockRequest struct {
@@ -317,7 +320,8 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 		if err := decodeBody(r, &req); err != nil {
 			return nil, err
 		}
-		return c.CreateVDIWith(r.Context(), req.Name, req.Size, cluster.VDISettings{Exclusive: &req.Exclusive})
+		exclusive := !req.Handover
+		return c.CreateVDIWith(r.Context(), req.Name, req.Size, cluster.VDISettings{Exclusive: &exclusive})
 	})
 	s.handle(mux, "GET /v1/vdis/{name}", func(r *http.Request) (any, error) { return c.LookupVDI(r.Context(), r.PathValue("name")) })
 	s.handle(mux, "GET /v1/local/opens", func(r *http.Request) (any, error) {

@@ -305,7 +305,7 @@ func nodeCommand(g *globals) *cobra.Command {
 
 func vdiCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "vdi", Short: "virtual disk images"}
-	var createExclusive, setExclusive bool
+	var createHandover, setExclusive bool
 	printVDI := func(v cluster.VDI) error {
 		return g.output(v, func(w *tabwriter.Writer) {
 			fmt.Fprintf(w, "Name:\t%s\nID:\t%d\nSize:\t%s (%d bytes)\nCopies:\t%d\nObject size:\t%s\nCreated:\t%s\n",
@@ -404,14 +404,14 @@ func vdiCommand(g *globals) *cobra.Command {
 			}
 			ctx, cancel := g.context()
 			defer cancel()
-			v, err := g.client().CreateVDIWith(ctx, api.CreateVDIRequest{Name: a[0], Size: bytes, Exclusive: createExclusive})
+			v, err := g.client().CreateVDIWith(ctx, api.CreateVDIRequest{Name: a[0], Size: bytes, Handover: createHandover})
 			if err != nil {
 				return err
 			}
 			return printVDI(v)
 		},
 	}
-	create.Flags().BoolVar(&createExclusive, "exclusive", false, "refuse a second writer while the VDI is open for writing (no handover: no live migration)")
+	create.Flags().BoolVar(&createHandover, "handover", false, "let a second writer through another node take the writer lock over (live migration); without it a second writer is refused")
 	set := &cobra.Command{
 		Use:   "set NAME --exclusive[=false]",
 		Short: "change a VDI's settings",
@@ -430,7 +430,7 @@ func vdiCommand(g *globals) *cobra.Command {
 			return printVDI(v)
 		},
 	}
-	set.Flags().BoolVar(&setExclusive, "exclusive", false, "true: a second writer is refused while the VDI is open for writing; false: it takes the writer lock over (live migration)")
+	set.Flags().BoolVar(&setExclusive, "exclusive", true, "true: a second writer is refused while the VDI is open for writing; false: it takes the writer lock over (live migration)")
 	status := &cobra.Command{
 		Use:   "status NAME",
 		Short: "who has a VDI open: through which node, from which client, read-only or writing, since when",

@@ -126,6 +126,11 @@ func (l *Local) SetMaintenance(id string, d time.Duration) (Node, error) {
 
 // CreateVDI commits a new VDI, as `herd vdi create` does.
 func (l *Local) CreateVDI(name string, size uint64) (VDI, error) {
+	return l.CreateVDIWith(name, size, true)
+}
+
+// CreateVDIWith commits a new VDI, exclusive or not (`--handover`).
+func (l *Local) CreateVDIWith(name string, size uint64, exclusive bool) (VDI, error) {
 	var v VDI
 	if err := ValidateName(name); err != nil {
 		return v, err
@@ -133,7 +138,7 @@ func (l *Local) CreateVDI(name string, size uint64) (VDI, error) {
 	if err := ValidateSize(size, 0); err != nil {
 		return v, err
 	}
-	err := l.commitCommand(commandVDICreate, vdiCreateCommand{Name: name, Size: size, Time: time.Now().UTC()}, &v)
+	err := l.commitCommand(commandVDICreate, vdiCreateCommand{Name: name, Size: size, Exclusive: exclusive, Time: time.Now().UTC()}, &v)
 	return v, err
 }
 

@@ -69,10 +69,22 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 	g, state := d.gateway, d.state
 	state.io.RLock()
 	defer state.io.RUnlock()
-	vdi, chain, refresh := g.view(state)
+	if !d.readOnly {
+		// A writable open reads as the writer: on standby, its first
+		// request of any kind takes the lock over (handover.go).
+		if err := g.ensureWriter(ctx, state); err != nil {
+			return err
+		}
+	}
+	vdi, chain := state.current()
 	return d.each(ctx, pieces, func(pc piece) error {
 		buffer := p[pc.start : pc.start+pc.length]
-		owner, err := g.resolve(ctx, state, vdi, chain, pc.index, refresh)
+		// A read-only open of a VDI written elsewhere re-reads the map
+		// page where it saw nothing: the writer may have written since.
+		owner, err := g.resolve(ctx, state, vdi, chain, pc.index, false)
+		if err == nil && owner == 0 && d.readOnly && !vdi.Snapshot {
+			owner, err = g.resolve(ctx, state, vdi, chain, pc.index, true)
+		}
 		if err != nil {
 			return err
 		}
@@ -297,7 +309,15 @@ func (d *Disk) Extents(ctx context.Context, offset, length uint64) ([]Extent, er
 	if err != nil {
 		return nil, err
 	}
-	vdi, chain, refresh := d.gateway.view(d.state)
+	if !d.readOnly {
+		d.state.io.RLock()
+		defer d.state.io.RUnlock()
+		if err := d.gateway.ensureWriter(ctx, d.state); err != nil {
+			return nil, err
+		}
+	}
+	vdi, chain := d.state.current()
+	refresh := d.readOnly && !vdi.Snapshot
 	extents := make([]Extent, 0, min(pieces.count(), 64))
 	for i := range pieces.count() {
 		pc := pieces.piece(i)

@@ -121,6 +121,11 @@ type Gateway struct {
 	mu   sync.Mutex // guards open
 	open map[string]*vdiState
 
+	// ctx ends the gateway's own goroutines (the lock watchers); Close
+	// cancels it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
 	// suspects are objects whose replicas may differ: a change to them
 	// failed, perhaps after reaching some replicas (suspect.go).
 	// checksumRepairs and checksumLost count bad blocks (checksum.go).
@@ -161,11 +166,16 @@ func New(c Cluster, layouts *layout.History, replicas Replicas, logger *slog.Log
 	if options.CopyBytes <= 0 {
 		options.CopyBytes = DefaultCopyBytes
 	}
-	return &Gateway{cluster: c, layouts: layouts, replicas: replicas, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, dirty: map[string]bool{},
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Gateway{cluster: c, layouts: layouts, replicas: replicas, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, dirty: map[string]bool{}, ctx: ctx, cancel: cancel,
 		zeroPieces: newSemaphore("TRIM/WRITE_ZEROES pieces in flight", "pieces", int64(options.ZeroPieces)),
 		copyBytes:  newSemaphore("copy-on-write buffers", "bytes", options.CopyBytes),
 	}
 }
+
+// Close stops the gateway's background goroutines (its lock watchers:
+// it hands no lock over afterwards). The process is ending.
+func (g *Gateway) Close() { g.cancel() }
 
 // SetRepair installs what makes an unclean VDI's replicas identical
 // before its next writer serves it. Until it is set, such a VDI cannot be

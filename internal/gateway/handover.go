@@ -157,9 +157,10 @@ func (g *Gateway) take(ctx context.Context, state *vdiState, l cluster.Lock) err
 			return fmt.Errorf("%w: vdi %q: the node of its previous writer died, and making its replicas identical failed: %v", ErrNotReady, name, err)
 		}
 	}
-	watch, stop := context.WithCancel(context.Background())
+	watch, stop := context.WithCancel(g.ctx)
 	state.mu.Lock()
-	state.vdi, state.chain, state.pages = vdi, g.cluster.Chain(vdi.ID), map[uint64][]uint32{}
+	state.vdi, state.chain = vdi, g.cluster.Chain(vdi.ID)
+	state.dropPagesLocked()
 	state.lockHeld, state.lockGen, state.fenced = true, l.Generation, nil
 	if state.stopWatch != nil {
 		state.stopWatch()
@@ -231,7 +232,7 @@ func (g *Gateway) handOver(ctx context.Context, state *vdiState, gen uint64, to 
 	}
 	state.mu.Lock()
 	state.lockHeld, state.lockGen = false, 0
-	state.pages = map[uint64][]uint32{}
+	state.dropPagesLocked()
 	state.handovers++
 	if state.stopWatch != nil {
 		state.stopWatch()
@@ -258,7 +259,7 @@ func (g *Gateway) fence(state *vdiState, gen uint64, why string) error {
 	}
 	state.fenced = fmt.Errorf("%w: vdi %q: its writer lock was taken away from this node (%s); changes through this open fail: reopen the vdi", ErrFenced, state.vdi.Name, why)
 	state.lockHeld, state.lockGen = false, 0
-	state.pages = map[uint64][]uint32{}
+	state.dropPagesLocked()
 	if state.stopWatch != nil {
 		state.stopWatch()
 		state.stopWatch = nil

@@ -49,6 +49,9 @@ type vdiState struct {
 	stopWatch context.CancelFunc
 	handovers uint64
 	disks     map[*Disk]struct{}
+	// pagesGen counts the times pages was emptied: a page loaded before
+	// that (by a request running beside a takeover) is not kept.
+	pagesGen uint64
 
 	openMu waitlock.RWLock // serialises taking and releasing the cluster lock at open and close
 	// acquireMu serialises a standby's takeover of the lock (handover.go);
@@ -62,29 +65,19 @@ type vdiState struct {
 
 func pageKey(vdi uint32, page uint32) uint64 { return uint64(vdi)<<32 | uint64(page) }
 
+// dropPagesLocked empties the map cache (state.mu held).
+func (s *vdiState) dropPagesLocked() {
+	s.pages = map[uint64][]uint32{}
+	s.pagesGen++
+}
+
 func (s *vdiState) current() (cluster.VDI, []uint32) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.vdi, s.chain
 }
 
-// view returns the VDI and chain a request uses, and whether map pages
-// must be re-read. The writer lock's holder keeps both cached (nobody
-// else writes); any other open of a writable VDI (read-only, or on
-// standby for the lock) re-reads the VDI from the log and its own map
-// pages, since the holder may have snapshotted it or written anywhere.
-func (g *Gateway) view(s *vdiState) (cluster.VDI, []uint32, bool) {
-	s.mu.Lock()
-	vdi, chain, held := s.vdi, s.chain, s.lockHeld
-	s.mu.Unlock()
-	if held || vdi.Snapshot {
-		return vdi, chain, false
-	}
-	if current, err := g.cluster.VDI(vdi.Name); err == nil && !current.Snapshot {
-		vdi, chain = current, g.cluster.Chain(current.ID)
-	}
-	return vdi, chain, true
-}
+
 
 // List returns every VDI that can be opened: writable ones and
 // snapshots (NAME@TAG).
@@ -138,7 +131,7 @@ func (g *Gateway) Open(ctx context.Context, name string) (*Disk, error) {
 			return nil, err
 		}
 	}
-	current, _, _ := g.view(state)
+	current, _ := state.current()
 	client, _ := ctx.Value(clientKey{}).(string)
 	d := &Disk{gateway: g, state: state, readOnly: readOnly, size: current.Size, client: client, since: time.Now()}
 	state.mu.Lock()
@@ -206,7 +199,7 @@ func (g *Gateway) acquireWriter(ctx context.Context, state *vdiState) error {
 			if n, ok := g.cluster.Node(holder); ok {
 				holder = fmt.Sprintf("%s (%s)", n.ID, n.Address)
 			}
-			return fmt.Errorf("%w: vdi %q is exclusive and open for writing through node %s; open it read-only as %q, or close it there first (`herd vdi set %s --exclusive=false` lets a second writer take it over)",
+			return fmt.Errorf("%w: vdi %q is exclusive and open for writing through node %s; open it read-only as %q, or close it there first (`herd vdi set %s --exclusive=false` lets a second writer take it over, for live migration)",
 				ErrBusy, name, holder, ReadOnlyPrefix+name, name)
 		case errors.Is(err, cluster.ErrLockHeld):
 			return fmt.Errorf("%w: %v", ErrBusy, err)
@@ -325,6 +318,7 @@ func (g *Gateway) entry(ctx context.Context, state *vdiState, vdi cluster.VDI, i
 	key := pageKey(id, page)
 	state.mu.Lock()
 	entries, ok := state.pages[key]
+	gen := state.pagesGen
 	state.mu.Unlock()
 	if !ok || refresh {
 		var err error
@@ -332,9 +326,14 @@ func (g *Gateway) entry(ctx context.Context, state *vdiState, vdi cluster.VDI, i
 			return 0, err
 		}
 		state.mu.Lock()
-		if old, ok := state.pages[key]; ok && !refresh {
+		switch old, ok := state.pages[key]; {
+		case state.pagesGen != gen:
+			// The cache was emptied while this page loaded (a takeover
+			// of the lock): what was read may be older than what the
+			// new view must see. Use it for this request, keep nothing.
+		case ok && !refresh:
 			entries = old // another loader won; keep its (possibly newer) entries
-		} else {
+		default:
 			state.pages[key] = entries
 		}
 		state.mu.Unlock()

@@ -238,6 +238,7 @@ func Run(ctx context.Context, o Options) error {
 	replicas := &replica.Client{Self: id, Local: replicaSide, Peer: objectClient, Metrics: meters}
 	layouts := layout.NewHistory(c, logger)
 	gw := gateway.New(c, layouts, replicas, logger, o.Gateway)
+	defer gw.Close()
 	rec := recovery.New(c, layouts, replicas, replicaSide, id, logger)
 	kick := rec.Kick
 	recoveryKick.Store(&kick)

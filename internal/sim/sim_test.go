@@ -14,6 +14,7 @@ import (
 
 var (
 	seedFlag  = flag.Uint64("sim.seed", 0, "run only this seed (0: run -sim.seeds seeds from -sim.start)")
+	handover  = flag.Bool("sim.handover", false, "the clients' vdis take the writer lock over when a client reconnects through another node (Options.Handover)")
 	seedsFlag = flag.Int("sim.seeds", defaultSeeds, "how many seeds TestSimulate runs")
 	startFlag = flag.Uint64("sim.start", 1, "the first seed TestSimulate runs")
 )
@@ -51,7 +52,7 @@ func simulate(t *testing.T, seed uint64, dir string) Result {
 	})
 	defer watchdog.Stop()
 	var r Result
-	simulateWith(t, func() { r = Run(seed, Options{Dir: dir, Bug: seededBug}) })
+	simulateWith(t, func() { r = Run(seed, Options{Dir: dir, Bug: seededBug, Handover: *handover}) })
 	return r
 }
 

@@ -34,14 +34,16 @@ const (
 // World is one simulated cluster: its nodes, the log they share and the
 // network between them, with the faults in force.
 type World struct {
-	seed    uint64
-	cfg     Config
-	dir     string
-	log     *cluster.Local
-	logs    *ring
-	ctx     context.Context // ends with the world
-	cancel  context.CancelFunc
-	started time.Time // fake time at which the world was made
+	seed uint64
+	cfg  Config
+	dir  string
+	// handover: the clients' VDIs are not exclusive (Options.Handover).
+	handover bool
+	log      *cluster.Local
+	logs     *ring
+	ctx      context.Context // ends with the world
+	cancel   context.CancelFunc
+	started  time.Time // fake time at which the world was made
 
 	mu           sync.Mutex // guards the fault state: nodes' flags, cut, network, changed
 	changed      chan struct{}
@@ -100,6 +102,7 @@ type process struct {
 	dead        bool // guarded by World.mu
 }
 
+// handover: see Options.Handover.
 func newWorld(ctx context.Context, seed uint64, cfg Config, dir string) *World {
 	w := &World{seed: seed, cfg: cfg, dir: dir, log: cluster.NewLocal(), logs: newRing(400), changed: make(chan struct{}), cut: map[int]bool{}, stamps: map[stampKey]uint64{}, counts: map[string]int{}}
 	w.ctx, w.cancel = context.WithCancel(ctx)
@@ -160,7 +163,7 @@ func (w *World) start() error {
 		return err
 	}
 	for i := 0; i < w.cfg.Clients; i++ {
-		if _, err := w.log.CreateVDI(fmt.Sprintf("vdi%d", i), w.cfg.VDISize); err != nil {
+		if _, err := w.log.CreateVDIWith(fmt.Sprintf("vdi%d", i), w.cfg.VDISize, !w.handover); err != nil {
 			return err
 		}
 	}
@@ -397,6 +400,7 @@ func (w *World) kill(n *node) {
 	w.updateLocked()
 	w.mu.Unlock()
 	p.cancel()
+	p.gateway.Close()
 	p.member.Stop()
 }
 
@@ -447,6 +451,11 @@ func (w *World) healthy() (bool, string) {
 // stores.
 func (w *World) close() {
 	w.cancel()
+	for _, n := range w.nodes {
+		if n.proc != nil {
+			n.proc.gateway.Close()
+		}
+	}
 	w.log.Close()
 	w.wg.Wait()
 	for _, n := range w.nodes {
