@@ -48,8 +48,8 @@ type (
 		ObjectSize uint64 `json:"object_size"`
 	}
 	CreateVDIRequest struct {
-		Name      string `json:"name"`
-		Size      uint64 `json:"size"`
+		Name string `json:"name"`
+		Size uint64 `json:"size"`
 		// Handover lets a second writer through another node take the
 		// writer lock over (live migration); without it the VDI is
 		// exclusive: a second writer is refused.

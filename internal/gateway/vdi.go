@@ -77,8 +77,6 @@ func (s *vdiState) current() (cluster.VDI, []uint32) {
 	return s.vdi, s.chain
 }
 
-
-
 // List returns every VDI that can be opened: writable ones and
 // snapshots (NAME@TAG).
 func (g *Gateway) List() []cluster.VDI {
