@@ -185,6 +185,7 @@ func applyLockBreak(s *State, data []byte) (any, error) {
 	what := fmt.Sprintf("lock %q", c.Key)
 	if v := lockedVDI(s, c.Key); v != nil {
 		v.Unclean = true
+		v.BrokenGeneration = broken.Generation
 		what = fmt.Sprintf("the writer lock on vdi %q", v.Name)
 	}
 	newEpoch(s, c.Time, fmt.Sprintf("%s was broken by %s (held by node %s since %s): the holder's writes are fenced", what, c.By, broken.Node, broken.Acquired.UTC().Format(time.RFC3339)))

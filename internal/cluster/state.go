@@ -162,6 +162,11 @@ type VDI struct {
 	Exclusive bool `json:"exclusive,omitempty"`
 	// Handovers counts the times its writer lock moved between nodes.
 	Handovers uint64 `json:"handovers,omitempty"`
+	// BrokenGeneration is the generation of the last writer lock an
+	// operator broke (`herd vdi unlock --force`): its holder is fenced
+	// for good, where a holder that lost its lock otherwise takes it
+	// again.
+	BrokenGeneration uint64 `json:"broken_generation,omitempty"`
 }
 
 // FullName is NAME for a writable VDI and NAME@TAG for a snapshot.

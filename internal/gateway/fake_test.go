@@ -148,15 +148,32 @@ func (c *selfCluster) HandOverLock(ctx context.Context, key, session string, to 
 	return nil
 }
 
-// breakLock takes key away from its holder, as `herd vdi unlock --force`
-// does: the lock goes, the VDI is unclean, and a new epoch begins.
-func (c *fakeCluster) breakLock(key string) {
+// dropLock takes key away as a node's leaving does: the VDI is unclean,
+// a new epoch begins, but nothing is recorded as broken.
+func (c *fakeCluster) dropLock(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.locks, key)
 	if name, ok := strings.CutPrefix(key, "vdi/"); ok {
 		v := c.vdis[name]
 		v.Unclean = true
+		c.vdis[name] = v
+	}
+	c.lockChangedLocked()
+	c.commitLocked(c.epochs[len(c.epochs)-1].Nodes)
+}
+
+// breakLock takes key away from its holder, as `herd vdi unlock --force`
+// does: the lock goes, the VDI is unclean, and a new epoch begins.
+func (c *fakeCluster) breakLock(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	broken := c.locks[key]
+	delete(c.locks, key)
+	if name, ok := strings.CutPrefix(key, "vdi/"); ok {
+		v := c.vdis[name]
+		v.Unclean = true
+		v.BrokenGeneration = broken.Generation
 		c.vdis[name] = v
 	}
 	c.lockChangedLocked()

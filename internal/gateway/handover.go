@@ -65,10 +65,14 @@ func (g *Gateway) ensureWriter(ctx context.Context, state *vdiState) error {
 	if held {
 		// The watcher notices a lock taken away at once; this cheap look
 		// at the applied log closes the gap before it does.
-		if l, ok := g.cluster.Lock(cluster.VDILockKey(name)); !ok || l.Generation != gen {
-			return g.fence(state, gen, "it is no longer this node's")
+		l, ok := g.cluster.Lock(cluster.VDILockKey(name))
+		if ok && l.Generation == gen {
+			return nil
 		}
-		return nil
+		if err := g.fence(state, gen, "it is no longer this node's"); err != nil {
+			return err
+		}
+		// Lost, not broken: take it again below.
 	}
 	state.acquireMu.Lock()
 	defer state.acquireMu.Unlock()
@@ -246,9 +250,22 @@ func (g *Gateway) handOver(ctx context.Context, state *vdiState, gen uint64, to 
 	return true, nil
 }
 
-// fence marks state as having lost generation gen of its lock without a
-// handover: every later change through it fails. It returns that error.
+// fence handles state's loss of generation gen of its lock without a
+// handover. A lock an operator broke (`herd vdi unlock --force`: the
+// VDI's BrokenGeneration is gen) fences the state for good: every later
+// request through it fails, and that error is returned. A lock lost
+// otherwise (this node was dropped from the cluster for a while and came
+// back) only puts the state on standby: its next request takes the lock
+// again, with a fresh view (the VDI is unclean, so it is repaired
+// first); fence then returns nil.
 func (g *Gateway) fence(state *vdiState, gen uint64, why string) error {
+	state.mu.Lock()
+	name := state.vdi.Name
+	state.mu.Unlock()
+	broken := false
+	if v, err := g.cluster.VDI(name); err == nil && gen != 0 && v.BrokenGeneration == gen {
+		broken = true
+	}
 	state.mu.Lock()
 	defer state.mu.Unlock()
 	if state.fenced != nil {
@@ -257,14 +274,18 @@ func (g *Gateway) fence(state *vdiState, gen uint64, why string) error {
 	if gen != 0 && state.lockGen != gen {
 		return nil
 	}
-	state.fenced = fmt.Errorf("%w: vdi %q: its writer lock was taken away from this node (%s); changes through this open fail: reopen the vdi", ErrFenced, state.vdi.Name, why)
 	state.lockHeld, state.lockGen = false, 0
 	state.dropPagesLocked()
 	if state.stopWatch != nil {
 		state.stopWatch()
 		state.stopWatch = nil
 	}
-	g.logger.Warn("gateway: writer lock taken away: this node's opens of the vdi can no longer write", "vdi", state.vdi.Name, "why", why)
+	if !broken {
+		g.logger.Warn("gateway: this node lost the vdi's writer lock; its next request takes it again", "vdi", name, "why", why)
+		return nil
+	}
+	state.fenced = fmt.Errorf("%w: vdi %q: its writer lock was taken away from this node (%s); changes through this open fail: reopen the vdi", ErrFenced, name, why)
+	g.logger.Warn("gateway: writer lock broken by an operator: this node's opens of the vdi can no longer write", "vdi", name, "why", why)
 	return state.fenced
 }
 
@@ -351,7 +372,10 @@ func (g *Gateway) checkFence(ctx context.Context) error {
 		return fenced
 	}
 	if l, held := g.cluster.Lock(cluster.VDILockKey(name)); !held || l.Generation != f.gen {
-		return g.fence(f.state, f.gen, "it is no longer this node's")
+		if err := g.fence(f.state, f.gen, "it is no longer this node's"); err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: vdi %q: this node lost its writer lock while the change was under way; the next request takes it again", ErrNotReady, name)
 	}
 	return nil
 }

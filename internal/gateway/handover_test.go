@@ -164,3 +164,34 @@ func TestExclusiveRefusesSecondWriter(t *testing.T) {
 		t.Fatalf("second writer of an exclusive vdi: %v", err)
 	}
 }
+
+// A lock lost without an operator (this node was dropped from the cluster
+// for a while and came back) is taken again by the next request, with a
+// fresh view: the open is not fenced for good.
+func TestLostLockIsTakenAgain(t *testing.T) {
+	w := newWorld(t, 3, 3)
+	w.cluster.addVDI("disk", 1, objectSize)
+	w.cluster.setExclusive("disk", true)
+	a := w.gateway("node00")
+	repaired := 0
+	a.SetRepair(func(ctx context.Context, vdi cluster.VDI) error { repaired++; return nil })
+	ctx := context.Background()
+	da := open(t, a, "disk")
+	defer da.Close()
+	if err := da.WriteAt(ctx, []byte("before"), 0, false); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := w.cluster.Lock(cluster.VDILockKey("disk"))
+	w.cluster.dropLock(cluster.VDILockKey("disk"))
+	if err := da.WriteAt(ctx, []byte("after!"), 0, false); err != nil {
+		t.Fatalf("write after the lock was lost: %v", err)
+	}
+	l, held := w.cluster.Lock(cluster.VDILockKey("disk"))
+	if !held || l.Node != "node00" || l.Generation <= first.Generation || repaired != 1 {
+		t.Fatalf("lock after the write: %+v held %v (was %+v), repairs %d", l, held, first, repaired)
+	}
+	buf := make([]byte, 6)
+	if err := da.ReadAt(ctx, buf, 0); err != nil || string(buf) != "after!" {
+		t.Fatalf("read: %q %v", buf, err)
+	}
+}
