@@ -131,3 +131,29 @@ func logResult(t *testing.T, r Result) {
 	t.Logf("seed %d: %+v; %d steps, %v of fake time, final epoch %d, events %v, %d operations (%d reads, %d writes), %d failed (allowed under faults)",
 		r.Seed, r.Config, r.Steps, r.FakeTime.Round(time.Millisecond), r.Epoch, r.Faults, r.Ops, r.Reads, r.Writes, r.Errors)
 }
+
+// TestSimulateHandover runs seeds with the clients' VDIs open to writer
+// handover (a client that reconnects through another node takes the lock
+// over at once: LockWant, LockHandover, the holder's drain, fencing of a
+// lost lock), with every invariant checked after every step. Seeds
+// 1-100 pass (all of 1-383 do); seed 384 does not yet (a stale read: issue 11, replay with
+// -sim.seed=384 -sim.handover), which is why handover is opt-in.
+func TestSimulateHandover(t *testing.T) {
+	if seededBug != "" || *seedFlag != 0 || *handover {
+		t.Skip("TestSimulate covers a single seed, a seeded bug and -sim.handover")
+	}
+	seeds := defaultSeeds / 4 // 100; 20 under the race detector
+	if testing.Short() {
+		seeds = 10
+	}
+	dir := scratch(t)
+	for seed := uint64(1); seed <= uint64(seeds); seed++ {
+		var r Result
+		simulateWith(t, func() {
+			r = Run(seed, Options{Dir: filepath.Join(dir, "h"+itoa(seed)), Handover: true})
+		})
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+}
