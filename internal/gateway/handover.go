@@ -90,6 +90,11 @@ func (g *Gateway) ensureWriter(ctx context.Context, state *vdiState) error {
 	deadline := started.Add(g.handoverTimeout())
 	self := g.cluster.ID()
 	for {
+		if time.Now().After(deadline) {
+			// Other standbys kept replacing this one's wish, or the lock
+			// kept changing hands elsewhere.
+			return fmt.Errorf("%w after %v: vdi %q: could not get its writer lock (other nodes want it too)", ErrTimeout, g.handoverTimeout(), name)
+		}
 		w, err := g.cluster.WantLock(ctx, key, g.session)
 		var lockHeld *cluster.LockHeldError
 		switch {
