@@ -50,9 +50,12 @@ type (
 	CreateVDIRequest struct {
 		Name string `json:"name"`
 		Size uint64 `json:"size"`
-		// Handover lets a second writer through another node take the
-		// writer lock over (live migration); without it the VDI is
-		// exclusive: a second writer is refused.
+		// Exclusive refuses a second writer while the VDI is open for
+		// writing; without it a writer through another node takes the
+		// writer lock over (handover: live migration).
+		Exclusive bool `json:"exclusive,omitempty"`
+		// Handover is what an older client sent to ask for what is now
+		// the default; accepted and ignored.
 		Handover bool `json:"handover,omitempty"`
 	}
 	// UnlockRequest takes a VDI's writer lock away (Force must be set).
@@ -320,7 +323,7 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 		if err := decodeBody(r, &req); err != nil {
 			return nil, err
 		}
-		exclusive := !req.Handover
+		exclusive := req.Exclusive
 		return c.CreateVDIWith(r.Context(), req.Name, req.Size, cluster.VDISettings{Exclusive: &exclusive})
 	})
 	s.handle(mux, "GET /v1/vdis/{name}", func(r *http.Request) (any, error) { return c.LookupVDI(r.Context(), r.PathValue("name")) })

@@ -305,7 +305,7 @@ func nodeCommand(g *globals) *cobra.Command {
 
 func vdiCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "vdi", Short: "virtual disk images"}
-	var createHandover, setExclusive bool
+	var createHandover, createExclusive, setExclusive bool
 	printVDI := func(v cluster.VDI) error {
 		return g.output(v, func(w *tabwriter.Writer) {
 			fmt.Fprintf(w, "Name:\t%s\nID:\t%d\nSize:\t%s (%d bytes)\nCopies:\t%d\nObject size:\t%s\nCreated:\t%s\n",
@@ -404,14 +404,17 @@ func vdiCommand(g *globals) *cobra.Command {
 			}
 			ctx, cancel := g.context()
 			defer cancel()
-			v, err := g.client().CreateVDIWith(ctx, api.CreateVDIRequest{Name: a[0], Size: bytes, Handover: createHandover})
+			v, err := g.client().CreateVDIWith(ctx, api.CreateVDIRequest{Name: a[0], Size: bytes, Exclusive: createExclusive})
 			if err != nil {
 				return err
 			}
 			return printVDI(v)
 		},
 	}
-	create.Flags().BoolVar(&createHandover, "handover", false, "let a second writer through another node take the writer lock over (live migration); without it a second writer is refused")
+	create.Flags().BoolVar(&createExclusive, "exclusive", false, "refuse a second writer while the VDI is open for writing; without it a writer through another node takes the writer lock over (live migration)")
+	create.Flags().BoolVar(&createHandover, "handover", false, "the default now (kept for scripts)")
+	create.Flags().MarkHidden("handover")
+	create.MarkFlagsMutuallyExclusive("exclusive", "handover")
 	set := &cobra.Command{
 		Use:   "set NAME --exclusive[=false]",
 		Short: "change a VDI's settings",

@@ -791,6 +791,7 @@ func applyVDISnapshot(s *State, data []byte) (any, error) {
 	snapshot.Snapshot, snapshot.Tag, snapshot.SnapshotTime = true, tag, c.Time
 	s.Snapshots[snapshot.ID] = &snapshot
 	child := &VDI{ID: id, Name: v.Name, Size: v.Size, Copies: v.Copies, ObjectSize: v.ObjectSize, Created: v.Created, Since: s.Epoch(), Parent: snapshot.ID}
+	keepSettings(child, v)
 	s.VDIs[c.Name] = child
 	return SnapshotResult{Snapshot: snapshot, VDI: *child}, nil
 }
@@ -843,8 +844,17 @@ func applyVDIRollback(s *State, data []byte) (any, error) {
 	delete(s.VDIs, c.Name)
 	removeVDI(s, v)
 	w := &VDI{ID: id, Name: c.Name, Size: target.Size, Copies: target.Copies, ObjectSize: target.ObjectSize, Created: v.Created, Since: s.Epoch(), Parent: target.ID}
+	keepSettings(w, v)
 	s.VDIs[c.Name] = w
 	return *w, nil
+}
+
+// keepSettings carries what belongs to the VDI's name, not to one id of
+// it, to the VDI a snapshot or rollback puts under that name: whether it
+// is exclusive, its handover count, and the broken lock generation (the
+// lock is the name's: its fenced holder stays fenced).
+func keepSettings(to, from *VDI) {
+	to.Exclusive, to.Handovers, to.BrokenGeneration = from.Exclusive, from.Handovers, from.BrokenGeneration
 }
 
 func applyGarbageDone(s *State, data []byte) (any, error) {

@@ -88,6 +88,18 @@ func TestExclusiveVDIRefusesAWant(t *testing.T) {
 	if _, err := h.apply(commandVDISet, vdiSetCommand{Name: "nope", Settings: VDISettings{Exclusive: ptr(true)}}); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("set of an unknown vdi: %v", err)
 	}
+	// A snapshot or a rollback puts a new id under the name: the setting
+	// stays with the name.
+	if _, err := h.apply(commandVDISet, vdiSetCommand{Name: "db", Settings: VDISettings{Exclusive: ptr(true)}}); err != nil {
+		t.Fatal(err)
+	}
+	h.apply(commandLockRelease, lockCommand{Key: key, Node: "a", Incarnation: "1", Session: "g"})
+	if r, err := h.apply(commandVDISnapshot, vdiSnapshotCommand{Name: "db", Tag: "s1"}); err != nil || !r.(SnapshotResult).VDI.Exclusive {
+		t.Fatalf("the vdi after a snapshot of an exclusive one: %+v %v", r, err)
+	}
+	if v, err := h.apply(commandVDIRollback, vdiRollbackCommand{Name: "db", Tag: "s1"}); err != nil || !v.(VDI).Exclusive {
+		t.Fatalf("the vdi after a rollback of an exclusive one: %+v %v", v, err)
+	}
 }
 
 // A broken lock is gone, its VDI unclean, and a new epoch fences the

@@ -126,10 +126,10 @@ func (l *Local) SetMaintenance(id string, d time.Duration) (Node, error) {
 
 // CreateVDI commits a new VDI, as `herd vdi create` does.
 func (l *Local) CreateVDI(name string, size uint64) (VDI, error) {
-	return l.CreateVDIWith(name, size, true)
+	return l.CreateVDIWith(name, size, false)
 }
 
-// CreateVDIWith commits a new VDI, exclusive or not (`--handover`).
+// CreateVDIWith commits a new VDI, exclusive or not (`--exclusive`).
 func (l *Local) CreateVDIWith(name string, size uint64, exclusive bool) (VDI, error) {
 	var v VDI
 	if err := ValidateName(name); err != nil {

@@ -183,8 +183,8 @@ func (c *Cluster) CreateVDI(ctx context.Context, name string, size uint64) (VDI,
 	return c.CreateVDIWith(ctx, name, size, VDISettings{})
 }
 
-// CreateVDIWith creates a VDI with settings: exclusive unless
-// settings.Exclusive is false (handover.go: handover is opt-in for now).
+// CreateVDIWith creates a VDI with settings: open to writer handover
+// unless settings.Exclusive is true (handover.go).
 func (c *Cluster) CreateVDIWith(ctx context.Context, name string, size uint64, settings VDISettings) (VDI, error) {
 	var v VDI
 	if err := ValidateName(name); err != nil {
@@ -193,7 +193,7 @@ func (c *Cluster) CreateVDIWith(ctx context.Context, name string, size uint64, s
 	if err := ValidateSize(size, 0); err != nil {
 		return v, err
 	}
-	out, err := c.propose(ctx, commandVDICreate, vdiCreateCommand{Name: name, Size: size, Exclusive: settings.Exclusive == nil || *settings.Exclusive, Time: time.Now().UTC()})
+	out, err := c.propose(ctx, commandVDICreate, vdiCreateCommand{Name: name, Size: size, Exclusive: settings.Exclusive != nil && *settings.Exclusive, Time: time.Now().UTC()})
 	if err != nil {
 		return v, err
 	}

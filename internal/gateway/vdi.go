@@ -197,7 +197,7 @@ func (g *Gateway) acquireWriter(ctx context.Context, state *vdiState) error {
 			if n, ok := g.cluster.Node(holder); ok {
 				holder = fmt.Sprintf("%s (%s)", n.ID, n.Address)
 			}
-			return fmt.Errorf("%w: vdi %q is exclusive and open for writing through node %s; open it read-only as %q, or close it there first (`herd vdi set %s --exclusive=false` lets a second writer take it over, for live migration)",
+			return fmt.Errorf("%w: vdi %q is exclusive and open for writing through node %s; open it read-only as %q, or close it there first (`herd vdi set %s --exclusive=false` lets a second writer take it over, as live migration needs)",
 				ErrBusy, name, holder, ReadOnlyPrefix+name, name)
 		case errors.Is(err, cluster.ErrLockHeld):
 			return fmt.Errorf("%w: %v", ErrBusy, err)

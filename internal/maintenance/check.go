@@ -80,7 +80,7 @@ func (m *Maintenance) checkVDI(ctx context.Context, vdi cluster.VDI, repair bool
 		}
 	}
 	for _, oid := range oids {
-		if err := m.checkObject(ctx, oid, vdi, repair, &report); err != nil {
+		if err := m.checkObject(ctx, oid, vdi, repair, false, &report); err != nil {
 			return report, err
 		}
 	}
@@ -132,7 +132,15 @@ func (m *Maintenance) fetchBlockwise(ctx context.Context, c *replicaCopy, epoch,
 	return nil
 }
 
-func (m *Maintenance) checkObject(ctx context.Context, oid uint64, vdi cluster.VDI, repair bool, report *CheckReport) error {
+// checkObject compares the copies of oid on its replicas in the current
+// epoch and, with repair, makes them identical to the reference. The
+// reference must be a copy of the newest stamp any node holds: when the
+// newest copy is only on a node the epoch no longer places it on (recovery
+// has not copied it yet), a repair first recovers the replicas from it and
+// looks again (refreshed); a check reports the object as not recovered yet.
+// Never the reverse: a placed copy of an older stamp missed writes, and
+// writing it over the others would lose them.
+func (m *Maintenance) checkObject(ctx context.Context, oid uint64, vdi cluster.VDI, repair, refreshed bool, report *CheckReport) error {
 	rv, err := m.layouts.Current()
 	if err != nil {
 		return err
@@ -161,6 +169,31 @@ func (m *Maintenance) checkObject(ctx context.Context, oid uint64, vdi cluster.V
 			present = append(present, c)
 		}
 	}
+	stamps, answered := m.proof.Survey(ctx, rv, oid)
+	var newest uint64
+	for _, stamp := range stamps {
+		newest = max(newest, stamp)
+	}
+	placedNewest := uint64(0)
+	for _, c := range present {
+		placedNewest = max(placedNewest, c.stamp)
+	}
+	if placedNewest < newest && repair && !refreshed {
+		for _, c := range copies {
+			if c.found && c.stamp >= newest {
+				continue
+			}
+			if c.damage != nil {
+				if err := m.replicas.Remove(ctx, c.node, rv.Number, oid); err != nil && !errors.Is(err, object.ErrNotFound) {
+					return fmt.Errorf("removing damaged object %016x on node %s: %w", oid, c.node.ID, err)
+				}
+			}
+			if err := m.replicas.Recover(ctx, c.node, rv.Number, oid); err != nil {
+				return fmt.Errorf("recovering object %016x on node %s from its newest copy (stamp %d): %w", oid, c.node.ID, newest, err)
+			}
+		}
+		return m.checkObject(ctx, oid, vdi, repair, true, report)
+	}
 	if len(present) == 0 {
 		if object.Type(oid) == object.TypeMap {
 			return nil // a map object never written: nothing to compare
@@ -171,14 +204,15 @@ func (m *Maintenance) checkObject(ctx context.Context, oid uint64, vdi cluster.V
 		return nil
 	}
 	report.Objects++
-	stamps, answered := m.proof.Survey(ctx, rv, oid)
-	var newest uint64
-	for _, stamp := range stamps {
-		newest = max(newest, stamp)
-	}
 	if err := m.proof.Current(oid, vdi.Copies, rv, newest, answered); err != nil {
 		report.Unavailable++
 		report.Problems = append(report.Problems, err.Error())
+		return nil
+	}
+	if placedNewest < newest {
+		// Assert: the reference is never older than the newest copy.
+		report.Unavailable++
+		report.Problems = append(report.Problems, fmt.Sprintf("object %016x: its replicas hold stamp %d at most, a newer copy (stamp %d) is on another node: recovery has not copied it yet", oid, placedNewest, newest))
 		return nil
 	}
 	// The reference: newest stamp; then a copy whose every block

@@ -40,23 +40,29 @@ type Result struct {
 // Failure is a broken invariant (or a cluster that did not recover),
 // with everything needed to understand and replay it.
 type Failure struct {
-	Seed     uint64
-	Bug      string // the seeded bug switched on, if any
-	Step     int
-	At       time.Duration
-	Problems []string
-	Notes    []string // the step log up to the failure
-	Logs     []string // the nodes' last log lines
-	Clients  []string // each client's first errors
+	Seed uint64
+	Bug  string // the seeded bug switched on, if any
+	// Exclusive: the run's VDIs were exclusive (Options.Exclusive).
+	Exclusive bool
+	Step      int
+	At        time.Duration
+	Problems  []string
+	Notes     []string // the step log up to the failure
+	Logs      []string // the nodes' last log lines
+	Clients   []string // each client's first errors
 }
 
 // ReplayCommand is how to run one seed again. A run with a seeded bug
 // switched on (recovery.SetSeededBug, build tag simbugs) names it in bug.
-func ReplayCommand(seed uint64, bug string) string {
-	if bug != "" {
-		return fmt.Sprintf("go test -tags simbugs ./internal/sim -run TestSimulate -sim.bug=%s -sim.seed=%d -v", bug, seed)
+func ReplayCommand(seed uint64, bug string, exclusive bool) string {
+	flags := ""
+	if exclusive {
+		flags = " -sim.exclusive"
 	}
-	return fmt.Sprintf("go test ./internal/sim -run TestSimulate -sim.seed=%d -v", seed)
+	if bug != "" {
+		return fmt.Sprintf("go test -tags simbugs ./internal/sim -run TestSimulate -sim.bug=%s -sim.seed=%d%s -v", bug, seed, flags)
+	}
+	return fmt.Sprintf("go test ./internal/sim -run TestSimulate -sim.seed=%d%s -v", seed, flags)
 }
 
 // Options are a run's surroundings, not part of its schedule.
@@ -65,11 +71,11 @@ type Options struct {
 	// Bug names the seeded bug switched on, if any (for the replay
 	// command in a failure).
 	Bug string
-	// Handover makes the clients' VDIs non-exclusive: a client that
-	// reconnects through another node takes the writer lock over
-	// (issue 11). Off by default: seed 384 fails with it (a stale read),
-	// not yet understood.
-	Handover bool
+	// Exclusive makes the clients' VDIs exclusive (vdi create
+	// --exclusive): a client that reconnects through another node waits
+	// for the lock of the previous one to go, where by default it takes
+	// the writer lock over (handover).
+	Exclusive bool
 }
 
 func (f *Failure) Error() string {
@@ -92,7 +98,7 @@ func (f *Failure) Error() string {
 	for _, l := range f.Logs {
 		fmt.Fprintf(&b, "  %s\n", l)
 	}
-	fmt.Fprintf(&b, "sim: seed %d failed; replay: %s\n", f.Seed, ReplayCommand(f.Seed, f.Bug))
+	fmt.Fprintf(&b, "sim: seed %d failed; replay: %s\n", f.Seed, ReplayCommand(f.Seed, f.Bug, f.Exclusive))
 	return b.String()
 }
 
@@ -109,10 +115,10 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 	seed := schedule.Seed
 	r = Result{Seed: seed, Config: schedule.Config}
 	w := newWorld(context.Background(), seed, schedule.Config, options.Dir)
-	w.handover = options.Handover
+	w.exclusive = options.Exclusive
 	step := 0
 	fail := func(problems ...string) Result {
-		f := &Failure{Seed: seed, Bug: options.Bug, Step: step, At: w.elapsed(), Problems: problems, Logs: w.logs.last()}
+		f := &Failure{Seed: seed, Bug: options.Bug, Exclusive: options.Exclusive, Step: step, At: w.elapsed(), Problems: problems, Logs: w.logs.last()}
 		w.notesMu.Lock()
 		f.Notes = append(f.Notes, w.notes...)
 		w.notesMu.Unlock()

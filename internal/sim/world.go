@@ -37,13 +37,13 @@ type World struct {
 	seed uint64
 	cfg  Config
 	dir  string
-	// handover: the clients' VDIs are not exclusive (Options.Handover).
-	handover bool
-	log      *cluster.Local
-	logs     *ring
-	ctx      context.Context // ends with the world
-	cancel   context.CancelFunc
-	started  time.Time // fake time at which the world was made
+	// exclusive: the clients' VDIs are exclusive (Options.Exclusive).
+	exclusive bool
+	log       *cluster.Local
+	logs      *ring
+	ctx       context.Context // ends with the world
+	cancel    context.CancelFunc
+	started   time.Time // fake time at which the world was made
 
 	mu           sync.Mutex // guards the fault state: nodes' flags, cut, network, changed
 	changed      chan struct{}
@@ -102,7 +102,6 @@ type process struct {
 	dead        bool // guarded by World.mu
 }
 
-// handover: see Options.Handover.
 func newWorld(ctx context.Context, seed uint64, cfg Config, dir string) *World {
 	w := &World{seed: seed, cfg: cfg, dir: dir, log: cluster.NewLocal(), logs: newRing(400), changed: make(chan struct{}), cut: map[int]bool{}, stamps: map[stampKey]uint64{}, counts: map[string]int{}}
 	w.ctx, w.cancel = context.WithCancel(ctx)
@@ -163,7 +162,7 @@ func (w *World) start() error {
 		return err
 	}
 	for i := 0; i < w.cfg.Clients; i++ {
-		if _, err := w.log.CreateVDIWith(fmt.Sprintf("vdi%d", i), w.cfg.VDISize, !w.handover); err != nil {
+		if _, err := w.log.CreateVDIWith(fmt.Sprintf("vdi%d", i), w.cfg.VDISize, w.exclusive); err != nil {
 			return err
 		}
 	}

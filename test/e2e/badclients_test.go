@@ -112,14 +112,18 @@ func TestBadNBDClients(t *testing.T) {
 	if _, stderr, err := c.Herd(ctx(t), 0, "cluster", "format", "--copies", "2"); err != nil {
 		t.Fatalf("format: %v %s", err, stderr)
 	}
-	for _, vdi := range []struct{ name, size string }{
-		{"victim", "256M"}, // read by the bad clients
-		{"good0", "64M"},   // a normal client's, through node 0
-		{"good1", "64M"},   // a normal client's, through node 1
-		{"huge", "64G"},    // the zero bomb's: 16384 objects of 4 MiB
-		{"held", "64M"},    // held open for writing, then idle
+	for _, vdi := range []struct{ name, size, flag string }{
+		{"victim", "256M", ""},         // read by the bad clients
+		{"good0", "64M", ""},           // a normal client's, through node 0
+		{"good1", "64M", ""},           // a normal client's, through node 1
+		{"huge", "64G", ""},            // the zero bomb's: 16384 objects of 4 MiB
+		{"held", "64M", "--exclusive"}, // held open for writing, then idle; a second writer is refused
 	} {
-		if _, stderr, err := c.Herd(ctx(t), 0, "vdi", "create", vdi.name, vdi.size); err != nil {
+		args := []string{"vdi", "create", vdi.name, vdi.size}
+		if vdi.flag != "" {
+			args = append(args, vdi.flag)
+		}
+		if _, stderr, err := c.Herd(ctx(t), 0, args...); err != nil {
 			t.Fatalf("create %s: %v %s", vdi.name, err, stderr)
 		}
 		for index := range 2 {

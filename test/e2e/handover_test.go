@@ -129,8 +129,7 @@ func vdiStatus(t *testing.T, c *testcluster.Cluster, node int, name string) api.
 // The write+flush times, handover included, are reported.
 func TestWritersAlternateThroughTwoNodes(t *testing.T) {
 	needLibnbd(t)
-	c := dataCluster(t, 3, 3, "mig", "64M")
-	herd(t, c, 0, "vdi", "set", "mig", "--exclusive=false")
+	c := dataCluster(t, 3, 3, "mig", "64M") // open to handover: the default
 	a := startNBDWriter(t, "writer through node 0", c.Node(0).NBDURI("mig"))
 	b := startNBDWriter(t, "writer through node 1", c.Node(1).NBDURI("mig"))
 	const rounds = 40

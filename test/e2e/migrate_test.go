@@ -208,8 +208,7 @@ func migrate(t *testing.T, ctx context.Context, c *testcluster.Cluster, src *vm,
 func TestLiveMigration(t *testing.T) {
 	testenv.Require(t, "a VM (qemu-system-x86, a kernel, busybox-static)", vmtest.Available())
 	need(t, "qemu-io")
-	c := dataCluster(t, 3, 3, "vm", "64M")
-	herd(t, c, 0, "vdi", "set", "vm", "--exclusive=false")
+	c := dataCluster(t, 3, 3, "vm", "64M") // open to handover: the default
 	ctx, cancel := contextWithTimeout(t, 12*time.Minute)
 	defer cancel()
 	lockNode := func() string {

@@ -403,7 +403,8 @@ func qemuIOArgs(t *testing.T, uri string, args ...string) (string, error) {
 func TestSecondWriterRefused(t *testing.T) {
 	need(t, "qemu-io")
 	needLibnbd(t)
-	c := dataCluster(t, 3, 3, "disk", "64M") // exclusive: the default
+	c := dataCluster(t, 3, 3, "disk", "64M")
+	herd(t, c, 0, "vdi", "set", "disk", "--exclusive")
 	holder := startNBDWriter(t, "holder through node 0", c.Node(0).NBDURI("disk"))
 	if _, failure := holder.write(0, 0x68); failure != "" {
 		t.Fatal(failure)
