@@ -144,6 +144,8 @@ type DataPath interface {
 	RecoveryLimits() recovery.Limits
 	SetRecoveryLimits(recovery.Limits) error
 	Check(ctx context.Context, name string, repair bool) (maintenance.CheckReport, error)
+	// Diff is what changed in a VDI or snapshot since an ancestor snapshot.
+	Diff(ctx context.Context, name, since string) (gateway.Diff, error)
 	// Opens lists the VDIs open through this node.
 	Opens() []gateway.OpenInfo
 	// Metrics are the node's Prometheus metrics (GET /metrics).
@@ -305,6 +307,13 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 			return nil, err
 		}
 		return data.Check(r.Context(), r.PathValue("name"), req.Repair)
+	})
+	s.handle(mux, "GET /v1/vdis/{name}/diff", func(r *http.Request) (any, error) {
+		since := r.URL.Query().Get("since")
+		if since == "" {
+			return nil, fmt.Errorf("%w: give the snapshot to compare with: ?since=TAG", cluster.ErrInvalid)
+		}
+		return data.Diff(r.Context(), r.PathValue("name"), since)
 	})
 	s.handle(mux, "GET /v1/tree", func(r *http.Request) (any, error) {
 		space, err := data.Space(r.Context())

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/gateway"
 	"github.com/herd-storage/herd/internal/maintenance"
 	"github.com/herd-storage/herd/internal/pki"
 )
@@ -264,6 +265,13 @@ func (c *Client) Recovery(ctx context.Context) ([]RecoveryEntry, error) {
 func (c *Client) Check(ctx context.Context, name string, repair bool) (maintenance.CheckReport, error) {
 	var v maintenance.CheckReport
 	return v, c.Do(ctx, http.MethodPost, "/v1/vdis/"+url.PathEscape(name)+"/check", CheckRequest{Repair: repair}, &v)
+}
+
+// Diff is what changed in the VDI or snapshot name since its ancestor
+// snapshot since ("TAG" or "NAME@TAG").
+func (c *Client) Diff(ctx context.Context, name, since string) (gateway.Diff, error) {
+	var v gateway.Diff
+	return v, c.Do(ctx, http.MethodGet, "/v1/vdis/"+url.PathEscape(name)+"/diff?since="+url.QueryEscape(since), nil, &v)
 }
 
 func (c *Client) Tokens(ctx context.Context) ([]cluster.Token, error) {

@@ -95,6 +95,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	for _, group := range root.Commands() {
 		if group.Name() == "vdi" {
 			group.AddCommand(transferCommands(g)...)
+			group.AddCommand(diffCommand(g))
 		}
 	}
 	for _, group := range root.Commands() {

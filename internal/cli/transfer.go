@@ -32,6 +32,8 @@ type transferFlags struct {
 	requests    int
 	format      string
 	force       bool
+	since       string // export: the changes since this snapshot
+	diff        string // import: apply this diff file
 }
 
 func addTransferFlags(cmd *cobra.Command, f *transferFlags) {
@@ -45,7 +47,7 @@ func addTransferFlags(cmd *cobra.Command, f *transferFlags) {
 func transferCommands(g *globals) []*cobra.Command {
 	var importFlags, exportFlags transferFlags
 	importCommand := &cobra.Command{
-		Use:   "import NAME FILE|-",
+		Use:   "import NAME FILE|- | import NAME --diff FILE",
 		Short: "copy a disk image into an existing VDI over NBD (raw; qcow2, vmdk, ... through qemu-img; - is raw from stdin)",
 		Long: `Copy a disk image into the existing VDI NAME, which must be at least as
 large as the image. The data goes straight to the NBD port of the node given
@@ -56,7 +58,12 @@ qemu-img (Debian package qemu-utils) writing to the node's NBD export. "-"
 reads a raw image from stdin. The VDI past the image's end is zeroed, so that
 it reads back as the image followed by zeroes. The import ends with a FLUSH:
 when it reports success, the data is on the replicas' disks.`,
-		Args: args(2, "NAME FILE|-"),
+		Args: func(cmd *cobra.Command, a []string) error {
+			if importFlags.diff != "" {
+				return args(1, "NAME --diff FILE")(cmd, a)
+			}
+			return args(2, "NAME FILE|-")(cmd, a)
+		},
 		RunE: func(cmd *cobra.Command, a []string) error {
 			t, err := newTransfer(g, importFlags, cmd)
 			if err != nil {
@@ -65,6 +72,9 @@ when it reports success, the data is on the replicas' disks.`,
 			defer t.cleanup()
 			ctx, cancel := signalContext()
 			defer cancel()
+			if importFlags.diff != "" {
+				return importDiff(ctx, g, t, a[0], importFlags.diff)
+			}
 			summary, err := transfer.Import(ctx, t.options, a[0], a[1])
 			if err != nil {
 				if ctx.Err() != nil {
@@ -77,9 +87,10 @@ when it reports success, the data is on the replicas' disks.`,
 	}
 	addTransferFlags(importCommand, &importFlags)
 	importCommand.Flags().StringVar(&importFlags.format, "format", "auto", "image format: auto (detected from the file's magic), raw, or a qemu-img format such as qcow2")
+	importCommand.Flags().StringVar(&importFlags.diff, "diff", "", "apply the diff FILE (from vdi export NAME@S2 --since S1) to NAME, whose content must be its snapshot S1's; then snapshot it as S2")
 
 	exportCommand := &cobra.Command{
-		Use:   "export NAME[@TAG] FILE|-",
+		Use:   "export NAME[@TAG] FILE|- [--since S1]",
 		Short: "copy a VDI or snapshot into a raw image file over NBD (sparse; - writes to stdout)",
 		Long: `Copy the VDI NAME (opened read-only, so a VM may keep running on it; the
 copy is then not crash-consistent) or its snapshot NAME@TAG into a raw image.
@@ -98,6 +109,9 @@ sparse. FILE must not exist, unless --force; "-" writes the image to stdout.`,
 			defer t.cleanup()
 			ctx, cancel := signalContext()
 			defer cancel()
+			if exportFlags.since != "" {
+				return exportDiff(ctx, g, t, a[0], exportFlags.since, a[1])
+			}
 			summary, err := transfer.Export(ctx, t.options, a[0], a[1])
 			if err != nil {
 				if ctx.Err() != nil {
@@ -110,6 +124,7 @@ sparse. FILE must not exist, unless --force; "-" writes the image to stdout.`,
 	}
 	addTransferFlags(exportCommand, &exportFlags)
 	exportCommand.Flags().BoolVar(&exportFlags.force, "force", false, "overwrite FILE if it exists")
+	exportCommand.Flags().StringVar(&exportFlags.since, "since", "", "write only the changes since the earlier snapshot S1, as a herd diff (docs/DIFF.md), for vdi import --diff")
 	return []*cobra.Command{importCommand, exportCommand}
 }
 

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/herd-storage/herd/internal/cluster"
 )
@@ -62,9 +63,9 @@ func Ancestor(tree []cluster.VDI, chain []uint32, name string) (cluster.VDI, int
 		tags = append(tags, v.FullName())
 	}
 	if len(tags) == 0 {
-		return cluster.VDI{}, 0, fmt.Errorf("%w: snapshot %q: this vdi has no snapshot before it (take one with herd vdi snapshot)", ErrUnknownVDI, name)
+		return cluster.VDI{}, 0, fmt.Errorf("snapshot %q %w: this vdi has no snapshot before it (take one with herd vdi snapshot)", name, cluster.ErrNotFound)
 	}
-	return cluster.VDI{}, 0, fmt.Errorf("%w: snapshot %q is not an ancestor of this vdi (its ancestors: %v)", ErrUnknownVDI, name, tags)
+	return cluster.VDI{}, 0, fmt.Errorf("snapshot %q %w among the ancestors of this vdi (%s)", name, cluster.ErrNotFound, strings.Join(tags, ", "))
 }
 
 // Layers reads the maps of v's chain (from the replicas, not a cache) and
@@ -149,4 +150,65 @@ func (g *Gateway) layer(ctx context.Context, state *vdiState, vdi cluster.VDI, c
 		}
 	}
 	return Layer{}, nil
+}
+
+// Diff is what changed in a VDI (or snapshot) since an ancestor snapshot,
+// at object granularity: `herd vdi diff` and `vdi export --since`.
+type Diff struct {
+	VDI        string `json:"vdi"`   // NAME or NAME@TAG
+	Since      string `json:"since"` // NAME@TAG of the ancestor
+	Size       uint64 `json:"size"`  // of VDI now
+	SinceSize  uint64 `json:"since_size"`
+	ObjectSize uint64 `json:"object_size"`
+	// Extents are the changed runs, in order; Zero runs read as zeros
+	// now (trimmed or zeroed after Since), the others hold data.
+	Extents      []DiffExtent `json:"extents"`
+	ChangedBytes uint64       `json:"changed_bytes"`
+	ZeroBytes    uint64       `json:"zero_bytes"` // of ChangedBytes
+}
+
+// DiffExtent is one changed run.
+type DiffExtent struct {
+	Offset uint64 `json:"offset"`
+	Length uint64 `json:"length"`
+	Zero   bool   `json:"zero,omitempty"`
+}
+
+// Diff compares the VDI or snapshot name with its ancestor snapshot since
+// ("TAG" or "NAME@TAG", see Ancestor) through the object maps: no data is
+// read.
+func (g *Gateway) Diff(ctx context.Context, name, since string) (Diff, error) {
+	v, err := g.cluster.LookupVDI(ctx, name)
+	if err != nil {
+		return Diff{}, err
+	}
+	tree := g.cluster.Tree()
+	s, depth, err := Ancestor(tree, g.cluster.Chain(v.ID), since)
+	if err != nil {
+		return Diff{}, err
+	}
+	// Only the members above the ancestor: every object they define
+	// changed since it.
+	layers, err := g.Layers(ctx, v, depth-1)
+	if err != nil {
+		return Diff{}, err
+	}
+	d := Diff{VDI: v.FullName(), Since: s.FullName(), Size: v.Size, SinceSize: s.Size, ObjectSize: v.ObjectSize, Extents: []DiffExtent{}}
+	for index, l := range layers {
+		if l.Depth == 0 {
+			continue
+		}
+		offset := uint64(index) * v.ObjectSize
+		length := min(v.ObjectSize, v.Size-offset)
+		d.ChangedBytes += length
+		if l.Zero {
+			d.ZeroBytes += length
+		}
+		if n := len(d.Extents); n > 0 && d.Extents[n-1].Zero == l.Zero && d.Extents[n-1].Offset+d.Extents[n-1].Length == offset {
+			d.Extents[n-1].Length += length
+			continue
+		}
+		d.Extents = append(d.Extents, DiffExtent{Offset: offset, Length: length, Zero: l.Zero})
+	}
+	return d, nil
 }

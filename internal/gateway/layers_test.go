@@ -5,6 +5,8 @@ import (
 	"errors"
 	"slices"
 	"testing"
+
+	"github.com/herd-storage/herd/internal/cluster"
 )
 
 // TestLayers: the depth of the chain member defining each object, read
@@ -78,7 +80,23 @@ func TestLayers(t *testing.T) {
 	if _, depth, err := e.Ancestor("disk@s2"); err != nil || depth != 2 {
 		t.Fatalf("Ancestor(disk@s2): %d %v", depth, err)
 	}
-	if _, _, err := e.Ancestor("nope"); !errors.Is(err, ErrUnknownVDI) {
+	if _, _, err := e.Ancestor("nope"); !errors.Is(err, cluster.ErrNotFound) {
 		t.Fatalf("Ancestor(nope): %v", err)
+	}
+	// The same as a Diff: object 1 zeroed, 2 and 3 data; since s2 only 1
+	// and 3; s2 since s1: object 2.
+	d, err := g.Diff(ctx, "disk", "s1")
+	if err != nil || !slices.Equal(d.Extents, []DiffExtent{{objectSize, objectSize, true}, {2 * objectSize, 2 * objectSize, false}}) ||
+		d.ChangedBytes != 3*objectSize || d.ZeroBytes != objectSize || d.Since != "disk@s1" {
+		t.Fatalf("Diff since s1: %+v %v", d, err)
+	}
+	if d, err := g.Diff(ctx, "disk", "disk@s2"); err != nil || !slices.Equal(d.Extents, []DiffExtent{{objectSize, objectSize, true}, {3 * objectSize, objectSize, false}}) {
+		t.Fatalf("Diff since s2: %+v %v", d, err)
+	}
+	if d, err := g.Diff(ctx, "disk@s2", "s1"); err != nil || !slices.Equal(d.Extents, []DiffExtent{{2 * objectSize, objectSize, false}}) {
+		t.Fatalf("Diff of s2 since s1: %+v %v", d, err)
+	}
+	if _, err := g.Diff(ctx, "disk@s1", "s2"); !errors.Is(err, cluster.ErrNotFound) {
+		t.Fatalf("Diff of s1 since the later s2: %v", err)
 	}
 }

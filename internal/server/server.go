@@ -413,6 +413,10 @@ func (d dataPath) Check(ctx context.Context, name string, repair bool) (maintena
 	return d.maintenance.Check(ctx, name, repair)
 }
 
+func (d dataPath) Diff(ctx context.Context, name, since string) (gateway.Diff, error) {
+	return d.gateway.Diff(ctx, name, since)
+}
+
 func (d dataPath) Snapshot(ctx context.Context, name, tag string) (cluster.SnapshotResult, error) {
 	return d.gateway.Snapshot(ctx, name, tag)
 }
