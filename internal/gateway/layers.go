@@ -51,6 +51,12 @@ func Ancestor(tree []cluster.VDI, chain []uint32, name string) (cluster.VDI, int
 	for _, v := range tree {
 		byID[v.ID] = v
 	}
+	self := "this vdi"
+	if len(chain) > 0 {
+		if v, ok := byID[chain[0]]; ok {
+			self = v.FullName()
+		}
+	}
 	var tags []string
 	for depth := 2; depth <= len(chain); depth++ {
 		v, ok := byID[chain[depth-1]]
@@ -63,9 +69,9 @@ func Ancestor(tree []cluster.VDI, chain []uint32, name string) (cluster.VDI, int
 		tags = append(tags, v.FullName())
 	}
 	if len(tags) == 0 {
-		return cluster.VDI{}, 0, fmt.Errorf("snapshot %q %w: this vdi has no snapshot before it (take one with herd vdi snapshot)", name, cluster.ErrNotFound)
+		return cluster.VDI{}, 0, fmt.Errorf("snapshot %q %w: %s has no snapshot before it", name, cluster.ErrNotFound, self)
 	}
-	return cluster.VDI{}, 0, fmt.Errorf("snapshot %q %w among the ancestors of this vdi (%s)", name, cluster.ErrNotFound, strings.Join(tags, ", "))
+	return cluster.VDI{}, 0, fmt.Errorf("snapshot %q %w among the ancestors of %s (%s)", name, cluster.ErrNotFound, self, strings.Join(tags, ", "))
 }
 
 // Layers reads the maps of v's chain (from the replicas, not a cache) and

@@ -282,6 +282,25 @@ func (g *Gateway) release(state *vdiState, kind openKind) {
 // open VDI continues as the new writable child. The caller (the admin
 // API) sends the request to the lock holder's node when there is one.
 func (g *Gateway) Snapshot(ctx context.Context, name, tag string) (cluster.SnapshotResult, error) {
+	// The holder seen when the snapshot was prepared may have changed by
+	// the time it commits: most often a writer that just closed (its
+	// release commits after the client saw the close), or a handover.
+	// The log refuses such a snapshot; prepared again, it sees the new
+	// holder.
+	for attempt := 1; ; attempt++ {
+		result, err := g.snapshotOnce(ctx, name, tag)
+		if err == nil || attempt == 10 || !errors.Is(err, cluster.ErrBusy) || !strings.Contains(err.Error(), "changed hands") {
+			return result, err
+		}
+		select {
+		case <-ctx.Done():
+			return result, err
+		case <-time.After(time.Duration(attempt) * 20 * time.Millisecond):
+		}
+	}
+}
+
+func (g *Gateway) snapshotOnce(ctx context.Context, name, tag string) (cluster.SnapshotResult, error) {
 	g.mu.Lock()
 	state := g.open[name]
 	g.mu.Unlock()
