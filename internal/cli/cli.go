@@ -91,7 +91,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	root.PersistentFlags().StringVar(&g.tokenFile, "token-file", "", "file holding an admin token (else env HERD_TOKEN; the first node writes DATA/admin.token)")
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print JSON instead of tables")
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 30*time.Second, "how long to wait for the cluster")
-	root.AddCommand(versionCommand(g), serverCommand(), clusterCommand(g), nodeCommand(g), eventsCommand(g), vdiCommand(g), scrubCommand(g), lockCommand(g), tokenCommand(g), clientCommand(g))
+	root.AddCommand(versionCommand(g), serverCommand(), clusterCommand(g), nodeCommand(g), eventsCommand(g), vdiCommand(g), scrubCommand(g), lockCommand(g), tokenCommand(g), clientCommand(g), backupCommand(g))
 	for _, group := range root.Commands() {
 		if group.Name() == "vdi" {
 			group.AddCommand(transferCommands(g)...)

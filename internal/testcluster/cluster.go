@@ -284,6 +284,17 @@ func (c *Cluster) Heal() {
 // token in $HERD_TOKEN, and returns its standard output and error. The
 // command is killed when ctx is done; without a deadline in ctx it gets 60
 // seconds. A non-zero exit is an error that includes stderr.
+// HerdCommand is the herd CLI aimed at node index, not started: for a
+// test that signals it while it runs (the caller waits for it).
+func (c *Cluster) HerdCommand(index int, args ...string) *exec.Cmd {
+	c.mu.Lock()
+	node, token := c.nodes[index], c.token
+	c.mu.Unlock()
+	command := exec.Command(c.binary, append([]string{"--addr", node.AdminAddr()}, args...)...)
+	command.Env = childEnvironment(TokenVariable + "=" + token)
+	return command
+}
+
 func (c *Cluster) Herd(ctx context.Context, index int, args ...string) (stdout, stderr string, err error) {
 	c.mu.Lock()
 	if index < 0 || index >= len(c.nodes) {
