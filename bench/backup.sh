@@ -21,11 +21,12 @@ rm -f "$work/random.img"
 store=$work/store
 rm -rf "$store"
 step() { # label command...
-  local start end
+  local start end label=$1
+  shift
   start=$(date +%s.%N)
   "$@" > "$work/step.json"
   end=$(date +%s.%N)
-  python3 - "$1" "$start" "$end" "$work/step.json" <<'PY' | tee -a "$work/steps.txt"
+  python3 - "$label" "$start" "$end" "$work/step.json" <<'PY' | tee -a "$work/steps.txt"
 import json, sys
 label, start, end, path = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 took = end - start

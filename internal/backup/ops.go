@@ -46,6 +46,13 @@ func Create(ctx context.Context, s *Store, c Cluster, name string, options Creat
 	if note == nil {
 		note = func(string) {}
 	}
+	phases := map[string]float64{}
+	lap := started
+	phase := func(name string) {
+		now := time.Now()
+		phases[name] += now.Sub(lap).Seconds()
+		lap = now
+	}
 	vdiName, snapshot := name, name
 	if base, tag := cluster.SplitName(name); tag != "" {
 		vdiName = base
@@ -58,6 +65,7 @@ func Create(ctx context.Context, s *Store, c Cluster, name string, options Creat
 		}
 		snapshot = result.Snapshot.FullName()
 	}
+	phase("snapshot")
 	taken := snapshot != name
 	fail := func(err error) (*Index, error) {
 		if taken {
@@ -87,11 +95,13 @@ func Create(ctx context.Context, s *Store, c Cluster, name string, options Creat
 			}
 		}
 	}
+	phase("plan")
 	session, err := transfer.OpenSession(ctx, options.Transfer, snapshot, false)
 	if err != nil {
 		return fail(err)
 	}
 	defer session.Close()
+	phase("connect")
 	size := session.Size()
 	chunkSize := uint64(s.chunkSize)
 	count := (size + chunkSize - 1) / chunkSize
@@ -129,6 +139,7 @@ func Create(ctx context.Context, s *Store, c Cluster, name string, options Creat
 			mark(r.Offset, r.Length, true)
 		}
 	}
+	phase("plan")
 	var ranges []transfer.Range
 	var total uint64
 	for i := uint64(0); i < count; i++ {
@@ -238,10 +249,14 @@ func Create(ctx context.Context, s *Store, c Cluster, name string, options Creat
 			ix.Stats.UnchangedChunks++
 		}
 	}
+	phase("read")
 	ix.Stats.Seconds = time.Since(started).Seconds()
+	ix.Stats.Phases = phases
 	if err := s.SaveIndex(ix); err != nil {
 		return fail(err)
 	}
+	phase("index")
+	ix.Stats.Seconds = time.Since(started).Seconds()
 	progress.Finish()
 	if previous != nil && previous.Snapshot != snapshot {
 		if _, tag := cluster.SplitName(previous.Snapshot); strings.HasPrefix(tag, SnapshotPrefix) {

@@ -283,9 +283,13 @@ type Stats struct {
 	ZeroChunks   int    `json:"zero_chunks"`
 	// UnchangedChunks an incremental backup took from its parent's index
 	// without reading them.
-	UnchangedChunks int     `json:"unchanged_chunks,omitempty"`
-	DataBytes       uint64  `json:"data_bytes"` // the backup's non-zero chunks
-	Seconds         float64 `json:"seconds"`
+	UnchangedChunks int `json:"unchanged_chunks,omitempty"`
+	// Phases: seconds spent taking the snapshot, planning (the diff or
+	// the allocation map), connecting, reading and storing, and writing
+	// the index (this one only in the result, not in the stored index).
+	Phases    map[string]float64 `json:"phases,omitempty"`
+	DataBytes uint64             `json:"data_bytes"` // the backup's non-zero chunks
+	Seconds   float64            `json:"seconds"`
 }
 
 func (ix *Index) checksum() string {
