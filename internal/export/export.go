@@ -17,6 +17,25 @@
 // (ro/NAME). The names it may not open are not listed, and opening one is
 // refused exactly as an unknown name is, before the cluster is asked, so
 // that neither the reply nor its timing tells whether the VDI exists.
+//
+// Metadata contexts (nbd.MetaContexter, nbd.MetaStatuser), besides
+// base:allocation:
+//
+//   - qemu:allocation-depth: QEMU's depth in the snapshot chain of the
+//     member that defines each object: 0 none (reads as zeros), 1 the
+//     export's own VDI, 2 its parent snapshot, and so on
+//     (gateway.Layer.Depth);
+//   - qemu:dirty-bitmap:TAG, one per ancestor snapshot of the export:
+//     NBD_STATE_DIRTY (1) where the object changed since that snapshot
+//     was taken (written or zeroed above it in the chain). TAG is the
+//     snapshot's tag, NAME@TAG for one whose tag a nearer snapshot of
+//     the chain also has (either form selects, as gateway.Ancestor
+//     resolves it).
+//
+// Both are computed from the object maps, without reading data, and
+// their granularity is the object (4 MiB by default): a write of one byte
+// marks its whole object dirty. A client that may not open an export
+// sees no contexts for it, exactly as for an unknown name.
 package export
 
 import (
@@ -60,7 +79,20 @@ type Access struct {
 	ReadOnly bool
 }
 
-var _ nbd.Backend = Backend{}
+var (
+	_ nbd.Backend       = Backend{}
+	_ nbd.MetaContexter = Backend{}
+	_ nbd.MetaStatuser  = (*export)(nil)
+)
+
+// The metadata contexts of the "qemu" namespace that herd serves (QEMU's
+// docs/interop/nbd.rst).
+const (
+	qemuNamespace              = "qemu:"
+	contextDepth               = "qemu:allocation-depth"
+	contextBitmapPrefix        = "qemu:dirty-bitmap:"
+	stateDirty          uint32 = 1 // NBD_STATE_DIRTY of qemu:dirty-bitmap
+)
 
 // access returns what the session's client may do.
 func (b Backend) access(session nbd.Session) (Access, error) {
@@ -130,6 +162,86 @@ func (b Backend) List(ctx context.Context, session nbd.Session) ([]nbd.ExportSum
 		out = append(out, nbd.ExportSummary{Name: v.FullName(), Description: description})
 	}
 	return out, nil
+}
+
+// MetaContexts implements nbd.MetaContexter: qemu:allocation-depth and
+// one qemu:dirty-bitmap:TAG per ancestor snapshot of the export named.
+// LIST takes "qemu:" (every context) and "qemu:dirty-bitmap:" (every
+// bitmap) as wildcards; SET selects exact names only. Like Open, a name
+// the client may not open is refused before the cluster is asked, and
+// has no contexts, as an unknown one.
+func (b Backend) MetaContexts(ctx context.Context, exportName string, session nbd.Session, queries []string, list bool) ([]string, error) {
+	access, err := b.access(session)
+	if err != nil {
+		return nil, err
+	}
+	if !access.Match(vdiName(exportName)) {
+		return nil, nil
+	}
+	tree, chain, err := b.Gateway.Chain(ctx, exportName)
+	if err != nil {
+		return nil, nil
+	}
+	var out []string
+	seen := map[string]bool{}
+	add := func(name string) {
+		if !seen[name] {
+			seen[name] = true
+			out = append(out, name)
+		}
+	}
+	bitmaps := func() {
+		for _, tag := range bitmapNames(tree, chain) {
+			add(contextBitmapPrefix + tag)
+		}
+	}
+	if list && len(queries) == 0 {
+		add(contextDepth)
+		bitmaps()
+		return out, nil
+	}
+	for _, query := range queries {
+		switch {
+		case list && query == qemuNamespace:
+			add(contextDepth)
+			bitmaps()
+		case list && query == contextBitmapPrefix:
+			bitmaps()
+		case query == contextDepth:
+			add(contextDepth)
+		case strings.HasPrefix(query, contextBitmapPrefix) && len(query) > len(contextBitmapPrefix):
+			if _, _, err := gateway.Ancestor(tree, chain, strings.TrimPrefix(query, contextBitmapPrefix)); err == nil {
+				add(query)
+			}
+		}
+	}
+	return out, nil
+}
+
+// bitmapNames names every ancestor snapshot of chain, nearest first: its
+// tag, or NAME@TAG where a nearer snapshot has the same tag (a clone's
+// chain can hold snapshots of several VDIs). A snapshot neither form
+// resolves to (shadowed by a nearer one with the same full name) is left
+// out.
+func bitmapNames(tree []cluster.VDI, chain []uint32) []string {
+	byID := make(map[uint32]cluster.VDI, len(tree))
+	for _, v := range tree {
+		byID[v.ID] = v
+	}
+	var names []string
+	for depth := 2; depth <= len(chain); depth++ {
+		v, ok := byID[chain[depth-1]]
+		if !ok || !v.Snapshot {
+			continue
+		}
+		for _, name := range []string{v.Tag, v.FullName()} {
+			if _, found, err := gateway.Ancestor(tree, chain, name); err == nil && found == depth {
+				names = append(names, name)
+				break
+			}
+		}
+	}
+	return names
 }
 
 // Open implements nbd.Backend.
@@ -257,6 +369,88 @@ func (e *export) BlockStatus(ctx context.Context, offset, length uint64) ([]nbd.
 		out[i] = nbd.Extent{Length: x.Length, Hole: x.Hole, Zero: x.Hole}
 	}
 	return out, nil
+}
+
+// HasMetaContext implements nbd.MetaStatuser: the contexts
+// MetaContexts offers for this export.
+func (e *export) HasMetaContext(name string) bool {
+	if name == contextDepth {
+		return true
+	}
+	tag, ok := strings.CutPrefix(name, contextBitmapPrefix)
+	if !ok || tag == "" {
+		return false
+	}
+	_, _, err := e.disk.Ancestor(tag)
+	return err == nil
+}
+
+// ancestorAttempts bounds the retries of a dirty bitmap whose ancestor
+// moved in the chain while its layers were read.
+const ancestorAttempts = 3
+
+// MetaStatus implements nbd.MetaStatuser from the chain's object maps
+// (gateway.Disk.Layers): the allocation depth, or NBD_STATE_DIRTY where
+// the object is defined above the ancestor snapshot (changed since it).
+func (e *export) MetaStatus(ctx context.Context, name string, offset, length uint64) ([]nbd.MetaExtent, error) {
+	started := time.Now()
+	extents, err := e.metaStatus(ctx, name, offset, length)
+	e.metrics.Observe(metrics.OpBlockStatus, 0, started, err)
+	return extents, err
+}
+
+func (e *export) metaStatus(ctx context.Context, name string, offset, length uint64) ([]nbd.MetaExtent, error) {
+	if name == contextDepth {
+		layers, err := e.disk.Layers(ctx, offset, length)
+		if err != nil {
+			return nil, toNBD(err)
+		}
+		out := make([]nbd.MetaExtent, len(layers))
+		for i, l := range layers {
+			out[i] = nbd.MetaExtent{Length: l.Length, Flags: uint32(l.Depth)}
+		}
+		return out, nil
+	}
+	tag, ok := strings.CutPrefix(name, contextBitmapPrefix)
+	if !ok {
+		return nil, fmt.Errorf("%w: no metadata context %q", nbd.ErrInvalid, name)
+	}
+	// The ancestor's depth and the layers must come from the same chain:
+	// a snapshot of the export taken in between pushes the ancestor one
+	// deeper, and the old depth would miss what changed before it. The
+	// ancestor is resolved before and after reading the layers, and the
+	// read repeated if it moved.
+	for range ancestorAttempts {
+		before, depth, err := e.disk.Ancestor(tag)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", nbd.ErrIO, err)
+		}
+		layers, err := e.disk.Layers(ctx, offset, length)
+		if err != nil {
+			return nil, toNBD(err)
+		}
+		after, depthAfter, err := e.disk.Ancestor(tag)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", nbd.ErrIO, err)
+		}
+		if after.ID != before.ID || depthAfter != depth {
+			continue
+		}
+		out := make([]nbd.MetaExtent, 0, len(layers))
+		for _, l := range layers {
+			flags := uint32(0)
+			if l.Owned(depth) {
+				flags = stateDirty
+			}
+			if n := len(out); n > 0 && out[n-1].Flags == flags {
+				out[n-1].Length += l.Length
+				continue
+			}
+			out = append(out, nbd.MetaExtent{Length: l.Length, Flags: flags})
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("%w: the snapshot chain of %s kept changing while %s was read", nbd.ErrIO, e.disk.VDI().FullName(), name)
 }
 
 func (e *export) Close() error {

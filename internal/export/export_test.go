@@ -67,7 +67,23 @@ func (c *fakeCluster) Tree() []cluster.VDI {
 	return slices.Clone(c.vdis)
 }
 
-func (c *fakeCluster) Chain(id uint32) []uint32 { return []uint32{id} }
+// Chain walks the Parent fields, as the cluster's state does.
+func (c *fakeCluster) Chain(id uint32) []uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var chain []uint32
+	for id != 0 && len(chain) <= len(c.vdis) {
+		chain = append(chain, id)
+		parent := uint32(0)
+		for _, v := range c.vdis {
+			if v.ID == id {
+				parent = v.Parent
+			}
+		}
+		id = parent
+	}
+	return chain
+}
 
 func (c *fakeCluster) SnapshotVDI(ctx context.Context, name, tag, holder string) (cluster.SnapshotResult, error) {
 	return cluster.SnapshotResult{}, errors.New("not in this fake")

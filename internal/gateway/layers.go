@@ -144,6 +144,19 @@ func (d *Disk) Ancestor(name string) (cluster.VDI, int, error) {
 	return Ancestor(d.gateway.cluster.Tree(), chain, name)
 }
 
+// Chain returns the chain (ids, nearest first: the VDI itself, its
+// parent...) of the VDI that an export name opens (NAME, ro/NAME or
+// NAME@TAG) and the tree to resolve it in with Ancestor, from this node's
+// copy of the log: nothing is opened, locked or read. For what an NBD
+// client may select before it opens the export (qemu:dirty-bitmap:TAG).
+func (g *Gateway) Chain(ctx context.Context, name string) (tree []cluster.VDI, chain []uint32, err error) {
+	vdi, err := g.cluster.LookupVDI(ctx, strings.TrimPrefix(name, ReadOnlyPrefix))
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrUnknownVDI, err)
+	}
+	return g.cluster.Tree(), g.cluster.Chain(vdi.ID), nil
+}
+
 // layer is resolve's walk, reporting where it stopped.
 func (g *Gateway) layer(ctx context.Context, state *vdiState, vdi cluster.VDI, chain []uint32, index uint32, refresh bool) (Layer, error) {
 	for depth, id := range chain {

@@ -107,6 +107,58 @@ type Revalidator interface {
 	Revalidate(session Session, export string, writable bool) error
 }
 
+// MetaContexter is optionally implemented by a Backend that serves
+// metadata contexts besides "base:allocation" (which the server answers
+// itself, for every export). It is asked during option haggling, before
+// any export is opened (spec, "Metadata querying").
+type MetaContexter interface {
+	// MetaContexts answers NBD_OPT_LIST_META_CONTEXT (list) or
+	// NBD_OPT_SET_META_CONTEXT (!list) for the export named exportName,
+	// for the client of session. queries are the client's, without those
+	// of the "base:" namespace; for list they may be none, which asks for
+	// every context of the export.
+	//
+	// For list it returns every context of the export that a query
+	// matches (the Backend defines its namespaces' wildcards, such as
+	// QEMU's "qemu:" and "qemu:dirty-bitmap:"); for set, the contexts
+	// selected, each exactly one of the queries. Queries it does not
+	// know are ignored (spec: "the server MUST ignore query strings
+	// belonging to an unknown namespace"). An export that does not
+	// exist, or that the session may not open, should have no contexts,
+	// without an error, so that the answer tells no more than NBD_OPT_GO
+	// would. An error wrapping ErrPermission refuses the option
+	// (NBD_REP_ERR_POLICY); other errors are mapped as Open's.
+	//
+	// What it selects is checked again when the export is opened
+	// (MetaStatuser.HasMetaContext).
+	MetaContexts(ctx context.Context, exportName string, session Session, queries []string, list bool) ([]string, error)
+}
+
+// MetaStatuser is optionally implemented by an Export whose Backend is a
+// MetaContexter: it answers BLOCK_STATUS for the contexts other than
+// base:allocation.
+type MetaStatuser interface {
+	// HasMetaContext reports whether the open export serves the named
+	// context. It is asked when the transmission phase begins, for every
+	// context that NBD_OPT_SET_META_CONTEXT selected for this export: if
+	// one is no longer served (the export changed in between), no context
+	// is selected, and BLOCK_STATUS is refused as if none had been.
+	HasMetaContext(name string) bool
+
+	// MetaStatus describes the range starting at off for the named
+	// context (one HasMetaContext accepted), as consecutive extents from
+	// off, like BlockStatus: it may describe less than length (at least
+	// one non-empty extent), or more; the server trims the answer.
+	MetaStatus(ctx context.Context, name string, off, length uint64) ([]MetaExtent, error)
+}
+
+// MetaExtent is one run of a block status answer for a metadata context
+// other than base:allocation: Flags are that context's status flags.
+type MetaExtent struct {
+	Length uint64
+	Flags  uint32
+}
+
 // ExportSummary is one entry of NBD_OPT_LIST.
 type ExportSummary struct {
 	Name        string

@@ -37,6 +37,12 @@ type connection struct {
 	// The fields below are touched by the connection's goroutine only
 	// (and by startConnection before it starts).
 	negotiation negotiation
+	// contextIDs are the ids given to metadata contexts other than
+	// base:allocation on this connection, so that a context keeps its id
+	// across NBD_OPT_SET_META_CONTEXT options. At most
+	// maximumSelectedContexts per option, and MaxOptions options, bound
+	// it.
+	contextIDs map[string]uint32
 	// options counts the options of the handshake, against MaxOptions.
 	options int
 	// admitted: counted in the Server's MaxConnections; clientKey: the

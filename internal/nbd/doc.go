@@ -12,11 +12,33 @@
 //     NBD_INFO_EXPORT, NBD_INFO_NAME, NBD_INFO_DESCRIPTION and
 //     NBD_INFO_BLOCK_SIZE), NBD_OPT_LIST, NBD_OPT_ABORT,
 //     NBD_OPT_STRUCTURED_REPLY, NBD_OPT_LIST_META_CONTEXT and
-//     NBD_OPT_SET_META_CONTEXT for "base:allocation", NBD_OPT_STARTTLS
-//     (see below); every other option is refused with NBD_REP_ERR_UNSUP;
+//     NBD_OPT_SET_META_CONTEXT (see "Metadata contexts" below),
+//     NBD_OPT_STARTTLS (see below); every other option is refused with
+//     NBD_REP_ERR_UNSUP;
 //   - commands READ, WRITE, DISC, FLUSH, TRIM, CACHE, WRITE_ZEROES and
 //     BLOCK_STATUS, with the flags FUA, NO_HOLE, DF, REQ_ONE and FAST_ZERO,
 //     simple replies and (when negotiated) structured replies.
+//
+// Metadata contexts (spec, "Metadata querying"): "base:allocation" is
+// the server's own, on every export (Export.BlockStatus). A Backend that
+// implements MetaContexter adds its own namespaces, per export; in herd
+// (internal/export):
+//
+//   - "qemu:allocation-depth": the depth in the snapshot chain of the
+//     layer that defines each object, as QEMU defines it (0 unallocated,
+//     1 the export's own VDI, 2 its parent snapshot, ...);
+//   - "qemu:dirty-bitmap:TAG", one per ancestor snapshot of the export:
+//     NBD_STATE_DIRTY (1) where the data changed since that snapshot.
+//
+// LIST takes "base:", "qemu:" and "qemu:dirty-bitmap:" as wildcards, and
+// no query as "everything"; SET selects exact names (at most 64), each
+// with an id that stays the same for the whole connection. The contexts
+// count only if NBD_OPT_GO (or NBD_OPT_EXPORT_NAME) opens the export the
+// last SET named and that export still serves them all; otherwise none
+// is selected and BLOCK_STATUS fails with NBD_EINVAL. BLOCK_STATUS
+// answers one NBD_REPLY_TYPE_BLOCK_STATUS chunk per selected context (one
+// descriptor each under NBD_CMD_FLAG_REQ_ONE), the contexts sharing the
+// spec's cap of 2^20 descriptors per reply.
 //
 // TLS (spec, "TLS support"): with Server.TLSConfig, NBD_OPT_STARTTLS
 // upgrades the connection and option haggling goes on over TLS; the

@@ -96,6 +96,8 @@ func serveScript(t *testing.T, input []byte) []byte {
 	aligned.info.PayloadSizeMaximum = 64 << 10
 	aligned.info.CanFastZero = true
 	aligned.info.CanFUA = false
+	disk.setMeta(contextDepth, []MetaExtent{{Length: 4096, Flags: 1}, {Length: 1<<20 - 4096, Flags: 2}})
+	disk.setMeta(contextS1, []MetaExtent{{Length: 1000, Flags: 0}, {Length: 5000, Flags: 1}, {Length: 1<<20 - 6000, Flags: 0}})
 	backend := newMemoryBackend(disk, aligned)
 	server := &Server{Backend: backend, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	conn := newScriptedConn(input)
@@ -162,6 +164,17 @@ func handshakeSeeds() [][]byte {
 		concat(clientFlagsBytes, binary.BigEndian.AppendUint64(nil, wire.IHaveOptMagic), []byte{0, 0, 0, 7, 0x7f, 0xff, 0xff, 0xff}),
 		concat(clientFlagsBytes, []byte("IHAVEOPU")),
 		{0xff, 0xff, 0xff, 0xff},
+		concat(clientFlagsBytes, clientOption(wire.OptStructuredReply, nil),
+			clientOption(wire.OptListMetaContext, metaContextData("disk", "qemu:")),
+			clientOption(wire.OptListMetaContext, metaContextData("disk@s2", "qemu:dirty-bitmap:", "base:")),
+			clientOption(wire.OptSetMetaContext, metaContextData("disk", wire.BaseAllocation, contextDepth, contextS1, "qemu:dirty-bitmap:nope")),
+			clientOption(wire.OptGo, exportRequestData("disk")),
+			clientRequest(wire.CmdFlagReqOne, wire.CmdBlockStatus, 2, 0, 4096, nil),
+			clientRequest(0, wire.CmdBlockStatus, 3, 100, 1<<20-100, nil)),
+		concat(clientFlagsBytes, clientOption(wire.OptStructuredReply, nil),
+			clientOption(wire.OptSetMetaContext, metaContextData("min512", contextS1)),
+			clientOption(wire.OptGo, exportRequestData("disk")),
+			clientRequest(0, wire.CmdBlockStatus, 2, 0, 4096, nil)),
 	}
 }
 
@@ -195,12 +208,19 @@ func requestSeeds() [][]byte {
 			clientRequest(0, wire.CmdBlockStatus, 3, 0, 0, nil)),
 		concat([]byte{0}, clientRequest(0, wire.CmdWrite, 1, 0, 1<<20, []byte("short"))),
 		concat([]byte{1}, []byte("garbage that is not a request at all")),
+		concat([]byte{5},
+			clientRequest(0, wire.CmdWrite, 1, 0, 4, []byte{1, 2, 3, 4}),
+			clientRequest(0, wire.CmdBlockStatus, 2, 0, 1<<20, nil),
+			clientRequest(wire.CmdFlagReqOne, wire.CmdBlockStatus, 3, 2000, 100, nil),
+			clientRequest(wire.CmdFlagReqOne, wire.CmdBlockStatus, 4, 1<<20-1, 1, nil)),
 	}
 }
 
 // transmissionPrefix negotiates according to mode: bit 0 structured
 // replies and base:allocation, bit 1 the "min512" export (minimum block size
-// 512, 64 KiB payloads, fast zero, no FUA).
+// 512, 64 KiB payloads, fast zero, no FUA), bit 2 (with bit 0) the
+// metadata contexts qemu:allocation-depth and qemu:dirty-bitmap:s1 too
+// (which "disk" serves and "min512" does not).
 func transmissionPrefix(mode byte) []byte {
 	name := "disk"
 	if mode&2 != 0 {
@@ -208,9 +228,13 @@ func transmissionPrefix(mode byte) []byte {
 	}
 	prefix := concat(clientFlagsBytes)
 	if mode&1 != 0 {
+		queries := []string{wire.BaseAllocation}
+		if mode&4 != 0 {
+			queries = append(queries, contextDepth, contextS1)
+		}
 		prefix = concat(prefix,
 			clientOption(wire.OptStructuredReply, nil),
-			clientOption(wire.OptSetMetaContext, metaContextData(name, wire.BaseAllocation)))
+			clientOption(wire.OptSetMetaContext, metaContextData(name, queries...)))
 	}
 	return concat(prefix, clientOption(wire.OptGo, exportRequestData(name)))
 }
@@ -256,7 +280,10 @@ func FuzzRequests(f *testing.F) {
 
 // checkStructuredStream parses server output made of simple replies without
 // payload and structured reply chunks.
+// Every chunk is final but block status chunks, which may be followed by
+// more for the same request (one per metadata context).
 func checkStructuredStream(stream []byte) error {
+	open := map[uint64]bool{} // cookies of replies not yet final
 	for len(stream) > 0 {
 		if len(stream) < 4 {
 			return fmt.Errorf("truncated reply")
@@ -273,13 +300,19 @@ func checkStructuredStream(stream []byte) error {
 			}
 			flags := binary.BigEndian.Uint16(stream[4:])
 			chunkType := binary.BigEndian.Uint16(stream[6:])
+			cookie := binary.BigEndian.Uint64(stream[8:])
 			length := int(binary.BigEndian.Uint32(stream[16:]))
 			if len(stream) < wire.StructuredReplyHeaderLength+length {
 				return fmt.Errorf("truncated chunk payload")
 			}
 			payload := stream[wire.StructuredReplyHeaderLength : wire.StructuredReplyHeaderLength+length]
-			if flags != wire.ReplyFlagDone {
+			if flags != wire.ReplyFlagDone && (flags != 0 || chunkType != wire.ReplyTypeBlockStatus) {
 				return fmt.Errorf("chunk flags %#x", flags)
+			}
+			if flags == 0 {
+				open[cookie] = true
+			} else {
+				delete(open, cookie)
 			}
 			switch chunkType {
 			case wire.ReplyTypeNone:
@@ -310,6 +343,9 @@ func checkStructuredStream(stream []byte) error {
 		default:
 			return fmt.Errorf("reply magic %#x", binary.BigEndian.Uint32(stream))
 		}
+	}
+	if len(open) != 0 {
+		return fmt.Errorf("replies without a final chunk: %v", open)
 	}
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 
 	"github.com/herd-storage/herd/internal/nbd/wire"
 )
@@ -20,12 +22,18 @@ type negotiation struct {
 	clientFlags uint32
 	// structuredReplies is set by NBD_OPT_STRUCTURED_REPLY.
 	structuredReplies bool
-	// allocationSelected is set when the last NBD_OPT_SET_META_CONTEXT
-	// selected base:allocation for metaContextExport. BLOCK_STATUS is only
-	// valid if the export then opened has the same name (spec,
-	// "NBD_OPT_SET_META_CONTEXT").
-	allocationSelected bool
-	metaContextExport  string
+	// contexts are the metadata contexts the last NBD_OPT_SET_META_CONTEXT
+	// selected for metaContextExport, in the order of its replies.
+	// BLOCK_STATUS is only valid if the export then opened has the same
+	// name (spec, "NBD_OPT_SET_META_CONTEXT").
+	contexts          []metaContext
+	metaContextExport string
+}
+
+// metaContext is one selected metadata context and the id it was given.
+type metaContext struct {
+	id   uint32
+	name string
 }
 
 // negotiate runs the handshake until the client enters the transmission phase
@@ -171,7 +179,7 @@ func (c *connection) handleOption(ctx context.Context, option uint32, data []byt
 		c.negotiation.structuredReplies = true
 		return nil, c.sendOptionReply(option, wire.RepAck)
 	case wire.OptListMetaContext, wire.OptSetMetaContext:
-		return nil, c.metaContext(option, data)
+		return nil, c.metaContext(ctx, option, data)
 	default:
 		// Spec, "Baseline": unknown options get NBD_REP_ERR_UNSUP. This
 		// includes NBD_OPT_EXTENDED_HEADERS, not implemented yet.
@@ -309,14 +317,15 @@ func (c *connection) list(ctx context.Context, data []byte) error {
 }
 
 // metaContext handles NBD_OPT_LIST_META_CONTEXT and NBD_OPT_SET_META_CONTEXT
-// (spec, "Metadata querying" and the two options). The only context is
-// base:allocation.
-func (c *connection) metaContext(option uint32, data []byte) error {
+// (spec, "Metadata querying" and the two options). base:allocation is
+// this server's own; a Backend that is a MetaContexter answers for every
+// other namespace.
+func (c *connection) metaContext(ctx context.Context, option uint32, data []byte) error {
 	set := option == wire.OptSetMetaContext
 	if set {
 		// "Issuing this command replaces all previously-set metadata
 		// contexts (including when this command fails)".
-		c.negotiation.allocationSelected = false
+		c.negotiation.contexts = nil
 		c.negotiation.metaContextExport = ""
 	}
 	if !c.negotiation.structuredReplies {
@@ -326,41 +335,108 @@ func (c *connection) metaContext(option uint32, data []byte) error {
 	if err != nil {
 		return c.sendOptionReply(option, wire.RepErrInvalid, []byte(messageFor(err)))
 	}
-	selected := false
-	if !set && len(request.queries) == 0 {
-		// "If zero queries are sent, then the server MUST return all the
-		// metadata contexts that are available".
-		selected = true
-	}
+	// "If zero queries are sent, then the server MUST return all the
+	// metadata contexts that are available" (LIST), and "MUST select no
+	// metadata contexts" (SET).
+	all := !set && len(request.queries) == 0
+	allocation := all
+	var others []string
 	for _, query := range request.queries {
-		switch {
-		case query == wire.BaseAllocation:
-			selected = true
-		case query == "base:" && !set:
-			// "base:" is a wildcard for LIST and ignored by SET (spec,
-			// "The base: metadata namespace").
-			selected = true
+		if strings.HasPrefix(query, "base:") {
+			// "base:" is a wildcard for LIST and ignored by SET, an
+			// unknown leaf name "MUST" be ignored (spec, "The base:
+			// metadata namespace").
+			if query == wire.BaseAllocation || (query == "base:" && !set) {
+				allocation = true
+			}
+			continue
 		}
-		// Unknown namespaces and leaf names "MUST" be ignored.
+		// Other namespaces are the Backend's; what it does not know it
+		// ignores, as the spec requires.
+		others = append(others, query)
 	}
-	if selected {
+	var names []string
+	if allocation {
+		names = append(names, wire.BaseAllocation)
+	}
+	if backend, ok := c.server.Backend.(MetaContexter); ok && (all || len(others) > 0) {
+		found, err := backend.MetaContexts(ctx, request.exportName, c.session, others, !set)
+		if err != nil {
+			c.logger.Info("nbd: cannot answer a metadata context query", "export", request.exportName, "error", err)
+			return c.sendOptionReply(option, optionReplyFor(err), []byte(messageFor(err)))
+		}
+		names = append(names, c.checkMetaContexts(found, others, set)...)
+	}
+	if set && len(names) > maximumSelectedContexts {
+		// "The server MAY return NBD_REP_ERR_TOO_BIG if a request seeks
+		// to select too many contexts."
+		message := fmt.Sprintf("nbd: %d metadata contexts selected; at most %d may be", len(names), maximumSelectedContexts)
+		return c.sendOptionReply(option, wire.RepErrTooBig, []byte(message))
+	}
+	var selected []metaContext
+	for _, name := range names {
 		// The id in replies to LIST "is reserved and SHOULD be set to
 		// zero".
 		id := uint32(0)
 		if set {
-			id = allocationContextID
+			id = c.contextID(name)
+			selected = append(selected, metaContext{id: id, name: name})
 		}
-		payload := binary.BigEndian.AppendUint32(nil, id)
-		payload = append(payload, wire.BaseAllocation...)
+		payload := binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(name)), id)
+		payload = append(payload, name...)
 		if err := c.sendOptionReply(option, wire.RepMetaContext, payload); err != nil {
 			return err
 		}
 	}
 	if set {
-		c.negotiation.allocationSelected = selected
+		c.negotiation.contexts = selected
 		c.negotiation.metaContextExport = request.exportName
 	}
 	return c.sendOptionReply(option, wire.RepAck)
+}
+
+// checkMetaContexts keeps, of the contexts a Backend found, those the
+// protocol can carry, outside the base: namespace, once each and, for
+// SET, only those a query named exactly (the server "MUST" reply with the
+// contexts selected, and a client cannot interpret others).
+func (c *connection) checkMetaContexts(found, queries []string, set bool) []string {
+	seen := make(map[string]bool, len(found))
+	var out []string
+	for _, name := range found {
+		namespace, _, hasColon := strings.Cut(name, ":")
+		switch {
+		case seen[name]:
+			continue
+		case !validString([]byte(name)) || !hasColon || namespace == "" || namespace == "base":
+			c.logger.Error("nbd: backend bug: invalid metadata context name", "context", name)
+			continue
+		case set && !slices.Contains(queries, name):
+			c.logger.Error("nbd: backend bug: selected a metadata context no query named", "context", name)
+			continue
+		}
+		seen[name] = true
+		out = append(out, name)
+	}
+	return out
+}
+
+// contextID returns the id of a metadata context on this connection:
+// the same name gets the same id in every NBD_OPT_SET_META_CONTEXT of
+// the connection (the spec only requires ids unique among the contexts
+// selected). base:allocation is always allocationContextID.
+func (c *connection) contextID(name string) uint32 {
+	if name == wire.BaseAllocation {
+		return allocationContextID
+	}
+	if id, ok := c.contextIDs[name]; ok {
+		return id
+	}
+	if c.contextIDs == nil {
+		c.contextIDs = make(map[string]uint32)
+	}
+	id := allocationContextID + 1 + uint32(len(c.contextIDs))
+	c.contextIDs[name] = id
+	return id
 }
 
 // openExport opens name through the Backend and validates what it reports.

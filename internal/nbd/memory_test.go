@@ -20,6 +20,8 @@ type memoryBackend struct {
 	// sessions records the session of every List and Open call, for
 	// tests of what the server tells the Backend about its client.
 	sessions []Session
+	// metaError, if set, is what MetaContexts returns.
+	metaError error
 }
 
 // recordedSessions returns the sessions of the List and Open calls so far.
@@ -83,6 +85,47 @@ func (b *memoryBackend) Open(ctx context.Context, name string, session Session) 
 	return &memoryExport{disk: disk, info: info, holder: disk.exclusive && !readOnly}, nil
 }
 
+// MetaContexts implements MetaContexter with each disk's meta contexts:
+// a LIST query ending in ':' matches every context it prefixes.
+func (b *memoryBackend) MetaContexts(ctx context.Context, exportName string, session Session, queries []string, list bool) ([]string, error) {
+	base, _, _ := strings.Cut(strings.TrimPrefix(exportName, "ro/"), "@")
+	b.mu.Lock()
+	disk := b.disks[base]
+	b.mu.Unlock()
+	if b.metaError != nil {
+		return nil, b.metaError
+	}
+	if disk == nil {
+		return nil, nil
+	}
+	disk.mu.RLock()
+	defer disk.mu.RUnlock()
+	var names []string
+	for name := range disk.meta {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var out []string
+	if !list {
+		for _, query := range queries {
+			if _, ok := disk.meta[query]; ok {
+				out = append(out, query)
+			}
+		}
+		return out, nil
+	}
+	for _, name := range names {
+		matched := len(queries) == 0
+		for _, query := range queries {
+			matched = matched || query == name || (strings.HasSuffix(query, ":") && strings.HasPrefix(name, query))
+		}
+		if matched {
+			out = append(out, name)
+		}
+	}
+	return out, nil
+}
+
 // memoryDisk is one sparse disk.
 type memoryDisk struct {
 	name        string
@@ -99,9 +142,27 @@ type memoryDisk struct {
 	closes  atomic.Int64
 	misuses atomic.Int64
 
-	mu     sync.RWMutex // guards blocks and holder
+	mu     sync.RWMutex // guards blocks, holder and meta
 	blocks map[uint64][]byte
 	holder *Session
+	// meta are the disk's metadata contexts besides base:allocation and
+	// the extents each answers from offset 0 (tests set them).
+	meta map[string][]MetaExtent
+}
+
+// setMeta gives the disk a metadata context answering extents (nil
+// removes it).
+func (d *memoryDisk) setMeta(name string, extents []MetaExtent) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.meta == nil {
+		d.meta = map[string][]MetaExtent{}
+	}
+	if extents == nil {
+		delete(d.meta, name)
+		return
+	}
+	d.meta[name] = extents
 }
 
 func newMemoryDisk(name string, size uint64) *memoryDisk {
@@ -270,6 +331,39 @@ func (e *memoryExport) BlockStatus(ctx context.Context, off, length uint64) ([]E
 		position += n
 	}
 	return extents, nil
+}
+
+// HasMetaContext implements MetaStatuser.
+func (e *memoryExport) HasMetaContext(name string) bool {
+	e.disk.mu.RLock()
+	defer e.disk.mu.RUnlock()
+	_, ok := e.disk.meta[name]
+	return ok
+}
+
+// MetaStatus implements MetaStatuser: the context's extents from off,
+// the first one cut at off.
+func (e *memoryExport) MetaStatus(ctx context.Context, name string, off, length uint64) ([]MetaExtent, error) {
+	if err := e.gate(ctx, "meta-status"); err != nil {
+		return nil, err
+	}
+	e.disk.mu.RLock()
+	defer e.disk.mu.RUnlock()
+	extents, ok := e.disk.meta[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: no context %q", ErrInvalid, name)
+	}
+	var out []MetaExtent
+	position := uint64(0)
+	for _, extent := range extents {
+		end := position + extent.Length
+		if end > off {
+			start := max(position, off)
+			out = append(out, MetaExtent{Length: end - start, Flags: extent.Flags})
+		}
+		position = end
+	}
+	return out, nil
 }
 
 func (e *memoryExport) Close() error {

@@ -42,8 +42,9 @@ type transmission struct {
 	flags             uint16
 	exportName        string
 	structuredReplies bool
-	// blockStatus: base:allocation was selected for this export.
-	blockStatus bool
+	// contexts are the metadata contexts selected for this export, in the
+	// order their chunks are sent; none: BLOCK_STATUS is refused.
+	contexts []metaContext
 
 	// ctx is passed to every Export call; cancel is called on a hard
 	// disconnect so that the calls in flight give up.
@@ -79,12 +80,39 @@ func (c *connection) newTransmission(export Export, info ExportInfo, flags uint1
 		flags:             flags,
 		exportName:        name,
 		structuredReplies: c.negotiation.structuredReplies,
-		blockStatus:       c.negotiation.allocationSelected && c.negotiation.metaContextExport == name,
+		contexts:          c.selectedContexts(export, name),
 		slots:             make(chan struct{}, c.server.maxRequestsInFlight()),
 		budget:            bufpool.NewBudget(c.server.maxBufferedBytes()),
 		client:            c.server.clientMemory(c.clientKey),
 		memory:            c.server.memoryBudgetShared(),
 	}
+}
+
+// selectedContexts returns the metadata contexts BLOCK_STATUS answers for
+// on export, opened as name: those the last NBD_OPT_SET_META_CONTEXT
+// selected, if it named this export ("A client MUST NOT send
+// NBD_CMD_BLOCK_STATUS unless ... the final time it was sent, it
+// referred to the same export name"), and if the export still serves
+// every one of them. Otherwise none: a client that sends BLOCK_STATUS
+// anyway gets NBD_EINVAL, as when it selected none (spec, "Metadata
+// querying"), rather than chunks missing for some of its context ids.
+func (c *connection) selectedContexts(export Export, name string) []metaContext {
+	contexts := c.negotiation.contexts
+	if len(contexts) == 0 || c.negotiation.metaContextExport != name {
+		return nil
+	}
+	statuser, _ := export.(MetaStatuser)
+	for _, context := range contexts {
+		if context.name == wire.BaseAllocation {
+			continue
+		}
+		if statuser == nil || !statuser.HasMetaContext(context.name) {
+			c.logger.Info("nbd: a selected metadata context is not served by the export opened; BLOCK_STATUS will be refused",
+				"export", name, "context", context.name)
+			return nil
+		}
+	}
+	return contexts
 }
 
 // serve runs the transmission phase to its end: it returns once every request
@@ -307,7 +335,7 @@ func (t *transmission) validate(r wire.RequestHeader) (wire.Errno, string) {
 			return wire.ENOSPC, "nbd: write zeroes beyond the end of the export"
 		}
 	case wire.CmdBlockStatus:
-		if !t.blockStatus {
+		if len(t.contexts) == 0 {
 			// "Servers SHOULD reply with NBD_EINVAL to clients sending
 			// NBD_CMD_BLOCK_STATUS without selecting at least one
 			// metadata context."
@@ -422,54 +450,98 @@ func (t *transmission) read(r wire.RequestHeader) {
 }
 
 func (t *transmission) blockStatusReply(r wire.RequestHeader) {
-	extents, err := t.export.BlockStatus(t.ctx, r.Offset, uint64(r.Length))
-	if err != nil {
-		t.replyError(r, errnoFor(err), messageFor(err))
-		return
+	// One NBD_REPLY_TYPE_BLOCK_STATUS chunk per selected context, the last
+	// one final (spec, "NBD_CMD_BLOCK_STATUS"). Every answer is computed
+	// before any chunk is sent, so that a failure is one error chunk.
+	// The contexts share the spec's cap of 2^20 descriptors, so that a
+	// reply never holds more than one context's worth did before.
+	requestOne := r.Flags&wire.CmdFlagReqOne != 0
+	limit := wire.MaximumBlockStatusDescriptors / len(t.contexts)
+	parts := make([][]byte, 0, 2*len(t.contexts))
+	for i, context := range t.contexts {
+		var descriptors []byte
+		if context.name == wire.BaseAllocation {
+			extents, err := t.export.BlockStatus(t.ctx, r.Offset, uint64(r.Length))
+			if err != nil {
+				t.replyError(r, errnoFor(err), messageFor(err))
+				return
+			}
+			descriptors = encodeDescriptors(len(extents), func(i int) (uint64, uint32) {
+				return extents[i].Length, allocationFlags(extents[i])
+			}, r.Length, requestOne, limit)
+		} else {
+			// selectedContexts checked that the export serves it.
+			extents, err := t.export.(MetaStatuser).MetaStatus(t.ctx, context.name, r.Offset, uint64(r.Length))
+			if err != nil {
+				t.replyError(r, errnoFor(err), messageFor(err))
+				return
+			}
+			descriptors = encodeDescriptors(len(extents), func(i int) (uint64, uint32) {
+				return extents[i].Length, extents[i].Flags
+			}, r.Length, requestOne, limit)
+		}
+		flags := uint16(0)
+		if i == len(t.contexts)-1 {
+			flags = wire.ReplyFlagDone
+		}
+		header := chunkHeader(r.Cookie, flags, wire.ReplyTypeBlockStatus, uint32(4+len(descriptors)))
+		header = binary.BigEndian.AppendUint32(header, context.id)
+		parts = append(parts, header, descriptors)
 	}
-	descriptors := encodeExtents(extents, r.Length, r.Flags&wire.CmdFlagReqOne != 0)
-	header := chunkHeader(r.Cookie, wire.ReplyFlagDone, wire.ReplyTypeBlockStatus, uint32(4+len(descriptors)))
-	header = binary.BigEndian.AppendUint32(header, allocationContextID)
-	t.send(header, descriptors)
+	t.send(parts...)
 }
 
-// encodeExtents turns a Backend's extents into NBD_REPLY_TYPE_BLOCK_STATUS
-// descriptors (32 bits length, 32 bits flags) for a request of length bytes.
-// It enforces the spec's rules whatever the Backend returned: no empty
-// descriptor, at least one descriptor, lengths summing to at most the
-// request (the spec lets the last one go further, but the range beyond may be
-// past the end of the export), one descriptor under REQ_ONE, at most 2^20
-// descriptors; consecutive extents with equal flags are merged ("The server
-// SHOULD use different status values between consecutive descriptors").
+// allocationFlags are an Extent's base:allocation status flags.
+func allocationFlags(extent Extent) uint32 {
+	flags := uint32(0)
+	if extent.Hole {
+		flags |= wire.StateHole
+	}
+	if extent.Zero {
+		flags |= wire.StateZero
+	}
+	return flags
+}
+
+// encodeExtents turns a Backend's base:allocation extents into
+// descriptors (see encodeDescriptors) with the spec's cap of 2^20.
 func encodeExtents(extents []Extent, length uint32, requestOne bool) []byte {
+	return encodeDescriptors(len(extents), func(i int) (uint64, uint32) {
+		return extents[i].Length, allocationFlags(extents[i])
+	}, length, requestOne, wire.MaximumBlockStatusDescriptors)
+}
+
+// encodeDescriptors turns n extents (extent(i) is the i-th's length and
+// status flags) into NBD_REPLY_TYPE_BLOCK_STATUS descriptors (32 bits
+// length, 32 bits flags) for a request of length bytes. It enforces the
+// spec's rules whatever the Backend returned: no empty descriptor, at
+// least one descriptor, lengths summing to at most the request (the spec
+// lets the last one go further, but the range beyond may be past the end
+// of the export), one descriptor under REQ_ONE, at most limit
+// descriptors; consecutive extents with equal flags are merged ("The
+// server SHOULD use different status values between consecutive
+// descriptors").
+func encodeDescriptors(n int, extent func(i int) (uint64, uint32), length uint32, requestOne bool, limit int) []byte {
 	var descriptors []byte
 	var count int
 	var previousFlags uint32
 	remaining := length
-	for _, extent := range extents {
-		if remaining == 0 || extent.Length == 0 {
-			if remaining == 0 {
-				break
-			}
+	for i := 0; i < n && remaining > 0; i++ {
+		extentLength, flags := extent(i)
+		if extentLength == 0 {
 			continue
 		}
-		flags := uint32(0)
-		if extent.Hole {
-			flags |= wire.StateHole
-		}
-		if extent.Zero {
-			flags |= wire.StateZero
-		}
-		piece := uint32(min(extent.Length, uint64(remaining)))
-		remaining -= piece
+		piece := uint32(min(extentLength, uint64(remaining)))
 		if count > 0 && flags == previousFlags {
+			remaining -= piece
 			last := descriptors[len(descriptors)-8:]
 			binary.BigEndian.PutUint32(last, binary.BigEndian.Uint32(last)+piece)
 			continue
 		}
-		if count == wire.MaximumBlockStatusDescriptors || (requestOne && count == 1) {
+		if count >= limit || (requestOne && count == 1) {
 			break
 		}
+		remaining -= piece
 		descriptors = binary.BigEndian.AppendUint32(descriptors, piece)
 		descriptors = binary.BigEndian.AppendUint32(descriptors, flags)
 		previousFlags = flags

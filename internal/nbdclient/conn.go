@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -43,6 +44,15 @@ type Extent struct {
 	// Zero: the range reads as zeroes (NBD_STATE_ZERO). A hole without
 	// Zero has undefined contents.
 	Zero bool
+}
+
+// MetaExtent is one run of a block status answer for a metadata context
+// other than base:allocation (Conn.MetaStatus): Flags are that context's
+// status flags (for qemu:dirty-bitmap:TAG, 1 is dirty; for
+// qemu:allocation-depth, the depth).
+type MetaExtent struct {
+	Length uint64
+	Flags  uint32
 }
 
 // Conn is a connection to one export in the transmission phase. It is safe
@@ -141,6 +151,34 @@ func (c *Conn) StructuredReplies() bool { return c.structuredReplies }
 // CanBlockStatus: BlockStatus is available (base:allocation was selected).
 func (c *Conn) CanBlockStatus() bool { return c.blockStatus }
 
+// MetaContexts returns the contexts of Dialer.MetaContexts that the
+// server selected, sorted: those MetaStatus reads.
+func (c *Conn) MetaContexts() []string {
+	names := make([]string, 0, len(c.metaIDs))
+	for name := range c.metaIDs {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// CanMetaStatus: MetaStatus can read the named context (the server
+// selected it).
+func (c *Conn) CanMetaStatus(name string) bool {
+	_, ok := c.metaIDs[name]
+	return ok
+}
+
+// selectedContexts is the number of contexts every BLOCK_STATUS reply
+// answers for.
+func (c *Conn) selectedContexts() int {
+	n := len(c.metaIDs)
+	if c.blockStatus {
+		n++
+	}
+	return n
+}
+
 // BlockSizes returns the server's minimum block size (every offset and
 // length must be a multiple, except a length reaching the end of the
 // export), its preferred block size, and the largest READ or WRITE payload
@@ -161,8 +199,10 @@ type call struct {
 	// Touched by the reply reader only, until it finishes the call.
 	covered      []interval // READ: parts received, sorted, merged
 	coveredBytes uint64
-	sawStatus    bool
+	want         uint32   // BLOCK_STATUS: the context id whose extents are kept
+	seen         []uint32 // BLOCK_STATUS: the context ids answered so far
 	building     []Extent
+	buildingMeta []MetaExtent
 	chunkError   error // first error chunk
 
 	// Guarded by Conn.mu.
@@ -171,6 +211,7 @@ type call struct {
 	finished  bool
 	err       error
 	extents   []Extent
+	meta      []MetaExtent
 }
 
 // interval is a half-open byte range [start, end) relative to the request.
@@ -216,6 +257,9 @@ func (c *Conn) finishLocked(call *call, err error, extents []Extent) {
 	call.finished = true
 	call.err = err
 	call.extents = extents
+	if err == nil {
+		call.meta = call.buildingMeta
+	}
 	if c.pending[call.handle] == call {
 		delete(c.pending, call.handle)
 	}
@@ -539,26 +583,67 @@ func (c *Conn) BlockStatus(ctx context.Context, offset, length uint64) ([]Extent
 	if !c.blockStatus {
 		return nil, fmt.Errorf("%w: BLOCK_STATUS (base:allocation)", ErrUnsupported)
 	}
-	if err := c.checkRange(offset, length); err != nil {
-		return nil, err
-	}
 	var extents []Extent
-	for done := uint64(0); done < length; {
-		call := &call{command: wire.CmdBlockStatus, offset: offset + done, length: uint32(min(length-done, maximumRequestLength))}
-		if err := c.send(ctx, call, 0, nil); err != nil {
-			return nil, err
-		}
-		if err := c.wait(ctx, call); err != nil {
-			return nil, err
-		}
+	err := c.blockStatus64(ctx, c.allocationID, offset, length, func(call *call) (done uint64) {
 		for _, extent := range call.extents {
-			// The reader guarantees a non-empty answer within the
-			// request, so every round makes progress.
 			done += extent.Length
 			extents = appendExtent(extents, extent)
 		}
+		return done
+	})
+	return extents, err
+}
+
+// MetaStatus describes [offset, offset+length) in the metadata context
+// name, one of Dialer.MetaContexts that the server selected
+// (CanMetaStatus), as consecutive extents covering exactly that range,
+// equal neighbours merged; it asks again where the server answered for
+// less. The server answers every BLOCK_STATUS for every selected context;
+// the other contexts' answers are checked and dropped.
+func (c *Conn) MetaStatus(ctx context.Context, name string, offset, length uint64) ([]MetaExtent, error) {
+	id, ok := c.metaIDs[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: metadata context %q was not selected", ErrUnsupported, name)
 	}
-	return extents, nil
+	var extents []MetaExtent
+	err := c.blockStatus64(ctx, id, offset, length, func(call *call) (done uint64) {
+		for _, extent := range call.meta {
+			done += extent.Length
+			extents = appendMetaExtent(extents, extent)
+		}
+		return done
+	})
+	return extents, err
+}
+
+// blockStatus64 sends BLOCK_STATUS requests keeping context id's answer
+// until collect, given each finished call, has accounted for length
+// bytes.
+func (c *Conn) blockStatus64(ctx context.Context, id uint32, offset, length uint64, collect func(*call) uint64) error {
+	if err := c.checkRange(offset, length); err != nil {
+		return err
+	}
+	for done := uint64(0); done < length; {
+		call := &call{command: wire.CmdBlockStatus, offset: offset + done, length: uint32(min(length-done, maximumRequestLength)), want: id}
+		if err := c.send(ctx, call, 0, nil); err != nil {
+			return err
+		}
+		if err := c.wait(ctx, call); err != nil {
+			return err
+		}
+		// The reader guarantees a non-empty answer within the request,
+		// so every round makes progress.
+		done += collect(call)
+	}
+	return nil
+}
+
+func appendMetaExtent(extents []MetaExtent, extent MetaExtent) []MetaExtent {
+	if last := len(extents) - 1; last >= 0 && extents[last].Flags == extent.Flags {
+		extents[last].Length += extent.Length
+		return extents
+	}
+	return append(extents, extent)
 }
 
 func appendExtent(extents []Extent, extent Extent) []Extent {
@@ -836,8 +921,13 @@ func (c *Conn) complete(call *call) error {
 			return protocolError("the reply to %s covers only %d bytes", call.describe(), call.coveredBytes)
 		}
 	case wire.CmdBlockStatus:
-		if !call.sawStatus {
+		// "A successful block status request MUST have exactly one
+		// status chunk per negotiated metadata context ID."
+		if len(call.seen) == 0 {
 			return protocolError("the reply to %s has no block status chunk", call.describe())
+		}
+		if len(call.seen) != c.selectedContexts() {
+			return protocolError("the reply to %s has block status for %d of the %d metadata contexts selected", call.describe(), len(call.seen), c.selectedContexts())
 		}
 	}
 	c.finish(call, nil, call.building)
@@ -944,14 +1034,20 @@ func (c *Conn) blockStatusChunk(call *call, length uint32) error {
 	if err := c.readFull(field[:4]); err != nil {
 		return err
 	}
-	if id := binary.BigEndian.Uint32(field[:4]); id != c.allocationID {
+	id := binary.BigEndian.Uint32(field[:4])
+	if !c.contextSelected(id) {
 		return protocolError("block status for metadata context %d, which was not selected", id)
 	}
-	if call.sawStatus {
+	if slices.Contains(call.seen, id) {
 		// "This chunk type MUST appear exactly once per metadata ID".
-		return protocolError("two block status chunks in the reply to %s", call.describe())
+		return protocolError("two block status chunks for one context in the reply to %s", call.describe())
 	}
-	call.sawStatus = true
+	call.seen = append(call.seen, id)
+	// Only the wanted context's extents are kept (a reply never makes
+	// the client hold more than one context's answer); the others are
+	// checked all the same.
+	keep := id == call.want
+	allocation := c.blockStatus && id == c.allocationID
 	remaining := uint64(call.length)
 	for range count {
 		if err := c.readFull(field[:]); err != nil {
@@ -967,11 +1063,30 @@ func (c *Conn) blockStatusChunk(call *call, length uint32) error {
 		}
 		n = min(n, remaining)
 		remaining -= n
-		// Unknown status bits are ignored ("clients MUST ignore unknown
-		// flags").
-		call.building = appendExtent(call.building, Extent{Length: n, Hole: status&wire.StateHole != 0, Zero: status&wire.StateZero != 0})
+		switch {
+		case !keep:
+		case allocation:
+			// Unknown status bits are ignored ("clients MUST ignore
+			// unknown flags").
+			call.building = appendExtent(call.building, Extent{Length: n, Hole: status&wire.StateHole != 0, Zero: status&wire.StateZero != 0})
+		default:
+			call.buildingMeta = appendMetaExtent(call.buildingMeta, MetaExtent{Length: n, Flags: status})
+		}
 	}
 	return nil
+}
+
+// contextSelected reports whether id is the id of a selected context.
+func (c *Conn) contextSelected(id uint32) bool {
+	if c.blockStatus && id == c.allocationID {
+		return true
+	}
+	for _, selected := range c.metaIDs {
+		if selected == id {
+			return true
+		}
+	}
+	return false
 }
 
 // errorChunk handles error chunks (spec, "Structured reply types"): 32 bits

@@ -9,13 +9,16 @@
 //   - the fixed newstyle handshake (NBD_FLAG_C_FIXED_NEWSTYLE, and
 //     NBD_FLAG_C_NO_ZEROES when offered); oldstyle servers are refused;
 //   - options NBD_OPT_STRUCTURED_REPLY, NBD_OPT_SET_META_CONTEXT for
-//     "base:allocation", NBD_OPT_GO asking for NBD_INFO_BLOCK_SIZE (with a
+//     "base:allocation" and the contexts of Dialer.MetaContexts (such as
+//     "qemu:dirty-bitmap:TAG"), NBD_OPT_GO asking for NBD_INFO_BLOCK_SIZE (with a
 //     fall back to NBD_OPT_EXPORT_NAME for servers that answer
 //     NBD_REP_ERR_UNSUP), and NBD_OPT_ABORT to leave politely;
 //   - commands READ (simple replies, or structured replies with
 //     OFFSET_DATA, OFFSET_HOLE and error chunks), WRITE (with FUA), FLUSH,
 //     TRIM, WRITE_ZEROES (with NO_HOLE, FAST_ZERO), BLOCK_STATUS for
-//     base:allocation, and DISC.
+//     base:allocation (Conn.BlockStatus) and the other selected contexts
+//     (Conn.MetaStatus; every reply carries one chunk per selected
+//     context, and only the asked one's extents are kept), and DISC.
 //
 // Concurrency model: a Conn is safe for concurrent use. Any number of
 // requests may be in flight; each caller writes its request (header and
@@ -35,6 +38,6 @@
 // without end while the caller's context is live.
 //
 // Not implemented: TLS, extended headers (NBD_OPT_EXTENDED_HEADERS, 64-bit
-// lengths), NBD_CMD_CACHE, NBD_CMD_RESIZE, metadata contexts other than
-// base:allocation.
+// lengths), NBD_CMD_CACHE, NBD_CMD_RESIZE, NBD_OPT_LIST_META_CONTEXT
+// (contexts are selected by exact name).
 package nbdclient

@@ -32,7 +32,7 @@ func (c *fuzzConn) SetWriteDeadline(t time.Time) error { return nil }
 func fuzzCalls() []*call {
 	return []*call{
 		{command: wire.CmdRead, offset: 4096, length: 4096, buffer: make([]byte, 4096)},
-		{command: wire.CmdBlockStatus, offset: 0, length: 1 << 20},
+		{command: wire.CmdBlockStatus, offset: 0, length: 1 << 20, want: 7},
 		{command: wire.CmdWrite, offset: 512, length: 100},
 		{command: wire.CmdFlush},
 		{command: wire.CmdRead, offset: 1<<20 - 100, length: 100, buffer: make([]byte, 100)},

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,9 +33,17 @@ type Dialer struct {
 	// with simple replies only (and BLOCK_STATUS is unavailable). For
 	// tests and for servers whose structured replies are broken.
 	SimpleReplies bool
-	// NoMetaContext skips NBD_OPT_SET_META_CONTEXT: BLOCK_STATUS is
-	// unavailable.
+	// NoMetaContext does not select base:allocation: BlockStatus is
+	// unavailable. Without MetaContexts, NBD_OPT_SET_META_CONTEXT is not
+	// sent at all.
 	NoMetaContext bool
+	// MetaContexts are metadata contexts to select besides
+	// base:allocation, by their exact names (such as
+	// "qemu:dirty-bitmap:TAG" or "qemu:allocation-depth"), in the same
+	// NBD_OPT_SET_META_CONTEXT. Those the server does not select are not
+	// an error: Conn.MetaContexts says which it did. Read them with
+	// Conn.MetaStatus. At most MaximumMetaContexts.
+	MetaContexts []string
 	// HandshakeTimeout bounds the handshake when ctx has no deadline. Zero
 	// means 30 s.
 	HandshakeTimeout time.Duration
@@ -78,6 +87,9 @@ func (d *Dialer) Dial(ctx context.Context, address, exportName string) (*Conn, e
 func (d *Dialer) Handshake(ctx context.Context, netConn net.Conn, exportName string) (*Conn, error) {
 	if len(exportName) > wire.MaximumStringLength {
 		return nil, fmt.Errorf("%w: export name of %d bytes (the limit is %d)", ErrInvalid, len(exportName), wire.MaximumStringLength)
+	}
+	if err := d.checkMetaContexts(); err != nil {
+		return nil, err
 	}
 	deadline, ok := ctx.Deadline()
 	if !ok {
@@ -124,6 +136,23 @@ func (d *Dialer) Handshake(ctx context.Context, netConn net.Conn, exportName str
 	return newConn(h.netConn, h.reader, state), nil
 }
 
+// MaximumMetaContexts is the most Dialer.MetaContexts may name.
+const MaximumMetaContexts = 32
+
+// checkMetaContexts refuses context names the option cannot carry.
+func (d *Dialer) checkMetaContexts() error {
+	if len(d.MetaContexts) > MaximumMetaContexts {
+		return fmt.Errorf("%w: %d metadata contexts (at most %d)", ErrInvalid, len(d.MetaContexts), MaximumMetaContexts)
+	}
+	for _, name := range d.MetaContexts {
+		namespace, leaf, ok := strings.Cut(name, ":")
+		if !ok || namespace == "" || leaf == "" || len(name) > wire.MaximumStringLength {
+			return fmt.Errorf("%w: metadata context %q: want NAMESPACE:NAME of at most %d bytes", ErrInvalid, name, wire.MaximumStringLength)
+		}
+	}
+	return nil
+}
+
 func remoteAddress(netConn net.Conn) string {
 	if address := netConn.RemoteAddr(); address != nil {
 		return address.String()
@@ -133,12 +162,15 @@ func remoteAddress(netConn net.Conn) string {
 
 // negotiated is what the handshake learnt; it does not change afterwards.
 type negotiated struct {
-	exportName         string
-	size               uint64
-	flags              uint16 // transmission flags
-	structuredReplies  bool
-	blockStatus        bool   // base:allocation selected for this export
-	allocationID       uint32 // its context id
+	exportName        string
+	size              uint64
+	flags             uint16 // transmission flags
+	structuredReplies bool
+	blockStatus       bool   // base:allocation selected for this export
+	allocationID      uint32 // its context id
+	// metaIDs are the other contexts selected (Dialer.MetaContexts), by
+	// name: their ids.
+	metaIDs            map[string]uint32
 	blockSizeMinimum   uint32
 	blockSizePreferred uint32
 	payloadMaximum     uint32 // largest READ or WRITE this client sends
@@ -203,7 +235,7 @@ func (h *handshake) run() (negotiated, error) {
 			return negotiated{}, err
 		}
 	}
-	if h.state.structuredReplies && !h.dialer.NoMetaContext {
+	if h.state.structuredReplies && (!h.dialer.NoMetaContext || len(h.dialer.MetaContexts) > 0) {
 		if err := h.setMetaContext(); err != nil {
 			return negotiated{}, err
 		}
@@ -263,20 +295,32 @@ func (h *handshake) structuredReply() error {
 	}
 }
 
-// setMetaContext selects base:allocation for the export (spec,
-// "NBD_OPT_SET_META_CONTEXT"): C: 32 bits export name length, name, 32 bits
-// number of queries, then per query 32 bits length and the query. The
-// server answers with one NBD_REP_META_CONTEXT per selected context, then an
-// ACK.
+// setMetaContext selects base:allocation (unless Dialer.NoMetaContext) and
+// Dialer.MetaContexts for the export (spec, "NBD_OPT_SET_META_CONTEXT"):
+// C: 32 bits export name length, name, 32 bits number of queries, then
+// per query 32 bits length and the query. The server answers with one
+// NBD_REP_META_CONTEXT per selected context, then an ACK.
 func (h *handshake) setMetaContext() error {
+	var queries []string
+	if !h.dialer.NoMetaContext {
+		queries = append(queries, wire.BaseAllocation)
+	}
+	for _, name := range h.dialer.MetaContexts {
+		if !slices.Contains(queries, name) {
+			queries = append(queries, name)
+		}
+	}
 	data := binary.BigEndian.AppendUint32(nil, uint32(len(h.exportName)))
 	data = append(data, h.exportName...)
-	data = binary.BigEndian.AppendUint32(data, 1)
-	data = binary.BigEndian.AppendUint32(data, uint32(len(wire.BaseAllocation)))
-	data = append(data, wire.BaseAllocation...)
+	data = binary.BigEndian.AppendUint32(data, uint32(len(queries)))
+	for _, query := range queries {
+		data = binary.BigEndian.AppendUint32(data, uint32(len(query)))
+		data = append(data, query...)
+	}
 	if err := h.sendOption(wire.OptSetMetaContext, data); err != nil {
 		return err
 	}
+	ids := map[uint32]bool{}
 	for {
 		replyType, data, err := h.readOptionReply(wire.OptSetMetaContext)
 		if err != nil {
@@ -287,17 +331,31 @@ func (h *handshake) setMetaContext() error {
 			if len(data) < 4 {
 				return protocolError("NBD_REP_META_CONTEXT of %d bytes", len(data))
 			}
-			if name := string(data[4:]); name != wire.BaseAllocation {
+			id, name := binary.BigEndian.Uint32(data), string(data[4:])
+			if !slices.Contains(queries, name) {
 				// The server "MUST NOT" select what was not asked for;
 				// its BLOCK_STATUS replies would carry chunks this client
 				// cannot interpret.
 				return protocolError("the server selected metadata context %q, which was not requested", cleanMessage(data[4:]))
 			}
-			if h.state.blockStatus {
-				return protocolError("metadata context %s selected twice", wire.BaseAllocation)
+			_, selected := h.state.metaIDs[name]
+			if selected || (name == wire.BaseAllocation && h.state.blockStatus) {
+				return protocolError("metadata context %s selected twice", name)
 			}
-			h.state.blockStatus = true
-			h.state.allocationID = binary.BigEndian.Uint32(data)
+			if ids[id] {
+				// "each with a unique metadata context ID".
+				return protocolError("metadata context id %d given twice", id)
+			}
+			ids[id] = true
+			if name == wire.BaseAllocation {
+				h.state.blockStatus = true
+				h.state.allocationID = id
+				continue
+			}
+			if h.state.metaIDs == nil {
+				h.state.metaIDs = map[string]uint32{}
+			}
+			h.state.metaIDs[name] = id
 		case replyType == wire.RepAck:
 			if len(data) != 0 {
 				return protocolError("NBD_REP_ACK with %d bytes of data", len(data))
@@ -305,6 +363,7 @@ func (h *handshake) setMetaContext() error {
 			return nil
 		case replyType&wire.RepFlagError != 0:
 			h.state.blockStatus = false
+			h.state.metaIDs = nil
 			return h.optionRefused(wire.OptSetMetaContext, replyType, data, false)
 		default:
 			return protocolError("reply type %#x to NBD_OPT_SET_META_CONTEXT", replyType)

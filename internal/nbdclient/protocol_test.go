@@ -25,10 +25,17 @@ type script struct {
 	noStructure bool   // refuse NBD_OPT_STRUCTURED_REPLY
 	contextName string // the meta context the server selects; "" for none
 	contextID   uint32
-	goUnsup     bool // refuse NBD_OPT_GO: the client falls back to EXPORT_NAME
-	blockSize   []uint32
+	// extra are more contexts the server selects, after contextName.
+	extra     []selectedContext
+	goUnsup   bool // refuse NBD_OPT_GO: the client falls back to EXPORT_NAME
+	blockSize []uint32
 	// noExportInfo leaves out the mandatory NBD_INFO_EXPORT.
 	noExportInfo bool
+}
+
+type selectedContext struct {
+	name string
+	id   uint32
 }
 
 func defaultScript() script {
@@ -61,6 +68,9 @@ func (s script) bytes() []byte {
 		out = append(out, optionReply(wire.OptStructuredReply, wire.RepAck)...)
 		if s.contextName != "" {
 			out = append(out, optionReply(wire.OptSetMetaContext, wire.RepMetaContext, be32(s.contextID), []byte(s.contextName))...)
+		}
+		for _, extra := range s.extra {
+			out = append(out, optionReply(wire.OptSetMetaContext, wire.RepMetaContext, be32(extra.id), []byte(extra.name))...)
 		}
 		out = append(out, optionReply(wire.OptSetMetaContext, wire.RepAck)...)
 	}

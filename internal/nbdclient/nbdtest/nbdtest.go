@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,10 @@ type Disk struct {
 	// "write", "flush", "trim", "zero", "block-status"); a non-nil error
 	// is returned to the client.
 	Fail func(operation string, offset, length uint64) error
+	// Meta are metadata contexts served besides base:allocation, each
+	// with the extents it answers from offset 0 (for instance
+	// "qemu:dirty-bitmap:s1"). Set before serving.
+	Meta map[string][]nbd.MetaExtent
 
 	size uint64
 
@@ -165,6 +170,35 @@ func (b *Backend) List(ctx context.Context, session nbd.Session) ([]nbd.ExportSu
 	return list, nil
 }
 
+// MetaContexts implements nbd.MetaContexter with the disk's Meta: SET
+// selects exact names, a LIST query ending in ':' matches every name it
+// prefixes, no query every name.
+func (b *Backend) MetaContexts(ctx context.Context, exportName string, session nbd.Session, queries []string, list bool) ([]string, error) {
+	name, _ := strings.CutPrefix(exportName, "ro/")
+	b.mu.Lock()
+	disk := b.disks[name]
+	b.mu.Unlock()
+	if disk == nil {
+		return nil, nil
+	}
+	var names []string
+	for context := range disk.Meta {
+		names = append(names, context)
+	}
+	sort.Strings(names)
+	var out []string
+	for _, context := range names {
+		matched := list && len(queries) == 0
+		for _, query := range queries {
+			matched = matched || query == context || (list && strings.HasSuffix(query, ":") && strings.HasPrefix(context, query))
+		}
+		if matched {
+			out = append(out, context)
+		}
+	}
+	return out, nil
+}
+
 // Open implements nbd.Backend.
 func (b *Backend) Open(ctx context.Context, name string, session nbd.Session) (nbd.Export, error) {
 	readOnly := false
@@ -273,6 +307,29 @@ func (e *export) BlockStatus(ctx context.Context, off, length uint64) ([]nbd.Ext
 		position += n
 	}
 	return extents, nil
+}
+
+// HasMetaContext implements nbd.MetaStatuser.
+func (e *export) HasMetaContext(name string) bool {
+	_, ok := e.disk.Meta[name]
+	return ok
+}
+
+// MetaStatus implements nbd.MetaStatuser: the context's extents from off.
+func (e *export) MetaStatus(ctx context.Context, name string, off, length uint64) ([]nbd.MetaExtent, error) {
+	if err := e.check("meta-status", off, length); err != nil {
+		return nil, err
+	}
+	var out []nbd.MetaExtent
+	position := uint64(0)
+	for _, extent := range e.disk.Meta[name] {
+		end := position + extent.Length
+		if end > off {
+			out = append(out, nbd.MetaExtent{Length: end - max(position, off), Flags: extent.Flags})
+		}
+		position = end
+	}
+	return out, nil
 }
 
 func (e *export) Close() error { return nil }
