@@ -36,18 +36,19 @@ except Exception:
     d = {}
 st = d.get("stats", {})
 read, new = st.get("read_bytes", d.get("data_bytes", 0)), st.get("new_bytes", 0)
-print("%-12s %7.2f s  read %6d MiB (%5.0f MB/s)  added %6d MiB" % (label.split()[-1], took, read >> 20, read / took / 1e6, new >> 20))
+phases = " ".join("%s %.2f" % (k, v) for k, v in sorted(st.get("phases", {}).items()))
+print("%-12s %7.2f s  read %6d MiB (%5.0f MB/s)  added %6d MiB  %s" % (label.split()[-1], took, read >> 20, read / took / 1e6, new >> 20, phases))
 PY
 }
 : > "$work/steps.txt"
-step "backup full" "$bin" --json backup create vm "$store"
+step "backup full" "$bin" --json backup create ${BACKUP_ARGS:-} vm "$store"
 # 1% of the VDI: 1 MiB writes spread over the disk (one per 100 MiB).
 changes=$(( (gib << 10) / 100 ))
 args=()
 for i in $(seq 0 $((changes - 1))); do args+=(-c "write -P $((i % 200 + 1)) $((i * 100))M 1M"); done
 qemu-io -f raw "${args[@]}" "nbd+unix:///vm?socket=$work/cluster/node1/nbd.sock" > /dev/null
 echo "== changed ${changes} MiB in ${changes} writes of 1 MiB"
-step "backup incremental" "$bin" --json backup create vm "$store"
+step "backup incremental" "$bin" --json backup create ${BACKUP_ARGS:-} vm "$store"
 id=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["id"])' "$work/step.json")
 step "restore restore" "$bin" --json backup restore "$store" "$id" restored
 python3 - "$work/steps.txt" <<'PY'

@@ -162,11 +162,11 @@ func Create(ctx context.Context, s *Store, c Cluster, name string, options Creat
 		index uint64
 		data  []byte
 	}
-	work := make(chan piece, 8)
+	work := make(chan piece, 64)
 	var mu sync.Mutex
 	var firstErr error
 	var group sync.WaitGroup
-	for range 4 {
+	for range 8 { // a chunk write waits for its fsync: more of them in flight
 		group.Go(func() {
 			for p := range work {
 				mu.Lock()

@@ -60,8 +60,8 @@ func Ancestor(tree []cluster.VDI, chain []uint32, name string) (cluster.VDI, int
 	var tags []string
 	for depth := 2; depth <= len(chain); depth++ {
 		v, ok := byID[chain[depth-1]]
-		if !ok || !v.Snapshot {
-			continue
+		if !ok || !v.Snapshot || v.Deleted {
+			continue // a deleted snapshot kept for its descendants is no longer a name to compare with
 		}
 		if v.Tag == name || v.FullName() == name {
 			return v, depth, nil
