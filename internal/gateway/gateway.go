@@ -446,6 +446,31 @@ func (g *Gateway) read(ctx context.Context, oid uint64, copies int, p []byte, of
 	return g.readReplicas(ctx, oid, copies, p, offset)
 }
 
+// preferNear orders a read's candidates: this node's own copy first, then
+// the copies in its zone (zones may be far apart: a read served in the
+// zone costs no wide-area round trip), then the others.
+func preferNear(candidates []cluster.Node, self, zone string) {
+	if i := slices.IndexFunc(candidates, func(n cluster.Node) bool { return n.ID == self }); i > 0 {
+		candidates[0], candidates[i] = candidates[i], candidates[0]
+	}
+	if zone == "" {
+		return
+	}
+	start := 0
+	if len(candidates) > 0 && candidates[0].ID == self {
+		start = 1
+	}
+	slices.SortStableFunc(candidates[start:], func(a, b cluster.Node) int {
+		near := func(n cluster.Node) int {
+			if n.Zone == zone {
+				return 0
+			}
+			return 1
+		}
+		return near(a) - near(b)
+	})
+}
+
 func (g *Gateway) readReplicas(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error {
 	budget := g.newBudget()
 	self := g.cluster.ID()
@@ -455,9 +480,7 @@ func (g *Gateway) readReplicas(ctx context.Context, oid uint64, copies int, p []
 			return err
 		}
 		candidates := rv.ReplicasOf(oid, copies)
-		if i := slices.IndexFunc(candidates, func(n cluster.Node) bool { return n.ID == self }); i > 0 {
-			candidates[0], candidates[i] = candidates[i], candidates[0]
-		}
+		preferNear(candidates, self, rv.Nodes[self].Zone)
 		var retry, hard error
 		var damaged, badBlocks []cluster.Node
 		for _, node := range candidates {

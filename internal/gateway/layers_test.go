@@ -100,3 +100,16 @@ func TestLayers(t *testing.T) {
 		t.Fatalf("Diff of s1 since the later s2: %v", err)
 	}
 }
+
+// TestPreferNear: a read tries this node, then its zone, then the others.
+func TestPreferNear(t *testing.T) {
+	nodes := []cluster.Node{{ID: "b1", Zone: "b"}, {ID: "a2", Zone: "a"}, {ID: "b2", Zone: "b"}, {ID: "self", Zone: "a"}, {ID: "a3", Zone: "a"}}
+	preferNear(nodes, "self", "a")
+	var got []string
+	for _, n := range nodes {
+		got = append(got, n.ID)
+	}
+	if !slices.Equal(got, []string{"self", "a2", "a3", "b2", "b1"}) {
+		t.Fatalf("order %v", got)
+	}
+}

@@ -232,7 +232,7 @@ func Dial(ctx context.Context, address string, creds *Credentials, protocol Prot
 	if err != nil {
 		return nil, err
 	}
-	return clientHandshake(ctx, raw, creds.clientConfig(), protocol)
+	return clientHandshake(ctx, withTestDelay(raw, address), creds.clientConfig(), protocol)
 }
 
 func dialTCP(ctx context.Context, address string) (net.Conn, error) {

@@ -86,6 +86,10 @@ type Options struct {
 	// Zones, when not empty, gives node i (also nodes added later) the zone
 	// Zones[i%len(Zones)].
 	Zones []string
+	// ZoneDelay, with Zones (loopback clusters only), delays every peer
+	// connection between nodes of different zones by this much each way
+	// (HERD_TEST_PEER_DELAY, internal/peer/delay.go): zones far apart.
+	ZoneDelay time.Duration
 	// Namespaces runs every node in a network namespace of its own so that
 	// Partition can cut links between nodes. It needs root, ip (iproute2)
 	// and nft (nftables); without them Start skips the test, or fails it
@@ -371,6 +375,22 @@ func (c *Cluster) startNode(join []string, extra ...string) *Node {
 	c.mu.Unlock()
 	node.launch()
 	return node
+}
+
+// zoneDelay is node index's HERD_TEST_PEER_DELAY: the addresses of the
+// nodes (up to 32, started or to be added) in other zones.
+func (c *Cluster) zoneDelay(index int) string {
+	zones := c.options.Zones
+	if c.options.ZoneDelay <= 0 || len(zones) == 0 || c.network != nil {
+		return ""
+	}
+	var far []string
+	for j := 0; j < 32; j++ {
+		if zones[j%len(zones)] != zones[index%len(zones)] {
+			far = append(far, c.loopbackPrefix+strconv.Itoa(j+1))
+		}
+	}
+	return strings.Join(far, ",") + "=" + c.options.ZoneDelay.String()
 }
 
 // serverArguments returns the `herd server` arguments of a node.
@@ -682,7 +702,11 @@ func (n *Node) launch() {
 	}
 	fmt.Fprintf(logFile, "=== testcluster %s: starting node %d: %s\n",
 		time.Now().Format(time.RFC3339Nano), n.index, strings.Join(argv, " "))
-	process, err := startProcess(n.cluster.binary, argv, childEnvironment(JoinTokenVariable+"="+n.cluster.JoinToken()), logFile)
+	environment := []string{JoinTokenVariable + "=" + n.cluster.JoinToken()}
+	if delay := n.cluster.zoneDelay(n.index); delay != "" {
+		environment = append(environment, "HERD_TEST_PEER_DELAY="+delay)
+	}
+	process, err := startProcess(n.cluster.binary, argv, childEnvironment(environment...), logFile)
 	// The child has its own copy of the descriptor.
 	logFile.Close()
 	if err != nil {
