@@ -58,7 +58,22 @@ start_cluster() {
     elif [ "$i" -gt 1 ]; then
       args+=(--join "$prefix.1" --join-token-file "$work/cluster/node1/join.token")
     fi
-    setsid "$bin" "${args[@]}" >>"$work/cluster/node$i.log" 2>&1 </dev/null &
+    # HERD_BENCH_ZONES="a b": node i in zone i mod 2; HERD_BENCH_ZONE_DELAY
+    # (e.g. 25ms) delays every peer connection between zones by that much
+    # each way (internal/peer/delay.go).
+    local delay_env=()
+    if [ -n "${HERD_BENCH_ZONES:-}" ]; then
+      local zones=($HERD_BENCH_ZONES) j far=()
+      local mine=${zones[$(( (i - 1) % ${#zones[@]} ))]}
+      args+=(--zone "$mine")
+      for j in $(seq 1 "$nodes"); do
+        [ "${zones[$(( (j - 1) % ${#zones[@]} ))]}" = "$mine" ] || far+=("$prefix.$j")
+      done
+      if [ -n "${HERD_BENCH_ZONE_DELAY:-}" ] && [ ${#far[@]} -gt 0 ]; then
+        delay_env=(env "HERD_TEST_PEER_DELAY=$(IFS=,; echo "${far[*]}")=$HERD_BENCH_ZONE_DELAY")
+      fi
+    fi
+    setsid "${delay_env[@]}" "$bin" "${args[@]}" >>"$work/cluster/node$i.log" 2>&1 </dev/null &
     pids+=($!)
     for _ in $(seq 200); do
       curl -kfsS "https://$prefix.$i:7080/v1/health" >/dev/null 2>&1 && break
