@@ -86,6 +86,9 @@ func exportDiff(ctx context.Context, g *globals, t *transferCommand, vdi, since,
 // whole, then the VDI: it must have the diff's starting snapshot (by tag)
 // and no change since, so that its content is that snapshot's.
 func importDiff(ctx context.Context, g *globals, t *transferCommand, vdi, file string) error {
+	if file == "-" {
+		return fmt.Errorf("--diff needs a file, not stdin: it is checked whole before any of it is applied")
+	}
 	header, err := transfer.ReadDiffHeader(file)
 	if err != nil {
 		return err
