@@ -66,23 +66,14 @@ type transmission struct {
 	// gone, so requests still buffered are not served.
 	cut atomic.Bool
 
-	// Replies are written in batches (send): writeMutex guards queue
-	// (the parts of replies not written yet), queued and written (how
-	// many replies were queued and written so far), writing (a sender is
-	// writing a batch now) and writeError, the first write failure, after
-	// which nothing more is written. A sender waits on written until its
-	// reply is out, since its parts may be buffers it returns after.
+	// writeMutex serialises replies; writeError (guarded by it) is the
+	// first write failure, after which nothing more is written.
 	writeMutex sync.Mutex
-	wrote      sync.Cond
-	queue      net.Buffers
-	queued     uint64
-	written    uint64
-	writing    bool
 	writeError error
 }
 
 func (c *connection) newTransmission(export Export, info ExportInfo, flags uint16, name string) *transmission {
-	t := &transmission{
+	return &transmission{
 		connection:        c,
 		export:            export,
 		info:              info,
@@ -95,8 +86,6 @@ func (c *connection) newTransmission(export Export, info ExportInfo, flags uint1
 		client:            c.server.clientMemory(c.clientKey),
 		memory:            c.server.memoryBudgetShared(),
 	}
-	t.wrote.L = &t.writeMutex
-	return t
 }
 
 // selectedContexts returns the metadata contexts BLOCK_STATUS answers for
@@ -618,42 +607,13 @@ func chunkHeader(cookie uint64, flags, chunkType uint16, length uint32) []byte {
 // Each write has the reply timeout as its deadline: a client that sends
 // requests but does not read the replies would otherwise hold their
 // buffers, and its share of the Server's memory budget, for ever.
-//
-// Replies ready at the same time go out in one vectored write (a group
-// commit): the first sender writes what is queued, the others wait for
-// it and, if theirs was queued after its batch was taken, write the next
-// batch. At QD1 that is one write per reply as before; at QD32 the
-// replies of requests finishing together share system calls and TLS
-// records.
 func (t *transmission) send(parts ...[]byte) {
+	buffers := net.Buffers(parts)
 	t.writeMutex.Lock()
 	defer t.writeMutex.Unlock()
 	if t.writeError != nil {
 		return
 	}
-	t.queue = append(t.queue, parts...)
-	t.queued++
-	mine := t.queued
-	for t.written < mine && t.writeError == nil {
-		if t.writing {
-			t.wrote.Wait()
-			continue
-		}
-		batch, upto := t.queue, t.queued
-		t.queue, t.writing = nil, true
-		t.writeMutex.Unlock()
-		err := t.write(batch)
-		t.writeMutex.Lock()
-		t.writing, t.written = false, upto
-		if err != nil && t.writeError == nil {
-			t.writeError = err
-		}
-		t.wrote.Broadcast()
-	}
-}
-
-// write writes one batch of replies; on failure it cuts the connection.
-func (t *transmission) write(buffers net.Buffers) error {
 	connection := t.connection
 	timeout := connection.server.replyTimeout()
 	connection.netConn.SetWriteDeadline(time.Now().Add(timeout))
@@ -666,6 +626,7 @@ func (t *transmission) write(buffers net.Buffers) error {
 		_, err = buffers.WriteTo(connection.writer)
 	}
 	if err != nil {
+		t.writeError = err
 		// Nothing more reaches the client: read no more of what it
 		// sent. The requests already running finish (a write cut off
 		// between its replicas would leave them different).
@@ -677,7 +638,6 @@ func (t *transmission) write(buffers net.Buffers) error {
 		}
 		connection.hardClose()
 	}
-	return err
 }
 
 // getBuffer returns a pooled buffer of n bytes; n was validated against
