@@ -67,6 +67,10 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 		return err
 	}
 	g, state := d.gateway, d.state
+	// QoS first, never under io (qos.go rule 2).
+	if err := state.limiter.wait(ctx, false, uint64(len(p))); err != nil {
+		return err
+	}
 	state.io.RLock()
 	defer state.io.RUnlock()
 	if !d.readOnly {
@@ -103,6 +107,10 @@ func (d *Disk) WriteAt(ctx context.Context, p []byte, offset uint64, fua bool) e
 	}
 	pieces, err := d.pieces(offset, uint64(len(p)))
 	if err != nil {
+		return err
+	}
+	// QoS first, never under io (qos.go rule 2).
+	if err := d.state.limiter.wait(ctx, true, uint64(len(p))); err != nil {
 		return err
 	}
 	d.state.io.RLock()
@@ -226,6 +234,10 @@ func (d *Disk) zero(ctx context.Context, offset, length uint64, noHole, fua bool
 		return err
 	}
 	g, state := d.gateway, d.state
+	// QoS first, never under io (qos.go rule 2): a request, no bytes.
+	if err := state.limiter.wait(ctx, true, 0); err != nil {
+		return err
+	}
 	state.io.RLock()
 	defer state.io.RUnlock()
 	if err := g.ensureWriter(ctx, state); err != nil {

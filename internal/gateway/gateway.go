@@ -63,6 +63,7 @@ type Cluster interface {
 	HandOverLock(ctx context.Context, key, session string, to cluster.LockOwner) error
 	Node(id string) (cluster.Node, bool)
 	VDI(name string) (cluster.VDI, error)
+	WaitVDI(ctx context.Context, name string, done func(v cluster.VDI, err error) bool) (cluster.VDI, error)
 	LookupVDI(ctx context.Context, name string) (cluster.VDI, error)
 	Tree() []cluster.VDI
 	Chain(id uint32) []uint32
@@ -118,8 +119,10 @@ type Gateway struct {
 	// writer serves it (maintenance.RepairUnclean; SetRepair).
 	repair atomic.Pointer[func(ctx context.Context, vdi cluster.VDI) error]
 
-	mu   sync.Mutex // guards open
+	mu   sync.Mutex // guards open and limiters
 	open map[string]*vdiState
+	// limiters pace each open VDI name's requests (qos.go).
+	limiters map[string]*limiter
 
 	// ctx ends the gateway's own goroutines (the lock watchers); Close
 	// cancels it.
@@ -167,7 +170,7 @@ func New(c Cluster, layouts *layout.History, replicas Replicas, logger *slog.Log
 		options.CopyBytes = DefaultCopyBytes
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Gateway{cluster: c, layouts: layouts, replicas: replicas, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, dirty: map[string]bool{}, ctx: ctx, cancel: cancel,
+	return &Gateway{cluster: c, layouts: layouts, replicas: replicas, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, limiters: map[string]*limiter{}, dirty: map[string]bool{}, ctx: ctx, cancel: cancel,
 		zeroPieces: newSemaphore("TRIM/WRITE_ZEROES pieces in flight", "pieces", int64(options.ZeroPieces)),
 		copyBytes:  newSemaphore("copy-on-write buffers", "bytes", options.CopyBytes),
 	}
