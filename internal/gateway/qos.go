@@ -82,8 +82,8 @@ func (b *bucket) refund(now time.Time, cost float64) {
 
 // buckets are one set of limits' schedules; nil when a limit is 0.
 type buckets struct {
-	limits                               cluster.Limits
-	iops, readIOPS, writeIOPS            *bucket
+	limits                                   cluster.Limits
+	iops, readIOPS, writeIOPS                *bucket
 	bandwidth, readBandwidth, writeBandwidth *bucket
 }
 
@@ -101,12 +101,12 @@ func newBuckets(limits cluster.Limits, old *buckets) *buckets {
 		return newBucket(rate)
 	}
 	return &buckets{limits: limits,
-		iops:          keep(limits.IOPS, func(l cluster.Limits) uint64 { return l.IOPS }, func(b *buckets) *bucket { return b.iops }),
-		readIOPS:      keep(limits.ReadIOPS, func(l cluster.Limits) uint64 { return l.ReadIOPS }, func(b *buckets) *bucket { return b.readIOPS }),
-		writeIOPS:     keep(limits.WriteIOPS, func(l cluster.Limits) uint64 { return l.WriteIOPS }, func(b *buckets) *bucket { return b.writeIOPS }),
-		bandwidth:     keep(limits.BPS, func(l cluster.Limits) uint64 { return l.BPS }, func(b *buckets) *bucket { return b.bandwidth }),
-		readBandwidth: keep(limits.ReadBPS, func(l cluster.Limits) uint64 { return l.ReadBPS }, func(b *buckets) *bucket { return b.readBandwidth }),
-		writeBandwidth:    keep(limits.WriteBPS, func(l cluster.Limits) uint64 { return l.WriteBPS }, func(b *buckets) *bucket { return b.writeBandwidth }),
+		iops:           keep(limits.IOPS, func(l cluster.Limits) uint64 { return l.IOPS }, func(b *buckets) *bucket { return b.iops }),
+		readIOPS:       keep(limits.ReadIOPS, func(l cluster.Limits) uint64 { return l.ReadIOPS }, func(b *buckets) *bucket { return b.readIOPS }),
+		writeIOPS:      keep(limits.WriteIOPS, func(l cluster.Limits) uint64 { return l.WriteIOPS }, func(b *buckets) *bucket { return b.writeIOPS }),
+		bandwidth:      keep(limits.BPS, func(l cluster.Limits) uint64 { return l.BPS }, func(b *buckets) *bucket { return b.bandwidth }),
+		readBandwidth:  keep(limits.ReadBPS, func(l cluster.Limits) uint64 { return l.ReadBPS }, func(b *buckets) *bucket { return b.readBandwidth }),
+		writeBandwidth: keep(limits.WriteBPS, func(l cluster.Limits) uint64 { return l.WriteBPS }, func(b *buckets) *bucket { return b.writeBandwidth }),
 	}
 }
 
