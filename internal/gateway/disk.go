@@ -80,6 +80,11 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 			return err
 		}
 	}
+	release, err := d.slot(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	vdi, chain := state.current()
 	return d.each(ctx, pieces, func(pc piece) error {
 		buffer := p[pc.start : pc.start+pc.length]
@@ -118,6 +123,11 @@ func (d *Disk) WriteAt(ctx context.Context, p []byte, offset uint64, fua bool) e
 	if err := d.gateway.ensureWriter(ctx, d.state); err != nil {
 		return err
 	}
+	release, err := d.slot(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx = d.gateway.withFence(ctx, d.state)
 	vdi, chain := d.state.current()
 	return d.each(ctx, pieces, func(pc piece) error {
@@ -243,6 +253,11 @@ func (d *Disk) zero(ctx context.Context, offset, length uint64, noHole, fua bool
 	if err := g.ensureWriter(ctx, state); err != nil {
 		return err
 	}
+	release, err := d.slot(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx = g.withFence(ctx, state)
 	vdi, chain := state.current()
 	what := "TRIM"

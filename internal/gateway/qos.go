@@ -168,10 +168,11 @@ type limiter struct {
 	// stop ends its watcher.
 	refs int
 	stop context.CancelFunc
-}
 
-// unlimited is the limiter of snapshots' opens: never limited.
-var unlimited = &limiter{}
+	// waiters are the VDI's requests queued for a slot (fair.go),
+	// guarded by fairQueue.mu.
+	waiters []*waiter
+}
 
 // wait waits until a request of the VDI may go (rule 3: one atomic load
 // when unlimited).
@@ -197,10 +198,11 @@ func (l *limiter) limits() cluster.Limits {
 }
 
 // limiterFor returns the limiter of vdi's name, starting its watcher
-// with the first user (g.mu held). Snapshots get unlimited.
+// with the first user (g.mu held). Snapshots share g.snapshots, never
+// limited.
 func (g *Gateway) limiterFor(vdi cluster.VDI) *limiter {
 	if vdi.Snapshot {
-		return unlimited
+		return g.snapshots
 	}
 	l, ok := g.limiters[vdi.Name]
 	if !ok {
@@ -217,7 +219,7 @@ func (g *Gateway) limiterFor(vdi cluster.VDI) *limiter {
 
 // dropLimiter forgets a user of l; the last stops its watcher (g.mu held).
 func (g *Gateway) dropLimiter(l *limiter) {
-	if l == unlimited {
+	if l == g.snapshots {
 		return
 	}
 	l.refs--

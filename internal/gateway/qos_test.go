@@ -143,7 +143,7 @@ func TestGatewayPacesLimitedVDI(t *testing.T) {
 	g := w.gateway("node00")
 	d := open(t, g, "vm")
 	ro := open(t, g, "ro/vm")
-	if d.state.limiter != ro.state.limiter || d.state.limiter == unlimited {
+	if d.state.limiter != ro.state.limiter || d.state.limiter == g.snapshots {
 		t.Fatal("vm and ro/vm do not share a limiter")
 	}
 	ctx := context.Background()
@@ -188,7 +188,7 @@ func TestGatewayPacesLimitedVDI(t *testing.T) {
 	if _, err := g.Snapshot(ctx, "vm", "s1"); err != nil {
 		t.Fatal(err)
 	}
-	if s := open(t, g, "vm@s1"); s.state.limiter != unlimited {
+	if s := open(t, g, "vm@s1"); s.state.limiter != g.snapshots {
 		t.Fatal("a snapshot's open is limited")
 	}
 	// Removed: back to one atomic load.
