@@ -11,7 +11,9 @@
 #
 #   bench/qos.sh [SECONDS]        (each measured job; default 10)
 #
-# HERD_REV=REV measures another revision (bench/lib.sh); clients reach
+# HERD_REV=REV measures another revision (bench/lib.sh), HERD_BENCH_ARGS
+# adds server flags (--fair-slots N), QOS_FAIRNESS_ONLY=1 skips part 2;
+# HERD_BENCH_DIR and HERD_BENCH_PREFIX keep runs of others apart. Clients reach
 # node 1 over plaintext TCP (fio's nbd engine has no TLS client certificate).
 source "$(dirname "$0")/lib.sh"
 seconds=${1:-10}
@@ -66,7 +68,7 @@ w = json.loads(text[text.index("{"):])["jobs"][0]["write"]
 print("%-28s %-5s %8.0f IOPS                    p50 %7.0f us  p99 %7.0f us" % ("qd128-randwrite (bulk)", "write", w["iops"], w["clat_ns"]["percentile"]["50.000000"] / 1000, w["clat_ns"]["percentile"]["99.000000"] / 1000))
 PY
 
-if ! "$bin" vdi set --help 2>&1 | grep -q -- --write-iops-limit; then
+if [ -n "${QOS_FAIRNESS_ONLY:-}" ] || ! "$bin" vdi set --help 2>&1 | grep -q -- --write-iops-limit; then
   echo "== this herd has no per-VDI limits: done"
   exit 0
 fi

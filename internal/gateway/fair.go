@@ -19,9 +19,13 @@ import (
 // free a request takes one at once (one uncontended mutex); when none
 // is, requests queue per VDI name (their limiter: NAME and ro/NAME are
 // one flow, all snapshots another) and each released slot goes to the
-// next flow in turn (round robin, one request per turn), so a VDI with
-// one request waiting is served after at most one request of each other
-// busy VDI, however many they have queued.
+// next flow in turn (round robin, one request per turn). And a VDI with
+// fewer requests in flight than its share of the slots (the slots over
+// the busy VDIs) takes one at once even when none is free: the node then
+// does a few more requests than its slots for a moment, and the VDI with
+// more than its share gets no slot back until the total is under the
+// bound again. So a QD1 VDI beside a QD128 one does not wait for a slot
+// at all, and the QD128 one keeps the rest.
 //
 // Rules:
 //  1. The slot is taken after the QoS wait, the io lock and the writer
@@ -32,6 +36,8 @@ import (
 //     leaves the queue (or passes on the slot it was just handed).
 //  3. Lock order: vdiState.io > a slot > Gateway.zeroPieces (see the
 //     package doc). Nothing takes a second slot while holding one.
+//  4. Share: Options.FairSlots divided by the busy VDIs (those with
+//     requests in flight or queued), at least 1.
 
 // DefaultFairSlots is Options.FairSlots's default: enough requests in
 // flight to keep every replica of a small cluster busy (the NBD server
@@ -43,8 +49,10 @@ const DefaultFairSlots = 32
 type fairQueue struct {
 	slots int
 
-	mu       sync.Mutex // guards the fields below and every flow's waiters
+	mu       sync.Mutex // guards the fields below and every flow's inFlight and waiters
 	inFlight int
+	// active counts the flows with requests in flight or queued.
+	active int
 	// turns are the flows with waiters, the next to be served first.
 	turns []*limiter
 }
@@ -57,15 +65,37 @@ type waiter struct {
 
 func newFairQueue(slots int) *fairQueue { return &fairQueue{slots: slots} }
 
-// acquire takes a slot for a request of flow, waiting for its turn.
+// busy says whether flow has requests in flight or queued (q.mu held).
+func busy(flow *limiter) bool { return flow.inFlight > 0 || len(flow.waiters) > 0 }
+
+// admitLocked gives flow a slot (q.mu held).
+func (q *fairQueue) admitLocked(flow *limiter) {
+	if !busy(flow) {
+		q.active++
+	}
+	q.inFlight++
+	flow.inFlight++
+}
+
+// acquire takes a slot for a request of flow, waiting for its turn when
+// every slot is taken, unless flow has fewer in flight than its share
+// (rule 4).
 func (q *fairQueue) acquire(ctx context.Context, flow *limiter) error {
 	q.mu.Lock()
-	if q.inFlight < q.slots && len(q.turns) == 0 {
-		q.inFlight++
+	active := q.active
+	if !busy(flow) {
+		active++
+	}
+	free := q.inFlight < q.slots && len(q.turns) == 0
+	if len(flow.waiters) == 0 && (free || flow.inFlight < max(1, q.slots/active)) {
+		q.admitLocked(flow)
 		q.mu.Unlock()
 		return nil
 	}
 	w := &waiter{ready: make(chan struct{})}
+	if !busy(flow) {
+		q.active++
+	}
 	flow.waiters = append(flow.waiters, w)
 	if len(flow.waiters) == 1 {
 		q.turns = append(q.turns, flow)
@@ -80,7 +110,7 @@ func (q *fairQueue) acquire(ctx context.Context, flow *limiter) error {
 	if w.granted {
 		// Handed a slot as the context ended: pass it on (rule 2).
 		q.mu.Unlock()
-		q.release()
+		q.release(flow)
 		return ctx.Err()
 	}
 	i := slices.Index(flow.waiters, w)
@@ -88,38 +118,47 @@ func (q *fairQueue) acquire(ctx context.Context, flow *limiter) error {
 	if len(flow.waiters) == 0 {
 		q.turns = slices.DeleteFunc(q.turns, func(f *limiter) bool { return f == flow })
 	}
+	if !busy(flow) {
+		q.active--
+	}
 	q.mu.Unlock()
 	return ctx.Err()
 }
 
-// release gives a slot back: to the first waiter of the flow whose turn
-// it is (that flow goes to the back of the turns if it has more), or to
-// the pool.
-func (q *fairQueue) release() {
+// release gives flow's slot back, and the free slots to the first
+// waiters of the flows whose turn it is (each goes to the back of the
+// turns if it has more).
+func (q *fairQueue) release(flow *limiter) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.turns) == 0 {
-		q.inFlight--
-		return
+	q.inFlight--
+	flow.inFlight--
+	if !busy(flow) {
+		q.active--
 	}
-	flow := q.turns[0]
-	q.turns = q.turns[1:]
-	w := flow.waiters[0]
-	flow.waiters[0] = nil
-	flow.waiters = flow.waiters[1:]
-	if len(flow.waiters) > 0 {
-		q.turns = append(q.turns, flow)
+	for q.inFlight < q.slots && len(q.turns) > 0 {
+		next := q.turns[0]
+		q.turns = q.turns[1:]
+		w := next.waiters[0]
+		next.waiters[0] = nil
+		next.waiters = next.waiters[1:]
+		if len(next.waiters) > 0 {
+			q.turns = append(q.turns, next)
+		}
+		// Still busy: admitLocked counts no new active flow.
+		q.inFlight++
+		next.inFlight++
+		w.granted = true
+		close(w.ready)
 	}
-	w.granted = true
-	close(w.ready)
 }
 
 // slot takes a request slot for d's VDI (rule 1: after io and the
 // writer check); the caller calls the returned release.
 func (d *Disk) slot(ctx context.Context) (func(), error) {
-	q := d.gateway.fair
-	if err := q.acquire(ctx, d.state.limiter); err != nil {
+	q, flow := d.gateway.fair, d.state.limiter
+	if err := q.acquire(ctx, flow); err != nil {
 		return nil, err
 	}
-	return q.release, nil
+	return func() { q.release(flow) }, nil
 }

@@ -3,13 +3,15 @@ package gateway
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"testing/synctest"
 )
 
-// With every slot busy and one VDI's requests queued, another VDI's
-// request is served at the next turn, not after the whole queue; a
-// queued request whose context ends leaves the queue.
+// With every slot busy and one VDI's requests queued, another VDI under
+// its share is served at once, and past its share at the next turn, not
+// after the whole queue; a queued request whose context ends leaves the
+// queue.
 func TestFairQueueTakesTurns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		q := newFairQueue(2)
@@ -20,7 +22,6 @@ func TestFairQueueTakesTurns(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		var order []string
 		served := make(chan string, 100)
 		queue := func(f *limiter) {
 			go func() {
@@ -35,6 +36,17 @@ func TestFairQueueTakesTurns(t *testing.T) {
 		for range 10 {
 			queue(bulk)
 		}
+		if len(served) != 0 {
+			t.Fatal("bulk was served past its slots")
+		}
+		// small has nothing in flight, less than its share (2 slots / 2
+		// busy VDIs): it goes at once, past the bound.
+		queue(small)
+		if got := <-served; got != "small" || q.inFlight != 3 {
+			t.Fatalf("served %s, %d in flight", got, q.inFlight)
+		}
+		// A second request of small is at its share: it waits its turn,
+		// and leaves the queue when its client goes away.
 		gone, cancel := context.WithCancel(ctx)
 		cancelled := make(chan error, 1)
 		go func() { cancelled <- q.acquire(gone, small) }()
@@ -44,24 +56,29 @@ func TestFairQueueTakesTurns(t *testing.T) {
 			t.Fatalf("a cancelled wait: %v", err)
 		}
 		queue(small)
-		queue(small)
-		for range 12 {
-			q.release()
+		// bulk's release brings the node back to its bound: nobody is
+		// served; small's release frees a slot for the turn's flow.
+		q.release(bulk)
+		synctest.Wait()
+		if len(served) != 0 {
+			t.Fatal("served over the bound")
+		}
+		q.release(small)
+		var order []string
+		order = append(order, <-served)
+		for range 10 {
+			q.release(bulk)
 			order = append(order, <-served)
 		}
-		// bulk was first in turn; small's first request goes next, then
-		// they alternate while both have requests queued.
-		want := []string{"bulk", "small", "bulk", "small", "bulk", "bulk", "bulk", "bulk", "bulk", "bulk", "bulk", "bulk"}
-		for i := range want {
-			if order[i] != want[i] {
-				t.Fatalf("served %v, want %v", order, want)
-			}
+		want := []string{"bulk", "small", "bulk", "bulk", "bulk", "bulk", "bulk", "bulk", "bulk", "bulk", "bulk"}
+		if !slices.Equal(order, want) {
+			t.Fatalf("served %v, want %v", order, want)
 		}
-		// Every slot given back: 2 free, none queued.
-		q.release()
-		q.release()
-		if q.inFlight != 0 || len(q.turns) != 0 {
-			t.Fatalf("after releasing everything: %d in flight, turns %v", q.inFlight, q.turns)
+		// Give back every slot still held: one each.
+		q.release(bulk)
+		q.release(small)
+		if q.inFlight != 0 || q.active != 0 || len(q.turns) != 0 || bulk.inFlight != 0 || small.inFlight != 0 {
+			t.Fatalf("after releasing everything: %d in flight, %d active, turns %v", q.inFlight, q.active, q.turns)
 		}
 	})
 }

@@ -169,9 +169,10 @@ type limiter struct {
 	refs int
 	stop context.CancelFunc
 
-	// waiters are the VDI's requests queued for a slot (fair.go),
-	// guarded by fairQueue.mu.
-	waiters []*waiter
+	// inFlight counts the VDI's requests holding a slot, waiters those
+	// queued for one (fair.go); guarded by fairQueue.mu.
+	inFlight int
+	waiters  []*waiter
 }
 
 // wait waits until a request of the VDI may go (rule 3: one atomic load
