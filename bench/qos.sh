@@ -72,6 +72,16 @@ if [ -n "${QOS_FAIRNESS_ONLY:-}" ] || ! "$bin" vdi set --help 2>&1 | grep -q -- 
   echo "== this herd has no per-VDI limits: done"
   exit 0
 fi
+echo "== fairness with QoS: QD1 on small beside QD128 on bulk limited by --write-iops-limit 1000"
+"$bin" vdi set bulk --write-iops-limit 1000 >/dev/null
+fio --name=qd128 --ioengine=nbd --uri="$bulk" --rw=randwrite --bs=4k --iodepth=128 --size=1G \
+  --time_based --runtime=$((2 * seconds + 6)) --output-format=json > "$work/qd128-limited.json" 2>/dev/null &
+noisy=$!
+sleep 3
+job qd1-randread-beside-limited "$small" randread 4k 1 "$seconds"
+job qd1-randwrite-beside-limited "$small" randwrite 4k 1 "$seconds"
+wait $noisy
+"$bin" vdi set bulk --write-iops-limit 0 >/dev/null
 echo "== limit accuracy (QD16 on small)"
 "$bin" vdi set small --write-iops-limit 500 >/dev/null
 job write-iops-limit-500 "$small" randwrite 4k 16 "$seconds"
@@ -83,12 +93,14 @@ job write-bps-limit-20MiB "$small" write 1M 16 "$seconds"
 job iops-limit-300-randrw "$small" randrw 4k 16 "$seconds"
 "$bin" vdi set small --iops-limit 0 >/dev/null
 echo "== live change: --write-iops-limit 200, then 400 after $seconds s, same connection"
+rm -f "$work"/live_iops*.log
 "$bin" vdi set small --write-iops-limit 200 >/dev/null
 (sleep "$seconds"; "$bin" vdi set small --write-iops-limit 400 >/dev/null) &
+changer=$!
 fio --name=live --ioengine=nbd --uri="$small" --rw=randwrite --bs=4k --iodepth=16 --size=256M \
   --time_based --runtime=$((2 * seconds)) --write_iops_log="$work/live" --log_avg_msec=1000 >/dev/null 2>&1
-wait
-python3 - "$work"/live_iops*.log "$seconds" <<'PY'
+wait $changer
+python3 - "$work"/live_iops.1.log "$seconds" <<'PY'
 import sys
 rows = [l.split(",") for l in open(sys.argv[1]) if l.strip()]
 secs = int(sys.argv[2])
