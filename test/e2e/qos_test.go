@@ -62,21 +62,20 @@ func TestVDIQoSLimits(t *testing.T) {
 	}
 }
 
-// qosPhase is how long each limit is measured, after a settling second.
-const qosPhase = 5 * time.Second
-
-// limitedRun runs fio on one connection to vdi through node 0 for two
-// phases, calls change between them, and returns the mean of fio's
-// per-second log (kind "iops" or "bw") over each phase, the first second
-// of each left out (the burst, and the change reaching the gateway).
+// limitedRun runs fio on one connection to vdi through node 0 for 13 s,
+// calls change 7 s after starting it, and returns the mean of fio's
+// per-second log (kind "iops" or "bw") over seconds 1-5 and 9-13 of
+// fio's clock. fio's clock starts when its job does, up to a second or
+// two after the process (connecting): the change lands between 5 and 7 s
+// on it. The first second is left out (the burst after a pause), and the
+// two after the change (it reaching the gateway, the requests queued
+// under the old limit).
 func limitedRun(t *testing.T, c *testcluster.Cluster, vdi, options, kind string, change func()) [2]float64 {
 	t.Helper()
 	prefix := filepath.Join(t.TempDir(), "log")
-	runtime := 2 * (qosPhase + time.Second)
 	fio, out := startFio(t, "qos-"+kind, c.Node(0).NBDURI(vdi), options+
-		fmt.Sprintf("time_based=1\nruntime=%d\nwrite_%s_log=%s\nlog_avg_msec=1000\n", int(runtime.Seconds()), kind, prefix))
-	started := time.Now()
-	time.Sleep(time.Until(started.Add(qosPhase + time.Second)))
+		fmt.Sprintf("time_based=1\nruntime=13\nwrite_%s_log=%s\nlog_avg_msec=1000\n", kind, prefix))
+	time.Sleep(7 * time.Second)
 	change()
 	if err := fio.Wait(); err != nil {
 		t.Fatalf("fio: %v\n%s", err, out.String())
@@ -90,9 +89,6 @@ func limitedRun(t *testing.T, c *testcluster.Cluster, vdi, options, kind string,
 		t.Fatal(err)
 	}
 	defer f.Close()
-	// Phase one: seconds 2..6 of fio's clock; the change comes at about
-	// 6 s (fio's clock starts a little after the process), phase two:
-	// seconds 8..12.
 	var sums, counts [2]float64
 	scanner := bufio.NewScanner(f)
 	var lines []string
@@ -107,13 +103,12 @@ func limitedRun(t *testing.T, c *testcluster.Cluster, vdi, options, kind string,
 		if err1 != nil || err2 != nil {
 			continue
 		}
-		phase := qosPhase + time.Second
 		at := time.Duration(ms) * time.Millisecond
 		switch {
-		case at > 2*time.Second && at <= phase:
+		case at > time.Second && at <= 5*time.Second:
 			sums[0] += value
 			counts[0]++
-		case at > phase+2*time.Second && at <= 2*phase:
+		case at > 9*time.Second && at <= 13*time.Second:
 			sums[1] += value
 			counts[1]++
 		}
