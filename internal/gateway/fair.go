@@ -39,11 +39,15 @@ import (
 //  4. Share: Options.FairSlots divided by the busy VDIs (those with
 //     requests in flight or queued), at least 1.
 
-// DefaultFairSlots is Options.FairSlots's default: enough requests in
-// flight to keep every replica of a small cluster busy (the NBD server
-// allows 64 per connection), few enough that one VDI cannot fill the
-// node's queues.
-const DefaultFairSlots = 32
+// DefaultFairSlots is Options.FairSlots's default. Measured on 2 cores
+// running 3 nodes (docs/BENCHMARKS.md "Per-VDI QoS"): the fewer slots,
+// the less a QD128 VDI fills the node's CPU queues and the lower a QD1
+// VDI's p99 beside it (unbounded 15 ms, 16 slots 7 ms, 8 slots 3-5 ms
+// for 4 KiB reads), at some cost to the QD128 VDI's throughput (within
+// the run-to-run spread at 16). 16 requests in flight still keep every
+// replica of a small cluster busy for one heavy VDI; a node with more
+// cores or slower replicas may want more (--fair-slots).
+const DefaultFairSlots = 16
 
 // fairQueue hands out the node's request slots (see above).
 type fairQueue struct {
