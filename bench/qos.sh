@@ -104,8 +104,8 @@ python3 - "$work"/live_iops.1.log "$seconds" <<'PY'
 import sys
 rows = [l.split(",") for l in open(sys.argv[1]) if l.strip()]
 secs = int(sys.argv[2])
-first = [int(r[1]) for r in rows if 1000 < int(r[0]) <= secs * 1000]
+first = [int(r[1]) for r in rows if 1000 < int(r[0]) <= (secs - 1) * 1000]
 second = [int(r[1]) for r in rows if (secs + 1) * 1000 < int(r[0]) <= 2 * secs * 1000]
-print("live change: %.0f IOPS under 200, %.0f IOPS under 400 (per-second means, first second of each excluded)" % (sum(first) / max(len(first), 1), sum(second) / max(len(second), 1)))
+print("live change: %.0f IOPS under 200, %.0f IOPS under 400 (per-second means; the first second and the second of the change left out)" % (sum(first) / max(len(first), 1), sum(second) / max(len(second), 1)))
 PY
 "$bin" vdi set small --write-iops-limit 0 >/dev/null
