@@ -81,6 +81,7 @@ sleep 3
 job qd1-randread-beside-limited "$small" randread 4k 1 "$seconds"
 job qd1-randwrite-beside-limited "$small" randwrite 4k 1 "$seconds"
 wait $noisy
+python3 -c 'import json,sys; t=open(sys.argv[1]).read(); w=json.loads(t[t.index("{"):])["jobs"][0]["write"]; print("%-28s %-5s %8.0f IOPS" % ("qd128-randwrite (limited)", "write", w["iops"]))' "$work/qd128-limited.json"
 "$bin" vdi set bulk --write-iops-limit 0 >/dev/null
 echo "== limit accuracy (QD16 on small)"
 "$bin" vdi set small --write-iops-limit 500 >/dev/null
