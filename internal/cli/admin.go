@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -319,6 +320,7 @@ func vdiCommand(g *globals) *cobra.Command {
 					writers = "exclusive (a second writer is refused)"
 				}
 				fmt.Fprintf(w, "Writers:\t%s\n", writers)
+				fmt.Fprintf(w, "Limits:\t%s\n", v.Limits)
 			}
 			if v.Snapshot {
 				fmt.Fprintf(w, "Snapshot:\t%s, taken %s (read-only; export %s)\n", v.Tag, v.SnapshotTime.Local().Format(time.DateTime), v.FullName())
@@ -415,14 +417,36 @@ func vdiCommand(g *globals) *cobra.Command {
 	create.Flags().BoolVar(&createHandover, "handover", false, "the default now (kept for scripts)")
 	create.Flags().MarkHidden("handover")
 	create.MarkFlagsMutuallyExclusive("exclusive", "handover")
+	var limitFlags [6]string
+	limitNames := [6]string{"iops-limit", "read-iops-limit", "write-iops-limit", "bps-limit", "read-bps-limit", "write-bps-limit"}
 	set := &cobra.Command{
-		Use:   "set NAME --exclusive[=false]",
-		Short: "change a VDI's settings",
-		Args:  args(1, "NAME --exclusive[=false]"),
+		Use:   "set NAME [--exclusive[=false]] [--iops-limit N] [--read-iops-limit N] [--write-iops-limit N] [--bps-limit RATE] [--read-bps-limit RATE] [--write-bps-limit RATE]",
+		Short: "change a VDI's settings: exclusive writer, QoS limits (applied live by every node serving it; 0 = unlimited)",
+		Args:  args(1, "NAME [--exclusive[=false]] [--iops-limit N] [--read-iops-limit N] [--write-iops-limit N] [--bps-limit RATE] [--read-bps-limit RATE] [--write-bps-limit RATE]"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			var settings cluster.VDISettings
 			if cmd.Flags().Changed("exclusive") {
 				settings.Exclusive = &setExclusive
+			}
+			targets := [6]**uint64{&settings.IOPS, &settings.ReadIOPS, &settings.WriteIOPS, &settings.BPS, &settings.ReadBPS, &settings.WriteBPS}
+			changed := settings.Exclusive != nil
+			for i, name := range limitNames {
+				if !cmd.Flags().Changed(name) {
+					continue
+				}
+				parse := parseIOPSLimit
+				if i >= 3 {
+					parse = parseBPSLimit
+				}
+				v, err := parse(name, limitFlags[i])
+				if err != nil {
+					return err
+				}
+				*targets[i] = &v
+				changed = true
+			}
+			if !changed {
+				return fmt.Errorf("nothing to change: give --exclusive[=false], --iops-limit, --read-iops-limit, --write-iops-limit, --bps-limit, --read-bps-limit or --write-bps-limit")
 			}
 			ctx, cancel := g.context()
 			defer cancel()
@@ -434,6 +458,17 @@ func vdiCommand(g *globals) *cobra.Command {
 		},
 	}
 	set.Flags().BoolVar(&setExclusive, "exclusive", true, "true: a second writer is refused while the VDI is open for writing; false: it takes the writer lock over (live migration)")
+	for i, name := range limitNames {
+		usage := map[string]string{
+			"iops-limit":       "at most `N` requests per second, reads and writes together, per node serving the VDI (0 = unlimited)",
+			"read-iops-limit":  "at most `N` reads per second (0 = unlimited)",
+			"write-iops-limit": "at most `N` writes per second; TRIM and WRITE_ZEROES count as writes (0 = unlimited)",
+			"bps-limit":        "at most `RATE` bytes per second read and written together, e.g. 100MiB or 100MiB/s (0 = unlimited)",
+			"read-bps-limit":   "at most `RATE` bytes per second read (0 = unlimited)",
+			"write-bps-limit":  "at most `RATE` bytes per second written (0 = unlimited)",
+		}[name]
+		set.Flags().StringVar(&limitFlags[i], name, "", usage)
+	}
 	status := &cobra.Command{
 		Use:   "status NAME",
 		Short: "who has a VDI open: through which node, from which client, read-only or writing, since when",
@@ -622,6 +657,9 @@ func printVDIStatus(w *tabwriter.Writer, st api.VDIStatus) {
 		mode = "exclusive (a second writer is refused)"
 	}
 	fmt.Fprintf(w, "writers\t%s\n", mode)
+	if !v.Snapshot {
+		fmt.Fprintf(w, "limits\t%s (per node serving it)\n", v.Limits)
+	}
 	if st.Lock != nil {
 		l := st.Lock
 		fmt.Fprintf(w, "writer lock\tnode %s since %s (generation %d)\n", l.Node, l.Acquired.Local().Format(time.DateTime), l.Generation)
@@ -706,6 +744,46 @@ func parseRate(text string) (uint64, error) {
 	n, err := size.Parse(strings.TrimSuffix(text, "/s"))
 	if err != nil {
 		return 0, fmt.Errorf("--max-rate %q: %v (a size per second such as 100MiB/s, or 0 for unlimited)", text, err)
+	}
+	return n, nil
+}
+
+// parseIOPSLimit reads a --*-iops-limit: a whole number of requests per
+// second ("500" or "500/s"), or 0 / "unlimited".
+func parseIOPSLimit(flag, text string) (uint64, error) {
+	t := strings.TrimSuffix(strings.TrimSpace(text), "/s")
+	if t == "unlimited" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(t, 10, 64)
+	if err != nil || n > cluster.MaxIOPSLimit {
+		return 0, fmt.Errorf("--%s %q: give a whole number of requests per second from 1 to %d, or 0 for unlimited", flag, text, cluster.MaxIOPSLimit)
+	}
+	return n, nil
+}
+
+// parseBPSLimit reads a --*-bps-limit: a size per second ("100MiB",
+// "100MiB/s"), or 0 / "unlimited".
+func parseBPSLimit(flag, text string) (uint64, error) {
+	t := strings.TrimSpace(text)
+	if t == "0" || t == "unlimited" {
+		return 0, nil
+	}
+	bad := func(why string) error {
+		return fmt.Errorf("--%s %q: %s (give a size per second from %s/s to %s/s such as 100MiB or 100MiB/s, or 0 for unlimited)",
+			flag, text, why, size.Format(cluster.MinBPSLimit), size.Format(cluster.MaxBPSLimit))
+	}
+	if strings.HasPrefix(t, "-") {
+		return 0, bad("negative")
+	}
+	n, err := size.Parse(strings.TrimSuffix(t, "/s"))
+	switch {
+	case err != nil:
+		return 0, bad(err.Error())
+	case n > cluster.MaxBPSLimit:
+		return 0, bad("too large")
+	case n < cluster.MinBPSLimit && n != 0:
+		return 0, bad("too small: one large request would wait for minutes")
 	}
 	return n, nil
 }

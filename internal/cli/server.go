@@ -118,6 +118,7 @@ hypervisor.`,
 	f.DurationVar(&o.NBDLimits.HandshakeTimeout, "nbd-handshake-timeout", 30*time.Second, "time allowed for an NBD handshake, TLS included")
 	f.IntVar(&o.Gateway.PiecesPerRequest, "pieces-per-request", gateway.DefaultPiecesPerRequest, "object pieces of one NBD request handled at once")
 	f.IntVar(&o.Gateway.ZeroPieces, "zero-pieces", gateway.DefaultZeroPieces, "TRIM/WRITE_ZEROES object pieces in flight on this node")
+	f.IntVar(&o.Gateway.FairSlots, "fair-slots", gateway.DefaultFairSlots, "NBD requests doing replica I/O at once on this node, shared fairly between VDIs (-1: no bound)")
 	f.StringVar(&cowMemory, "cow-memory", "32MiB", "memory for copy-on-write buffers on this node")
 	f.DurationVar(&o.NBDLimits.ReplyTimeout, "nbd-reply-timeout", 30*time.Second, "an NBD client that does not read its replies this long is disconnected")
 	f.DurationVar(&o.ScrubInterval, "scrub-interval", 7*24*time.Hour, "time between the starts of two scrub passes (every copy read and verified)")

@@ -851,10 +851,10 @@ func applyVDIRollback(s *State, data []byte) (any, error) {
 
 // keepSettings carries what belongs to the VDI's name, not to one id of
 // it, to the VDI a snapshot or rollback puts under that name: whether it
-// is exclusive, its handover count, and the broken lock generation (the
-// lock is the name's: its fenced holder stays fenced).
+// is exclusive, its QoS limits, its handover count, and the broken lock
+// generation (the lock is the name's: its fenced holder stays fenced).
 func keepSettings(to, from *VDI) {
-	to.Exclusive, to.Handovers, to.BrokenGeneration = from.Exclusive, from.Handovers, from.BrokenGeneration
+	to.Exclusive, to.Limits, to.Handovers, to.BrokenGeneration = from.Exclusive, from.Limits, from.Handovers, from.BrokenGeneration
 }
 
 func applyGarbageDone(s *State, data []byte) (any, error) {

@@ -88,7 +88,7 @@ var fuzzPayloads = map[commandType][]any{
 	commandLockWant:      {lockCommand{Key: vdiLockKey("db"), Node: "b", Incarnation: "1", Session: "t", Time: t0}, lockCommand{Key: vdiLockKey("vm"), Node: "b", Incarnation: "1", Session: "t"}, lockCommand{Key: vdiLockKey("db"), Node: "zz", Incarnation: "1", Session: "t"}},
 	commandLockHandover:  {lockHandoverCommand{Key: vdiLockKey("db"), FromNode: "a", FromSession: "s", To: LockOwner{Node: "b", Incarnation: "1", Session: "t"}, Time: t0}, lockHandoverCommand{Key: vdiLockKey("db"), FromNode: "a", FromSession: "s", To: LockOwner{Node: "zz"}}, lockHandoverCommand{Key: vdiLockKey("vm"), FromNode: "b"}},
 	commandLockBreak:     {lockBreakCommand{Key: vdiLockKey("db"), By: "admin", Time: t0}, lockBreakCommand{Key: "none"}},
-	commandVDISet:        {vdiSetCommand{Name: "db", Settings: VDISettings{Exclusive: ptr(true)}}, vdiSetCommand{Name: "vm@s1", Settings: VDISettings{Exclusive: ptr(true)}}, vdiSetCommand{Name: "none"}},
+	commandVDISet:        {vdiSetCommand{Name: "db", Settings: VDISettings{Exclusive: ptr(true)}}, vdiSetCommand{Name: "db", Settings: VDISettings{LimitSettings: LimitSettings{WriteIOPS: ptr[uint64](500), BPS: ptr[uint64](1 << 30)}}}, vdiSetCommand{Name: "vm@s1", Settings: VDISettings{Exclusive: ptr(true)}}, vdiSetCommand{Name: "none"}},
 	commandNodeMaintenance: {nodeMaintenanceCommand{ID: "c", Until: t0.Add(time.Hour), Time: t0}, nodeMaintenanceCommand{ID: "c", Time: t0},
 		nodeMaintenanceCommand{ID: "zz", Until: t0.Add(time.Hour), Time: t0}, nodeMaintenanceCommand{ID: "a", Until: t0.Add(30 * 24 * time.Hour), Time: t0}},
 }

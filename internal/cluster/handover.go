@@ -79,14 +79,24 @@ func (c lockBreakCommand) check() error {
 // VDISettings are what `herd vdi set` changes; nil leaves a value as it is.
 type VDISettings struct {
 	Exclusive *bool `json:"exclusive,omitempty"`
+	// LimitSettings change the VDI's QoS limits (qos.go).
+	LimitSettings
 }
+
+// empty says whether the settings change nothing.
+func (s VDISettings) empty() bool { return s.Exclusive == nil && s.LimitSettings.empty() }
 
 type vdiSetCommand struct {
 	Name     string      `json:"name"`
 	Settings VDISettings `json:"settings"`
 }
 
-func (c vdiSetCommand) check() error { return checkLength("vdi name", c.Name, MaxNameLength) }
+func (c vdiSetCommand) check() error {
+	if err := checkLength("vdi name", c.Name, MaxNameLength); err != nil {
+		return err
+	}
+	return c.Settings.validate()
+}
 
 // grantLock gives key to owner with the next generation.
 func grantLock(s *State, key string, owner LockOwner, at time.Time) *Lock {
@@ -212,6 +222,7 @@ func applyVDISet(s *State, data []byte) (any, error) {
 			}
 		}
 	}
+	c.Settings.LimitSettings.apply(&v.Limits)
 	return *v, nil
 }
 
@@ -252,8 +263,11 @@ func (c *Cluster) BreakLock(ctx context.Context, key, by string) (Lock, error) {
 // SetVDI changes a VDI's settings.
 func (c *Cluster) SetVDI(ctx context.Context, name string, settings VDISettings) (VDI, error) {
 	var v VDI
-	if settings.Exclusive == nil {
-		return v, fmt.Errorf("%w: give --exclusive or --exclusive=false", ErrInvalid)
+	if settings.empty() {
+		return v, fmt.Errorf("%w: nothing to change: give %s", ErrInvalid, settingFlags)
+	}
+	if err := settings.validate(); err != nil {
+		return v, err
 	}
 	out, err := c.propose(ctx, commandVDISet, vdiSetCommand{Name: name, Settings: settings})
 	if err != nil {

@@ -167,6 +167,8 @@ type VDI struct {
 	// for good, where a holder that lost its lock otherwise takes it
 	// again.
 	BrokenGeneration uint64 `json:"broken_generation,omitempty"`
+	// Limits are the VDI's QoS limits, paced by each gateway (qos.go).
+	Limits Limits `json:"limits,omitzero"`
 }
 
 // FullName is NAME for a writable VDI and NAME@TAG for a snapshot.

@@ -125,6 +125,16 @@ func (c *fakeCluster) WaitLock(ctx context.Context, key string, done func(cluste
 	return l, held, ctx.Err()
 }
 
+// WaitVDI: the fake's VDIs never change their limits.
+func (c *fakeCluster) WaitVDI(ctx context.Context, name string, done func(cluster.VDI, error) bool) (cluster.VDI, error) {
+	v, err := c.VDI(name)
+	if done(v, err) {
+		return v, err
+	}
+	<-ctx.Done()
+	return v, ctx.Err()
+}
+
 func (c *fakeCluster) WantLock(ctx context.Context, key, session string) (cluster.LockWant, error) {
 	l, err := c.AcquireLock(ctx, key, session)
 	return cluster.LockWant{Lock: l, Granted: err == nil}, err

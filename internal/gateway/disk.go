@@ -67,6 +67,10 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 		return err
 	}
 	g, state := d.gateway, d.state
+	// QoS first, never under io (qos.go rule 2).
+	if err := state.limiter.wait(ctx, false, uint64(len(p))); err != nil {
+		return err
+	}
 	state.io.RLock()
 	defer state.io.RUnlock()
 	if !d.readOnly {
@@ -76,6 +80,11 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 			return err
 		}
 	}
+	release, err := d.slot(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	vdi, chain := state.current()
 	return d.each(ctx, pieces, func(pc piece) error {
 		buffer := p[pc.start : pc.start+pc.length]
@@ -105,11 +114,20 @@ func (d *Disk) WriteAt(ctx context.Context, p []byte, offset uint64, fua bool) e
 	if err != nil {
 		return err
 	}
+	// QoS first, never under io (qos.go rule 2).
+	if err := d.state.limiter.wait(ctx, true, uint64(len(p))); err != nil {
+		return err
+	}
 	d.state.io.RLock()
 	defer d.state.io.RUnlock()
 	if err := d.gateway.ensureWriter(ctx, d.state); err != nil {
 		return err
 	}
+	release, err := d.slot(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx = d.gateway.withFence(ctx, d.state)
 	vdi, chain := d.state.current()
 	return d.each(ctx, pieces, func(pc piece) error {
@@ -226,11 +244,20 @@ func (d *Disk) zero(ctx context.Context, offset, length uint64, noHole, fua bool
 		return err
 	}
 	g, state := d.gateway, d.state
+	// QoS first, never under io (qos.go rule 2): a request, no bytes.
+	if err := state.limiter.wait(ctx, true, 0); err != nil {
+		return err
+	}
 	state.io.RLock()
 	defer state.io.RUnlock()
 	if err := g.ensureWriter(ctx, state); err != nil {
 		return err
 	}
+	release, err := d.slot(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	ctx = g.withFence(ctx, state)
 	vdi, chain := state.current()
 	what := "TRIM"

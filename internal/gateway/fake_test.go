@@ -396,6 +396,35 @@ func (c *fakeCluster) addVDI(name string, id uint32, size uint64) {
 	c.vdis[name] = cluster.VDI{ID: id, Name: name, Size: size, Copies: c.format.Copies, ObjectSize: c.format.ObjectSize, Since: c.epochs[len(c.epochs)-1].Number}
 }
 
+// setLimits changes a VDI's QoS limits, as `herd vdi set` does.
+func (c *fakeCluster) setLimits(name string, limits cluster.Limits) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v := c.vdis[name]
+	v.Limits = limits
+	c.vdis[name] = v
+	c.lockChangedLocked() // lockChanged tells WaitVDI too
+}
+
+// WaitVDI is cluster's: done is called again whenever a lock or a VDI's
+// limits change.
+func (c *fakeCluster) WaitVDI(ctx context.Context, name string, done func(cluster.VDI, error) bool) (cluster.VDI, error) {
+	for {
+		c.mu.Lock()
+		changed := c.lockChanged
+		c.mu.Unlock()
+		v, err := c.VDI(name)
+		if done(v, err) {
+			return v, err
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return v, ctx.Err()
+		}
+	}
+}
+
 func (c *fakeCluster) setExclusive(name string, exclusive bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

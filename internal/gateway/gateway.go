@@ -26,7 +26,8 @@
 //
 // Lock order (outermost first): vdiState.openMu (open/close of the VDI's
 // writer lock) > vdiState.io (shared by requests, exclusive by a
-// snapshot) > Gateway.zeroPieces (a TRIM/WRITE_ZEROES piece's slot) >
+// snapshot) > a request slot (fair.go; QoS waits come before io, qos.go)
+// > Gateway.zeroPieces (a TRIM/WRITE_ZEROES piece's slot) >
 // vdiState.allocation[i] (first write / copy-on-write of object i) >
 // Gateway.copyBytes (a copy's buffer) > Gateway.objectLocks[oid] (shared
 // by changes, exclusive while a replica recovers oid) > vdiState.mu,
@@ -40,6 +41,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -63,6 +65,7 @@ type Cluster interface {
 	HandOverLock(ctx context.Context, key, session string, to cluster.LockOwner) error
 	Node(id string) (cluster.Node, bool)
 	VDI(name string) (cluster.VDI, error)
+	WaitVDI(ctx context.Context, name string, done func(v cluster.VDI, err error) bool) (cluster.VDI, error)
 	LookupVDI(ctx context.Context, name string) (cluster.VDI, error)
 	Tree() []cluster.VDI
 	Chain(id uint32) []uint32
@@ -103,6 +106,10 @@ type Options struct {
 	// node (0: DefaultCopyBytes). A copy of an object larger than the
 	// whole bound runs alone.
 	CopyBytes int64
+	// FairSlots bounds the requests doing replica I/O on this node at
+	// once; beyond it requests queue per VDI and are served in turn
+	// (fair.go). 0: DefaultFairSlots; negative: no bound.
+	FairSlots int
 }
 
 // Gateway serves the VDIs opened through this node.
@@ -118,8 +125,14 @@ type Gateway struct {
 	// writer serves it (maintenance.RepairUnclean; SetRepair).
 	repair atomic.Pointer[func(ctx context.Context, vdi cluster.VDI) error]
 
-	mu   sync.Mutex // guards open
+	mu   sync.Mutex // guards open and limiters
 	open map[string]*vdiState
+	// limiters pace each open VDI name's requests (qos.go); snapshots is
+	// the one of every snapshot's opens, never limited.
+	limiters  map[string]*limiter
+	snapshots *limiter
+	// fair shares the node's request slots between VDIs (fair.go).
+	fair *fairQueue
 
 	// ctx ends the gateway's own goroutines (the lock watchers); Close
 	// cancels it.
@@ -166,8 +179,14 @@ func New(c Cluster, layouts *layout.History, replicas Replicas, logger *slog.Log
 	if options.CopyBytes <= 0 {
 		options.CopyBytes = DefaultCopyBytes
 	}
+	switch {
+	case options.FairSlots == 0:
+		options.FairSlots = DefaultFairSlots
+	case options.FairSlots < 0:
+		options.FairSlots = math.MaxInt
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Gateway{cluster: c, layouts: layouts, replicas: replicas, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, dirty: map[string]bool{}, ctx: ctx, cancel: cancel,
+	return &Gateway{cluster: c, layouts: layouts, replicas: replicas, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, limiters: map[string]*limiter{}, snapshots: &limiter{}, fair: newFairQueue(options.FairSlots), dirty: map[string]bool{}, ctx: ctx, cancel: cancel,
 		zeroPieces: newSemaphore("TRIM/WRITE_ZEROES pieces in flight", "pieces", int64(options.ZeroPieces)),
 		copyBytes:  newSemaphore("copy-on-write buffers", "bytes", options.CopyBytes),
 	}

@@ -33,6 +33,11 @@ type vdiState struct {
 	// which so falls exactly between completed writes.
 	io waitlock.RWLock
 
+	// limiter paces requests to the VDI's QoS limits, before they take
+	// io (qos.go); shared by the states of NAME and ro/NAME. Set at
+	// creation.
+	limiter *limiter
+
 	mu       sync.Mutex // guards the fields below, up to openMu
 	vdi      cluster.VDI
 	chain    []uint32 // vdi.ID, then its ancestors, nearest first
@@ -113,7 +118,7 @@ func (g *Gateway) Open(ctx context.Context, name string) (*Disk, error) {
 	g.mu.Lock()
 	state, ok := g.open[key]
 	if !ok {
-		state = &vdiState{key: key, vdi: vdi, chain: g.cluster.Chain(vdi.ID), pages: map[uint64][]uint32{}, disks: map[*Disk]struct{}{}}
+		state = &vdiState{key: key, vdi: vdi, chain: g.cluster.Chain(vdi.ID), pages: map[uint64][]uint32{}, disks: map[*Disk]struct{}{}, limiter: g.limiterFor(vdi)}
 		g.open[key] = state
 	}
 	state.refs++
@@ -270,8 +275,11 @@ func (g *Gateway) release(state *vdiState, kind openKind) {
 	}
 	g.mu.Lock()
 	state.refs--
-	if state.refs == 0 && g.open[state.key] == state {
-		delete(g.open, state.key)
+	if state.refs == 0 {
+		if g.open[state.key] == state {
+			delete(g.open, state.key)
+		}
+		g.dropLimiter(state.limiter)
 	}
 	g.mu.Unlock()
 }
