@@ -42,12 +42,17 @@ PY
 }
 : > "$work/steps.txt"
 step "backup full" "$bin" --json backup create ${BACKUP_ARGS:-} vm "$store"
-# 1% of the VDI: 1 MiB writes spread over the disk (one per 100 MiB).
-changes=$(( (gib << 10) / 100 ))
+# 1% of the VDI, in writes of CHANGE_MIB (default 1) spread evenly over
+# the disk: with 1 MiB, each write is in its own 4 MiB object (the worst
+# case for object-granular change tracking: 4x the bytes are read); with
+# 4, whole objects.
+mib=${CHANGE_MIB:-1}
+changes=$(( (gib << 10) / 100 / mib ))
+stride=$(( (gib << 10) / changes / 4 * 4 ))
 args=()
-for i in $(seq 0 $((changes - 1))); do args+=(-c "write -P $((i % 200 + 1)) $((i * 100))M 1M"); done
+for i in $(seq 0 $((changes - 1))); do args+=(-c "write -P $((i % 200 + 1)) $((i * stride))M ${mib}M"); done
 qemu-io -f raw "${args[@]}" "nbd+unix:///vm?socket=$work/cluster/node1/nbd.sock" > /dev/null
-echo "== changed ${changes} MiB in ${changes} writes of 1 MiB"
+echo "== changed $((changes * mib)) MiB in ${changes} writes of ${mib} MiB"
 step "backup incremental" "$bin" --json backup create ${BACKUP_ARGS:-} vm "$store"
 id=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["id"])' "$work/step.json")
 step "restore restore" "$bin" --json backup restore "$store" "$id" restored
