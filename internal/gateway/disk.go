@@ -332,32 +332,18 @@ type Extent struct {
 // Extents describes [offset, offset+length): objects this VDI reads
 // zeros from are holes.
 func (d *Disk) Extents(ctx context.Context, offset, length uint64) ([]Extent, error) {
-	pieces, err := d.pieces(offset, length)
+	layers, err := d.Layers(ctx, offset, length)
 	if err != nil {
 		return nil, err
 	}
-	if !d.readOnly {
-		d.state.io.RLock()
-		defer d.state.io.RUnlock()
-		if err := d.gateway.ensureWriter(ctx, d.state); err != nil {
-			return nil, err
-		}
-	}
-	vdi, chain := d.state.current()
-	refresh := d.readOnly && !vdi.Snapshot
-	extents := make([]Extent, 0, min(pieces.count(), 64))
-	for i := range pieces.count() {
-		pc := pieces.piece(i)
-		owner, err := d.gateway.resolve(ctx, d.state, vdi, chain, pc.index, refresh)
-		if err != nil {
-			return nil, err
-		}
-		hole := owner == 0
+	extents := make([]Extent, 0, len(layers))
+	for _, l := range layers {
+		hole := l.Depth == 0 || l.Zero // never written, or zeroed with a tombstone
 		if n := len(extents); n > 0 && extents[n-1].Hole == hole {
-			extents[n-1].Length += pc.length
+			extents[n-1].Length += l.Length
 			continue
 		}
-		extents = append(extents, Extent{Length: pc.length, Hole: hole})
+		extents = append(extents, Extent{Length: l.Length, Hole: hole})
 	}
 	return extents, nil
 }
