@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -459,6 +460,13 @@ func (c *objectClientConnection) writeRequests() {
 		case <-c.done:
 			return
 		}
+		// Let the goroutines that are ready to run queue theirs first: at
+		// depth they are many, and one write (one system call, one TLS
+		// record, one read at the other end) then carries them all.
+		// Measured on 3 nodes, 4 KiB random writes at QD32: +25-50% IOPS
+		// and 20-30% less CPU per write; at QD1 nothing else is ready and
+		// the yield returns at once.
+		runtime.Gosched()
 		batch = batch[:0]
 		vectors.reset()
 		for call != nil {

