@@ -236,13 +236,40 @@ type FSM struct {
 	applied uint64
 	waiters map[uint64][]chan struct{} // closed once applied >= key
 
-	epochMu      sync.Mutex    // guards epochChanged and changed
+	epochMu      sync.Mutex    // guards the fields below
 	epochChanged chan struct{} // closed and replaced whenever the epoch changes
 	changed      chan struct{} // closed and replaced after every applied batch
+	// epochCtx ends when an epoch other than epochNumber is signalled
+	// (epochContext), so that a round of requests can end with its epoch
+	// without a goroutine waiting for it (layout.Scoped).
+	epochCtx    context.Context
+	epochCancel context.CancelFunc
+	epochNumber uint64
 }
 
 func newFSM() *FSM {
-	return &FSM{state: newState(), waiters: map[uint64][]chan struct{}{}, epochChanged: make(chan struct{}), changed: make(chan struct{})}
+	f := &FSM{state: newState(), waiters: map[uint64][]chan struct{}{}, epochChanged: make(chan struct{}), changed: make(chan struct{})}
+	f.epochCtx, f.epochCancel = context.WithCancel(context.Background())
+	return f
+}
+
+// lastEpoch is the number of the newest epoch in the state (0: none).
+func (f *FSM) lastEpoch() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if n := len(f.state.Epochs); n > 0 {
+		return f.state.Epochs[n-1].Number
+	}
+	return 0
+}
+
+// epochContext returns the epoch signalled last and a context that ends
+// when another is. The state may already hold a newer epoch that is not
+// signalled yet; its signal follows and ends the context.
+func (f *FSM) epochContext() (context.Context, uint64) {
+	f.epochMu.Lock()
+	defer f.epochMu.Unlock()
+	return f.epochCtx, f.epochNumber
 }
 
 // changes returns a channel closed after the next applied batch.
@@ -260,9 +287,14 @@ func (f *FSM) signalChange() {
 }
 
 func (f *FSM) signalEpoch() {
-	f.epochMu.Lock()
+	f.epochMu.Lock() // lock order: epochMu > mu (lastEpoch)
 	close(f.epochChanged)
 	f.epochChanged = make(chan struct{})
+	if n := f.lastEpoch(); n != f.epochNumber {
+		f.epochCancel()
+		f.epochCtx, f.epochCancel = context.WithCancel(context.Background())
+		f.epochNumber = n
+	}
 	f.epochMu.Unlock()
 }
 

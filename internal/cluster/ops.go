@@ -635,6 +635,10 @@ func (c *applied) WaitEpoch(ctx context.Context, after uint64) (EpochView, error
 	}
 }
 
+// EpochContext returns the newest epoch this node has applied and
+// signalled, and a context that ends once it applies another.
+func (c *applied) EpochContext() (context.Context, uint64) { return c.fsm.epochContext() }
+
 // Incarnation identifies this process (lock owners carry it).
 func (c *Cluster) Incarnation() string { return c.cfg.Incarnation }
 

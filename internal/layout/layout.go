@@ -173,11 +173,39 @@ type Waiter interface {
 	WaitEpoch(ctx context.Context, after uint64) (cluster.EpochView, error)
 }
 
+// EpochContexter is what lets Scoped end a round with its epoch without
+// a goroutine per round (cluster's applied log has it).
+type EpochContexter interface {
+	// EpochContext returns an epoch and a context that ends once the
+	// node moves to another.
+	EpochContext() (context.Context, uint64)
+}
+
 // Scoped returns a context for one round of requests in epoch: it ends
 // when a newer epoch arrives (the requests go again on the new layout)
 // or after limit.
+//
+// Every replicated request runs one round or more, so this is on the
+// data path: with an EpochContexter, the round's end is a callback on
+// the epoch's context (no goroutine, no view of the log built per
+// round); only a round for an epoch the node has not signalled yet, or
+// a Waiter without EpochContext, waits on a goroutine of its own.
 func Scoped(ctx context.Context, c Waiter, epoch uint64, limit time.Duration) (context.Context, context.CancelFunc) {
 	scope, cancel := context.WithTimeout(ctx, limit)
+	if e, ok := c.(EpochContexter); ok {
+		epochCtx, current := e.EpochContext()
+		switch {
+		case current > epoch:
+			cancel() // already over
+			return scope, cancel
+		case current == epoch:
+			stop := context.AfterFunc(epochCtx, cancel)
+			return scope, func() {
+				stop()
+				cancel()
+			}
+		}
+	}
 	go func() {
 		c.WaitEpoch(scope, epoch)
 		cancel()
