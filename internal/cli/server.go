@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -18,6 +19,7 @@ import (
 func serverCommand() *cobra.Command {
 	var o server.Options
 	var capacity, level, logFormat, joinTokenFile, memoryBudget, cowMemory, scrubRate string
+	var cpus int
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "run a herd node on this host",
@@ -56,6 +58,9 @@ hypervisor.`,
 			if o.ScrubInterval <= 0 {
 				return fmt.Errorf("--scrub-interval %v: must be a positive duration (such as 168h)", o.ScrubInterval)
 			}
+			if cpus < 0 {
+				return fmt.Errorf("--cpus %d: a number of cores, at least 1 (0: every core the host or its cgroup allows)", cpus)
+			}
 			rate, err := parseRate(scrubRate)
 			if err != nil || rate == 0 {
 				return fmt.Errorf("--scrub-max-rate %q: a size per second such as 50MiB/s (the scrub is always limited)", scrubRate)
@@ -91,7 +96,13 @@ hypervisor.`,
 				return err
 			}
 			o.Logger = logger
-			logger.Info("herd starting", "version", version.Get().String())
+			if cpus > 0 {
+				// Go's scheduler keeps up to GOMAXPROCS threads running herd's
+				// goroutines, and idle ones spin looking for work: on a host
+				// whose cores also run the VMs, --cpus bounds herd's share.
+				runtime.GOMAXPROCS(cpus)
+			}
+			logger.Info("herd starting", "version", version.Get().String(), "cpus", runtime.GOMAXPROCS(0))
 			ctx, cancel := signalContext()
 			defer cancel()
 			return server.Run(ctx, o)
@@ -119,6 +130,7 @@ hypervisor.`,
 	f.IntVar(&o.Gateway.PiecesPerRequest, "pieces-per-request", gateway.DefaultPiecesPerRequest, "object pieces of one NBD request handled at once")
 	f.IntVar(&o.Gateway.ZeroPieces, "zero-pieces", gateway.DefaultZeroPieces, "TRIM/WRITE_ZEROES object pieces in flight on this node")
 	f.IntVar(&o.Gateway.FairSlots, "fair-slots", gateway.DefaultFairSlots, "NBD requests doing replica I/O at once on this node, shared fairly between VDIs (-1: no bound)")
+	f.IntVar(&cpus, "cpus", 0, "cores herd runs on at once (Go's GOMAXPROCS; 0: all the host or its cgroup allows); on a host that also runs VMs, leaves the rest to them")
 	f.StringVar(&cowMemory, "cow-memory", "32MiB", "memory for copy-on-write buffers on this node")
 	f.DurationVar(&o.NBDLimits.ReplyTimeout, "nbd-reply-timeout", 30*time.Second, "an NBD client that does not read its replies this long is disconnected")
 	f.DurationVar(&o.ScrubInterval, "scrub-interval", 7*24*time.Hour, "time between the starts of two scrub passes (every copy read and verified)")

@@ -33,6 +33,7 @@ func TestLogFlagsRefuseBadValues(t *testing.T) {
 	for _, args := range [][]string{
 		{"server", "--data", t.TempDir(), "--log-format", "xml"},
 		{"server", "--data", t.TempDir(), "--log-level", "loud"},
+		{"server", "--data", t.TempDir(), "--cpus", "-1"},
 	} {
 		var out, errs bytes.Buffer
 		code := Main(args, &out, &errs)
