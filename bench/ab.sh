@@ -3,7 +3,8 @@
 # (../shared/bench, fio's nbd engine, 3 nodes on $prefix.1-3, copies 3):
 # both binaries are built from git, then run alternately (A B A B ...) so
 # that the machine's drift hits both alike. Prints each round and the
-# mean of each job with the ratio B/A.
+# mean of each job with the ratio B/A, then the same for the CPU time per
+# operation of the three nodes (lib.sh run_jobs).
 #
 #   bench/ab.sh REV_A REV_B [SIZE] [ROUNDS]    e.g. bench/ab.sh b7a8b39 HEAD 1G 3
 #   AB_JOBS=all bench/ab.sh ...                 the whole job set (seqwrite, seqread too)
@@ -46,7 +47,7 @@ for round in $(seq 1 "$rounds"); do
     for kv in $env_vars; do export "${kv?}"; done
     start_cluster 3 3 bench "$size"
     for kv in $env_vars; do unset "${kv%%=*}"; done
-    JOBS=$jobs "$shared/run-fio.sh" "$label-$round" "$out" --ioengine=nbd --uri="$uri" | tee "$out/$label-$round.txt"
+    JOBS=$jobs run_jobs "$label-$round" "$out" --ioengine=nbd --uri="$uri"
     stop_all
   done
 done
@@ -66,5 +67,18 @@ print("%-15s %28s %28s %8s" % ("job (IOPS)", "A: mean [min-max]", "B: mean [min-
 for job in runs["A"][0]:
     a = [r[job] for r in runs["A"]]; b = [r[job] for r in runs["B"]]
     print("%-15s %10.0f [%6.0f-%6.0f] %10.0f [%6.0f-%6.0f] %8.2f" % (job, statistics.mean(a), min(a), max(a), statistics.mean(b), min(b), max(b), statistics.mean(b) / statistics.mean(a)))
+def cpu(name):
+    rows = {}
+    for line in open(os.path.join(out, name + ".cpu")):
+        f = line.split()
+        if f[2] != "precondition":
+            rows[f[2]] = float(f[3])
+    return rows
+cpus = {l: [cpu(f"{l}-{r}") for r in range(1, rounds + 1)] for l in "AB"}
+print()
+print("%-15s %28s %28s %8s" % ("CPU µs per op", "A: mean [min-max]", "B: mean [min-max]", "B/A"))
+for job in cpus["A"][0]:
+    a = [r[job] for r in cpus["A"]]; b = [r[job] for r in cpus["B"]]
+    print("%-15s %10.1f [%6.1f-%6.1f] %10.1f [%6.1f-%6.1f] %8.2f" % (job, statistics.mean(a), min(a), max(a), statistics.mean(b), min(b), max(b), statistics.mean(b) / statistics.mean(a)))
 PY
 echo "results in $out"

@@ -128,3 +128,66 @@ start_qemu_nbd() {
     -x bench -b 127.0.0.1 -p "$port" "$file"
   pids+=($(cat "$work/qemu-nbd.pid"))
 }
+
+# cpu_ticks: the CPU time (utime + stime, in clock ticks) used so far by
+# the processes this script started (the nodes, qemu-nbd, a proxy).
+cpu_ticks() {
+  local pid total=0 u s
+  for pid in "${pids[@]:-}"; do
+    [ -n "$pid" ] && [ -r "/proc/$pid/stat" ] || continue
+    # Fields 14 and 15 after the command name, which may hold spaces.
+    read -r u s < <(sed 's/^.*) //' "/proc/$pid/stat" | awk '{print $12, $13}') || continue
+    total=$((total + u + s))
+  done
+  echo "$total"
+}
+
+# run_jobs LABEL OUT FIO_TARGET_OPTION...: the shared job set
+# (../shared/bench/run-fio.sh) one job at a time, so that each job's CPU
+# time can be told apart: while a job runs, the CPU time of the processes
+# this script started is sampled twice a second, and the CPU time of the
+# job's measured window (its last runtime seconds) over the operations
+# fio counted in it is the CPU per operation. Prints run-fio.sh's line
+# for each job (also appended to OUT/LABEL.txt) and "cpu LABEL JOB
+# CPU_US_PER_OP CORES" (appended to OUT/LABEL.cpu). JOBS and SKIP_PRECOND
+# as for run-fio.sh.
+run_jobs() {
+  local label=$1 out=$2 job sampler hz
+  shift 2
+  hz=$(getconf CLK_TCK)
+  : >"$out/$label.txt"
+  : >"$out/$label.cpu"
+  for job in ${JOBS:-precondition seqwrite seqread randwrite-qd1 randwrite-qd32 randread-qd1 randread-qd32 syncwrite-qd1}; do
+    [ "$job" = precondition ] && [ "${SKIP_PRECOND:-0}" = 1 ] && continue
+    ( while :; do echo "$(date +%s.%N) $(cpu_ticks)"; sleep 0.5; done ) >"$out/$label-$job.samples" &
+    sampler=$!
+    JOBS=$job "$shared/run-fio.sh" "$label" "$out" "$@" | tee -a "$out/$label.txt"
+    echo "$(date +%s.%N) $(cpu_ticks)" >>"$out/$label-$job.samples"
+    kill "$sampler" 2>/dev/null || true
+    wait "$sampler" 2>/dev/null || true
+    cp "$out/$label.json" "$out/$label-$job.json"
+    python3 - "$out/$label-$job.json" "$out/$label-$job.samples" "$hz" "$label" "$job" <<'PY' | tee -a "$out/$label.cpu"
+import json, sys
+path, samples, hz, label, name = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4], sys.argv[5]
+text = open(path).read()
+job = json.loads(text[text.index("{"):])["jobs"][0]  # after fio's "connected" lines
+ops = sum(job[d]["total_ios"] for d in ("read", "write", "trim"))
+window = job["job_runtime"] / 1000.0  # the measured part, after the ramp
+points = []
+for line in open(samples):
+    f = line.split()
+    if len(f) == 2:
+        points.append((float(f[0]), float(f[1])))
+end = points[-1][0]
+start = end - window
+def ticks_at(t):
+    # Linear between the samples around t.
+    for (t0, c0), (t1, c1) in zip(points, points[1:]):
+        if t0 <= t <= t1:
+            return c0 if t1 == t0 else c0 + (c1 - c0) * (t - t0) / (t1 - t0)
+    return points[0][1] if t < points[0][0] else points[-1][1]
+used = (ticks_at(end) - ticks_at(start)) / hz
+print("cpu %s %s %.1f %.2f" % (label, name, 1e6 * used / ops if ops else float("nan"), used / window))
+PY
+  done
+}
