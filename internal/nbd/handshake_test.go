@@ -295,20 +295,6 @@ func TestMetaContextNegotiation(t *testing.T) {
 	}
 	c.option(wire.OptStructuredReply, nil)
 
-	contexts := func(replies []optionReply) []string {
-		t.Helper()
-		if final(replies) != wire.RepAck {
-			t.Fatalf("final reply %#x %q", final(replies), replies[len(replies)-1].data)
-		}
-		var names []string
-		for _, reply := range replies[:len(replies)-1] {
-			if reply.replyType != wire.RepMetaContext {
-				t.Fatalf("reply %#x", reply.replyType)
-			}
-			names = append(names, fmt.Sprintf("%d:%s", binary.BigEndian.Uint32(reply.data), reply.data[4:]))
-		}
-		return names
-	}
 	for _, test := range []struct {
 		option  uint32
 		queries []string
@@ -323,7 +309,7 @@ func TestMetaContextNegotiation(t *testing.T) {
 		{wire.OptSetMetaContext, []string{"base:unknown", "nocolon"}, "[]"},
 		{wire.OptSetMetaContext, []string{wire.BaseAllocation, wire.BaseAllocation}, "[1:base:allocation]"},
 	} {
-		got := fmt.Sprint(contexts(c.option(test.option, metaContextData("disk", test.queries...))))
+		got := fmt.Sprint(contextReplies(t, c.option(test.option, metaContextData("disk", test.queries...))))
 		if got != test.want {
 			t.Errorf("option %d %q: %s, want %s", test.option, test.queries, got, test.want)
 		}
