@@ -307,6 +307,7 @@ func nodeCommand(g *globals) *cobra.Command {
 func vdiCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "vdi", Short: "virtual disk images"}
 	var createHandover, createExclusive, setExclusive bool
+	var setAck string
 	printVDI := func(v cluster.VDI) error {
 		return g.output(v, func(w *tabwriter.Writer) {
 			fmt.Fprintf(w, "Name:\t%s\nID:\t%d\nSize:\t%s (%d bytes)\nCopies:\t%d\nObject size:\t%s\nCreated:\t%s\n",
@@ -320,6 +321,11 @@ func vdiCommand(g *globals) *cobra.Command {
 					writers = "exclusive (a second writer is refused)"
 				}
 				fmt.Fprintf(w, "Writers:\t%s\n", writers)
+				ack := "all (a write is acknowledged once every replica has it)"
+				if v.Ack == cluster.AckZone {
+					ack = "zone (a write is acknowledged once the writer's zone has it; the other zones have it before the next FLUSH completes)"
+				}
+				fmt.Fprintf(w, "Acknowledge:\t%s\n", ack)
 				fmt.Fprintf(w, "Limits:\t%s\n", v.Limits)
 			}
 			if v.Snapshot {
@@ -420,16 +426,19 @@ func vdiCommand(g *globals) *cobra.Command {
 	var limitFlags [6]string
 	limitNames := [6]string{"iops-limit", "read-iops-limit", "write-iops-limit", "bps-limit", "read-bps-limit", "write-bps-limit"}
 	set := &cobra.Command{
-		Use:   "set NAME [--exclusive[=false]] [--iops-limit N] [--read-iops-limit N] [--write-iops-limit N] [--bps-limit RATE] [--read-bps-limit RATE] [--write-bps-limit RATE]",
-		Short: "change a VDI's settings: exclusive writer, QoS limits (applied live by every node serving it; 0 = unlimited)",
-		Args:  args(1, "NAME [--exclusive[=false]] [--iops-limit N] [--read-iops-limit N] [--write-iops-limit N] [--bps-limit RATE] [--read-bps-limit RATE] [--write-bps-limit RATE]"),
+		Use:   "set NAME [--exclusive[=false]] [--ack all|zone] [--iops-limit N] [--read-iops-limit N] [--write-iops-limit N] [--bps-limit RATE] [--read-bps-limit RATE] [--write-bps-limit RATE]",
+		Short: "change a VDI's settings: exclusive writer, when writes are acknowledged, QoS limits (applied live by every node serving it; 0 = unlimited)",
+		Args:  args(1, "NAME [--exclusive[=false]] [--ack all|zone] [--iops-limit N] [--read-iops-limit N] [--write-iops-limit N] [--bps-limit RATE] [--read-bps-limit RATE] [--write-bps-limit RATE]"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			var settings cluster.VDISettings
 			if cmd.Flags().Changed("exclusive") {
 				settings.Exclusive = &setExclusive
 			}
 			targets := [6]**uint64{&settings.IOPS, &settings.ReadIOPS, &settings.WriteIOPS, &settings.BPS, &settings.ReadBPS, &settings.WriteBPS}
-			changed := settings.Exclusive != nil
+			if cmd.Flags().Changed("ack") {
+				settings.Ack = &setAck
+			}
+			changed := settings.Exclusive != nil || settings.Ack != nil
 			for i, name := range limitNames {
 				if !cmd.Flags().Changed(name) {
 					continue
@@ -446,7 +455,7 @@ func vdiCommand(g *globals) *cobra.Command {
 				changed = true
 			}
 			if !changed {
-				return fmt.Errorf("nothing to change: give --exclusive[=false], --iops-limit, --read-iops-limit, --write-iops-limit, --bps-limit, --read-bps-limit or --write-bps-limit")
+				return fmt.Errorf("nothing to change: give --exclusive[=false], --ack, --iops-limit, --read-iops-limit, --write-iops-limit, --bps-limit, --read-bps-limit or --write-bps-limit")
 			}
 			ctx, cancel := g.context()
 			defer cancel()
@@ -458,6 +467,7 @@ func vdiCommand(g *globals) *cobra.Command {
 		},
 	}
 	set.Flags().BoolVar(&setExclusive, "exclusive", true, "true: a second writer is refused while the VDI is open for writing; false: it takes the writer lock over (live migration)")
+	set.Flags().StringVar(&setAck, "ack", "", "when a write without FUA is acknowledged: all (every replica has it) or zone (every replica in the writer's zone has it; the other zones have it before the next FLUSH completes: for zones far apart; see docs/ARCHITECTURE.md)")
 	for i, name := range limitNames {
 		usage := map[string]string{
 			"iops-limit":       "at most `N` requests per second, reads and writes together, per node serving the VDI (0 = unlimited)",

@@ -18,7 +18,7 @@ import (
 
 func serverCommand() *cobra.Command {
 	var o server.Options
-	var capacity, level, logFormat, joinTokenFile, memoryBudget, cowMemory, scrubRate string
+	var capacity, level, logFormat, joinTokenFile, memoryBudget, cowMemory, zoneLag, scrubRate string
 	var cpus int
 	cmd := &cobra.Command{
 		Use:   "server",
@@ -72,6 +72,16 @@ hypervisor.`,
 					return fmt.Errorf("--cow-memory: %w", err)
 				}
 				o.Gateway.CopyBytes = int64(bytes)
+			}
+			if zoneLag != "" {
+				bytes, err := size.Parse(zoneLag)
+				if err != nil {
+					return fmt.Errorf("--zone-lag: %w", err)
+				}
+				if bytes == 0 {
+					return fmt.Errorf("--zone-lag 0: give a size such as 64MiB (the bytes of writes acknowledged in this zone and not yet in the others)")
+				}
+				o.Gateway.LagBytes = int64(bytes)
 			}
 			if memoryBudget != "" {
 				bytes, err := size.Parse(memoryBudget)
@@ -132,6 +142,7 @@ hypervisor.`,
 	f.IntVar(&o.Gateway.FairSlots, "fair-slots", gateway.DefaultFairSlots, "NBD requests doing replica I/O at once on this node, shared fairly between VDIs (-1: no bound)")
 	f.IntVar(&cpus, "cpus", 0, "cores herd runs on at once (Go's GOMAXPROCS; 0: all the host or its cgroup allows); on a host that also runs VMs, leaves the rest to them")
 	f.StringVar(&cowMemory, "cow-memory", "32MiB", "memory for copy-on-write buffers on this node")
+	f.StringVar(&zoneLag, "zone-lag", "64MiB", "for VDIs set to --ack zone: at most this many bytes of writes acknowledged in this node's zone and not yet in the other zones (memory held meanwhile)")
 	f.DurationVar(&o.NBDLimits.ReplyTimeout, "nbd-reply-timeout", 30*time.Second, "an NBD client that does not read its replies this long is disconnected")
 	f.DurationVar(&o.ScrubInterval, "scrub-interval", 7*24*time.Hour, "time between the starts of two scrub passes (every copy read and verified)")
 	f.IntVar(&o.ScrubDeepEvery, "scrub-deep-every", 4, "every Nth scrub pass also compares each object's replicas across nodes")

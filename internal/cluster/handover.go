@@ -79,12 +79,24 @@ func (c lockBreakCommand) check() error {
 // VDISettings are what `herd vdi set` changes; nil leaves a value as it is.
 type VDISettings struct {
 	Exclusive *bool `json:"exclusive,omitempty"`
+	// Ack changes when writes are acknowledged: AckAll or AckZone.
+	Ack *string `json:"ack,omitempty"`
 	// LimitSettings change the VDI's QoS limits (qos.go).
 	LimitSettings
 }
 
 // empty says whether the settings change nothing.
-func (s VDISettings) empty() bool { return s.Exclusive == nil && s.LimitSettings.empty() }
+func (s VDISettings) empty() bool {
+	return s.Exclusive == nil && s.Ack == nil && s.LimitSettings.empty()
+}
+
+// validate checks the settings.
+func (s VDISettings) validate() error {
+	if s.Ack != nil && *s.Ack != AckAll && *s.Ack != AckZone {
+		return fmt.Errorf("%w: --ack %q: want %q (every replica has a write before it is acknowledged) or %q (the writer's zone has it; the other zones catch up before the next FLUSH completes)", ErrInvalid, *s.Ack, AckAll, AckZone)
+	}
+	return s.LimitSettings.validate()
+}
 
 type vdiSetCommand struct {
 	Name     string      `json:"name"`
@@ -220,6 +232,12 @@ func applyVDISet(s *State, data []byte) (any, error) {
 			if l, held := s.Locks[vdiLockKey(v.Name)]; held {
 				l.Wanted = nil
 			}
+		}
+	}
+	if c.Settings.Ack != nil {
+		v.Ack = *c.Settings.Ack
+		if v.Ack == AckAll {
+			v.Ack = ""
 		}
 	}
 	c.Settings.LimitSettings.apply(&v.Limits)

@@ -157,6 +157,11 @@ type VDI struct {
 	// objects it was writing may differ until the next writer (or `herd
 	// vdi check --repair`) makes them identical.
 	Unclean bool `json:"unclean,omitempty"`
+	// Ack is when a write without FUA is acknowledged: "" (AckAll) once
+	// every replica has it, AckZone once every replica in the writer's
+	// zone has it, the other zones catching up before the next FLUSH
+	// completes (internal/gateway/lag.go).
+	Ack string `json:"ack,omitempty"`
 	// Exclusive: a second writer is refused while the VDI is open for
 	// writing, instead of taking the lock over (handover.go).
 	Exclusive bool `json:"exclusive,omitempty"`
@@ -170,6 +175,12 @@ type VDI struct {
 	// Limits are the VDI's QoS limits, paced by each gateway (qos.go).
 	Limits Limits `json:"limits,omitzero"`
 }
+
+// Write acknowledgement modes (VDI.Ack, `herd vdi set --ack`).
+const (
+	AckAll  = "all"
+	AckZone = "zone"
+)
 
 // FullName is NAME for a writable VDI and NAME@TAG for a snapshot.
 func (v VDI) FullName() string {

@@ -160,7 +160,14 @@ func (d *Disk) writePiece(ctx context.Context, vdi cluster.VDI, chain []uint32, 
 		return err
 	}
 	oid := object.DataOID(vdi.ID, index)
+	// Zone mode (lag.go): without FUA, acknowledged once this zone's
+	// replicas have it.
+	near := !fua && state.limiter.ackZone.Load()
 	if owner == vdi.ID {
+		if near {
+			_, err := g.writeNear(ctx, oid, vdi.Copies, p, within, object.Flags{}, vdi.ObjectSize, nil)
+			return err
+		}
 		return g.write(ctx, oid, vdi.Copies, p, within, object.Flags{Sync: fua})
 	}
 	// First write to this object in this VDI: the data goes to every
@@ -168,8 +175,11 @@ func (d *Disk) writePiece(ctx context.Context, vdi cluster.VDI, chain []uint32, 
 	// leaves an unreferenced object, never an entry without data. When an
 	// ancestor (a snapshot) owns the object, copy it first, unless this
 	// piece replaces all of it.
+	var data *lagOp // the far part of a fresh object's data, in zone mode
 	if owner != 0 && (within != 0 || uint64(len(p)) != vdi.ObjectSize) {
 		err = g.copyObject(ctx, vdi, owner, index, fua, func(data []byte) { copy(data[within:], p) })
+	} else if near {
+		data, err = g.writeNear(ctx, oid, vdi.Copies, p, within, object.Flags{Create: true, Fresh: true}, vdi.ObjectSize, nil)
 	} else {
 		// Fresh: a copy of this object may exist already, unreferenced,
 		// left by a first write or a remove that failed on some replicas
@@ -179,6 +189,10 @@ func (d *Disk) writePiece(ctx context.Context, vdi cluster.VDI, chain []uint32, 
 	}
 	if err != nil {
 		return err
+	}
+	if near {
+		// The entry reaches each zone after the data did (lag.go, rule 2).
+		return g.setEntryNear(ctx, state, vdi, vdi.ID, index, vdi.ID, data)
 	}
 	return g.setEntry(ctx, state, vdi, vdi.ID, index, vdi.ID, fua)
 }

@@ -110,6 +110,9 @@ type Options struct {
 	// once; beyond it requests queue per VDI and are served in turn
 	// (fair.go). 0: DefaultFairSlots; negative: no bound.
 	FairSlots int
+	// LagBytes bounds the bytes of writes acknowledged in this node's
+	// zone and not yet in the other zones (lag.go; 0: DefaultLagBytes).
+	LagBytes int64
 }
 
 // Gateway serves the VDIs opened through this node.
@@ -158,6 +161,10 @@ type Gateway struct {
 	zeroPieces *semaphore
 	copyBytes  *semaphore
 
+	// lag tracks the writes acknowledged in this zone whose other zones'
+	// replicas are still to get them (lag.go).
+	lag *lagTable
+
 	// objectLocks order a whole-object copy to a replica that lacks the
 	// object against writes to it: writes hold their object's lock
 	// shared, a copy exclusively. A VDI has one writer gateway, so this
@@ -179,6 +186,9 @@ func New(c Cluster, layouts *layout.History, replicas Replicas, logger *slog.Log
 	if options.CopyBytes <= 0 {
 		options.CopyBytes = DefaultCopyBytes
 	}
+	if options.LagBytes <= 0 {
+		options.LagBytes = DefaultLagBytes
+	}
 	switch {
 	case options.FairSlots == 0:
 		options.FairSlots = DefaultFairSlots
@@ -189,6 +199,7 @@ func New(c Cluster, layouts *layout.History, replicas Replicas, logger *slog.Log
 	return &Gateway{cluster: c, layouts: layouts, replicas: replicas, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, limiters: map[string]*limiter{}, snapshots: &limiter{}, fair: newFairQueue(options.FairSlots), dirty: map[string]bool{}, ctx: ctx, cancel: cancel,
 		zeroPieces: newSemaphore("TRIM/WRITE_ZEROES pieces in flight", "pieces", int64(options.ZeroPieces)),
 		copyBytes:  newSemaphore("copy-on-write buffers", "bytes", options.CopyBytes),
+		lag:        newLagTable(options.LagBytes),
 	}
 }
 
@@ -278,6 +289,15 @@ func unanswered(ctx, scope context.Context, err error) error {
 // new placement when the epoch changes or a replica is unreachable, and
 // returns nil only when every replica of one epoch succeeded.
 func (g *Gateway) replicate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
+	return g.replicateOn(ctx, oid, copies, nil, op)
+}
+
+// pickFunc chooses, in each round, which of an object's replicas a
+// change goes to (lag.go); nil: all of them.
+type pickFunc func(rv *layout.Epoch, targets []cluster.Node) []cluster.Node
+
+// replicateOn is replicate on the replicas pick chooses.
+func (g *Gateway) replicateOn(ctx context.Context, oid uint64, copies int, pick pickFunc, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
 	budget := g.newBudget()
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
@@ -290,6 +310,9 @@ func (g *Gateway) replicate(ctx context.Context, oid uint64, copies int, op func
 			return err
 		}
 		targets := rv.ReplicasOf(oid, copies)
+		if pick != nil {
+			targets = pick(rv, targets)
+		}
 		errs := make([]error, len(targets))
 		// Marked before the operation is acknowledged, so that a FLUSH
 		// that follows the acknowledgement includes these nodes.
@@ -337,14 +360,26 @@ func (g *Gateway) replicate(ctx context.Context, oid uint64, copies int, op func
 // write writes a piece to every replica.
 func (g *Gateway) write(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags object.Flags) error {
 	return g.mutate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
-		err := g.changeHealing(ctx, node, rv, oid, copies, offset, len(p), func() error {
-			return g.replicas.Write(ctx, node, rv.Number, oid, p, offset, flags)
-		})
-		if flags.Create && errors.Is(err, object.ErrNotFound) {
-			return fmt.Errorf("replica refused to create object: %w", err) // not "missing": never copy over a create
-		}
-		return err
+		return g.writeTo(ctx, node, rv, oid, copies, p, offset, flags)
 	})
+}
+
+// writeOn writes a piece to the replicas pick chooses (lag.go).
+func (g *Gateway) writeOn(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags object.Flags, pick pickFunc) error {
+	return g.mutateOn(ctx, oid, copies, pick, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
+		return g.writeTo(ctx, node, rv, oid, copies, p, offset, flags)
+	})
+}
+
+// writeTo writes a piece to one replica.
+func (g *Gateway) writeTo(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, copies int, p []byte, offset uint32, flags object.Flags) error {
+	err := g.changeHealing(ctx, node, rv, oid, copies, offset, len(p), func() error {
+		return g.replicas.Write(ctx, node, rv.Number, oid, p, offset, flags)
+	})
+	if flags.Create && errors.Is(err, object.ErrNotFound) {
+		return fmt.Errorf("replica refused to create object: %w", err) // not "missing": never copy over a create
+	}
+	return err
 }
 
 func (g *Gateway) objectLock(oid uint64) *waitlock.RWLock {
@@ -357,25 +392,37 @@ func (g *Gateway) objectLock(oid uint64) *waitlock.RWLock {
 // is first asked to recover it, under the object's exclusive lock so
 // that no write to the object runs meanwhile; then the change is applied
 // again on every replica (changes are idempotent).
+//
+// A change to every replica first waits for the writes to oid still on
+// their way to other zones (lag.go, rule 3).
 func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
+	if err := g.waitLag(ctx, oid); err != nil {
+		return err
+	}
+	return g.mutateOn(ctx, oid, copies, nil, op)
+}
+
+// mutateOn is mutate on the replicas pick chooses, without waiting for
+// the writes on their way to other zones.
+func (g *Gateway) mutateOn(ctx context.Context, oid uint64, copies int, pick pickFunc, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
 	if err := g.repairSuspect(ctx, oid, copies); err != nil {
 		return err
 	}
-	err := g.mutateReplicas(ctx, oid, copies, op)
+	err := g.mutateReplicas(ctx, oid, copies, pick, op)
 	if err != nil {
 		g.suspect(oid, err)
 	}
 	return err
 }
 
-func (g *Gateway) mutateReplicas(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
+func (g *Gateway) mutateReplicas(ctx context.Context, oid uint64, copies int, pick pickFunc, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
 	lock := g.objectLock(oid)
 	budget := g.newBudget()
 	for {
 		var mu sync.Mutex
 		var missing []cluster.Node
 		lock.RLock()
-		err := g.replicate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
+		err := g.replicateOn(ctx, oid, copies, pick, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
 			err := op(ctx, node, rv)
 			if object.Damaged(err) {
 				// A damaged copy is replaced like a missing one.
@@ -459,6 +506,9 @@ func (g *Gateway) recoverOn(ctx context.Context, node cluster.Node, rv *layout.E
 // (the newest may be on nodes that are down) the read fails rather than
 // return older data.
 func (g *Gateway) read(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error {
+	if served, err := g.readLagging(ctx, oid, p, offset); served || err != nil {
+		return err
+	}
 	if err := g.repairSuspect(ctx, oid, copies); err != nil {
 		return err
 	}
@@ -603,6 +653,9 @@ func (g *Gateway) markDirty(nodes []cluster.Node) {
 // stable storage on every replica). Only the nodes this gateway wrote to
 // since its last flush are asked; a node that failed stays in the set.
 func (g *Gateway) flush(ctx context.Context) error {
+	if err := g.drainLag(ctx); err != nil {
+		return err
+	}
 	g.dirtyMu.Lock()
 	targets := g.dirty
 	g.dirty = map[string]bool{}

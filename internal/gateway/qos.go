@@ -163,6 +163,9 @@ func (bs *buckets) wait(ctx context.Context, write bool, bytes uint64) error {
 type limiter struct {
 	name    string
 	buckets atomic.Pointer[buckets] // nil: unlimited
+	// ackZone: the VDI's writes are acknowledged once the writer's zone
+	// has them (cluster.AckZone, lag.go); kept current by the watcher.
+	ackZone atomic.Bool
 
 	// refs counts the vdiStates using the limiter, guarded by Gateway.mu;
 	// stop ends its watcher.
@@ -209,6 +212,7 @@ func (g *Gateway) limiterFor(vdi cluster.VDI) *limiter {
 	if !ok {
 		l = &limiter{name: vdi.Name}
 		l.set(vdi.Limits)
+		l.ackZone.Store(vdi.Ack == cluster.AckZone)
 		ctx, cancel := context.WithCancel(g.ctx)
 		l.stop = cancel
 		g.limiters[vdi.Name] = l
@@ -238,14 +242,18 @@ func (g *Gateway) dropLimiter(l *limiter) {
 func (g *Gateway) watchLimits(ctx context.Context, l *limiter) {
 	for ctx.Err() == nil {
 		v, err := g.cluster.WaitVDI(ctx, l.name, func(v cluster.VDI, err error) bool {
-			return err == nil && v.Limits != l.limits()
+			return err == nil && (v.Limits != l.limits() || (v.Ack == cluster.AckZone) != l.ackZone.Load())
 		})
 		if ctx.Err() != nil {
 			return
 		}
-		if err == nil {
+		if err == nil && v.Limits != l.limits() {
 			l.set(v.Limits)
 			g.logger.Info("gateway: vdi limits changed", "vdi", l.name, "limits", v.Limits.String())
+		}
+		if zone := v.Ack == cluster.AckZone; err == nil && zone != l.ackZone.Load() {
+			l.ackZone.Store(zone)
+			g.logger.Info("gateway: vdi acknowledgement changed", "vdi", l.name, "zone", zone)
 		}
 	}
 }

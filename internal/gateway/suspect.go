@@ -100,6 +100,11 @@ func (g *Gateway) repairSuspect(ctx context.Context, oid uint64, copies int) err
 	if !g.isSuspect(oid) {
 		return nil
 	}
+	// The repair rewrites every replica: the writes still on their way
+	// to other zones land first (lag.go, rule 3).
+	if err := g.waitLag(ctx, oid); err != nil {
+		return err
+	}
 	lock := g.objectLock(oid)
 	lock.Lock()
 	defer lock.Unlock()

@@ -282,6 +282,8 @@ func Run(ctx context.Context, o Options) error {
 	security := api.Security{Fingerprint: credentials.fingerprint, ServerTLS: credentials.serverTLS(), PeerTLS: credentials.peerTLS(), Authority: credentials}
 	meters.AddGauges(nodeGauges(c, objects, rec, nbdServer, localNBD)...)
 	meters.AddGauges(scrubGauges(scrubber)...)
+	meters.AddGauges(metrics.Gauge{Name: "herd_gateway_zone_lag_bytes", Help: "Bytes of writes to VDIs set to --ack zone that this node acknowledged once its zone had them, not yet in the other zones.",
+		Read: func() []metrics.Sample { return []metrics.Sample{{Value: float64(gw.LagBytes())}} }})
 	apiServer := api.NewServer(c, dataPath{gateway: gw, store: objects, recovery: rec, maintenance: maint, metrics: meters, scrub: scrubber}, security, logger)
 	served := make(chan error, 1)
 	go func() { served <- apiServer.Serve(adminListener) }()
