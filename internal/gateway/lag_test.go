@@ -1,0 +1,94 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestLagOrder: a far part follows the pending parts of its object whose
+// ranges overlap it (a CREATE covers the whole object) and the part it
+// is told to follow, and nothing else; finished parts leave the table,
+// failed ones are remembered for the next FLUSH, and the pending bytes
+// are counted.
+func TestLagOrder(t *testing.T) {
+	table := newLagTable(64 << 20)
+	op := func(oid uint64, start, end uint32) *lagOp {
+		if _, err := table.bytes.acquire(context.Background(), int64(end-start)); err != nil {
+			t.Fatal(err)
+		}
+		return &lagOp{oid: oid, start: start, end: end, data: make([]byte, end-start), copies: 2, done: make(chan struct{})}
+	}
+	a := op(1, 0, 4096)
+	table.add(a, nil)
+	b := op(1, 4096, 8192) // beside a: independent
+	table.add(b, nil)
+	c := op(1, 2048, 6144) // over both
+	table.add(c, nil)
+	other := op(2, 0, 4096) // another object
+	table.add(other, nil)
+	create := op(3, 0, 4<<20) // a CREATE covers its object
+	table.add(create, nil)
+	later := op(3, 8192, 12288)
+	table.add(later, nil)
+	entry := op(4, 16, 20) // a map entry after its data
+	table.add(entry, create)
+
+	deps := func(o *lagOp) []*lagOp { return o.deps }
+	for _, check := range []struct {
+		name string
+		op   *lagOp
+		want []*lagOp
+	}{
+		{"first", a, nil},
+		{"beside", b, nil},
+		{"over both", c, []*lagOp{a, b}},
+		{"other object", other, nil},
+		{"after a create", later, []*lagOp{create}},
+		{"entry after its data", entry, []*lagOp{create}},
+	} {
+		if got := deps(check.op); !slices.Equal(got, check.want) {
+			t.Errorf("%s: follows %d parts, want %d", check.name, len(got), len(check.want))
+		}
+	}
+	if got, want := table.inFlight.Load(), int64(4096*4+4<<20+4096+4); got != want {
+		t.Errorf("pending bytes %d, want %d", got, want)
+	}
+	if got := table.of(1); len(got) != 3 {
+		t.Errorf("object 1: %d pending, want 3", len(got))
+	}
+
+	table.finish(a)
+	b.err = errors.New("far zone unreachable")
+	table.finish(b)
+	select {
+	case <-a.done:
+	default:
+		t.Fatal("a finished part's done is not closed")
+	}
+	if got := table.of(1); len(got) != 1 || got[0] != c {
+		t.Errorf("object 1 after two finished: %v pending, want only c", len(got))
+	}
+	if _, failed := table.failed[1]; !failed {
+		t.Error("a failed far part is not remembered for the next FLUSH")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := await(ctx, []*lagOp{c}); err == nil {
+		t.Error("await returned for a part still pending")
+	}
+	for _, o := range []*lagOp{c, other, create, later, entry} {
+		table.finish(o)
+	}
+	if got := table.inFlight.Load(); got != 0 {
+		t.Errorf("pending bytes %d after every part finished", got)
+	}
+	if table.count.Load() != 0 || len(table.all()) != 0 || len(table.pending) != 0 {
+		t.Errorf("parts left: count %d, all %d, objects %d", table.count.Load(), len(table.all()), len(table.pending))
+	}
+	if err := await(context.Background(), []*lagOp{c, entry}); err != nil {
+		t.Errorf("await of finished parts: %v", err)
+	}
+}
