@@ -37,7 +37,7 @@ go test -race -count=1 -timeout 40m ./test/...
 # itself. So the data-path and failure tests run once more against a herd
 # built with -race; testcluster fails a test whose node logged a race report.
 # A renamed test would silently drop out of -run, so the names are checked.
-race_tests='TestNBDPatternsAcrossNodes|TestFioVerify|TestFlushedDataSurvivesKillAll|TestNodeKilledDuringIO'
+race_tests='TestNBDPatternsAcrossNodes|TestFioVerify|TestFlushedDataSurvivesKillAll|TestNodeKilledDuringIO|TestZoneAck'
 listed=$(go test -list "^(${race_tests})\$" ./test/e2e | grep -c '^Test' || true)
 if [ "$listed" -ne "$(tr "|" "\n" <<<"$race_tests" | wc -l)" ]; then
   echo "race-binary tests: $listed of $race_tests exist" >&2
