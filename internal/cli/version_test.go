@@ -34,6 +34,8 @@ func TestLogFlagsRefuseBadValues(t *testing.T) {
 		{"server", "--data", t.TempDir(), "--log-format", "xml"},
 		{"server", "--data", t.TempDir(), "--log-level", "loud"},
 		{"server", "--data", t.TempDir(), "--cpus", "-1"},
+		{"server", "--data", t.TempDir(), "--zone-lag", "0"},
+		{"server", "--data", t.TempDir(), "--zone-lag", "lots"},
 	} {
 		var out, errs bytes.Buffer
 		code := Main(args, &out, &errs)
