@@ -12,6 +12,10 @@
 //     it; a replica in another epoch, or unreachable, makes the gateway
 //     wait for the next epoch and retry on its layout, so no write is lost
 //     or wrongly acknowledged across an epoch change.
+//     (A VDI set to --ack zone is the exception, until the next FLUSH: a
+//     write without FUA is acknowledged once the replicas in this node's
+//     zone applied it, the others before any FLUSH after it completes;
+//     lag.go says what that gives up.)
 //   - A replica serves only copies written or proven current in the
 //     current epoch (internal/replica); when it refuses one (not
 //     recovered, missing), the gateway asks it to recover the object
@@ -29,7 +33,9 @@
 // snapshot) > a request slot (fair.go; QoS waits come before io, qos.go)
 // > Gateway.zeroPieces (a TRIM/WRITE_ZEROES piece's slot) >
 // vdiState.allocation[i] (first write / copy-on-write of object i) >
-// Gateway.copyBytes (a copy's buffer) > Gateway.objectLocks[oid] (shared
+// Gateway.copyBytes (a copy's buffer) > Gateway.lag.bytes (a write
+// acknowledged in this zone, until its far part lands; lag.go) >
+// Gateway.objectLocks[oid] (shared
 // by changes, exclusive while a replica recovers oid) > vdiState.mu,
 // Gateway.mu, Gateway.dirtyMu (short, never held across I/O). Nothing
 // serialises requests a client sent concurrently, except the first write
