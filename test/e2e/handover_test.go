@@ -41,8 +41,9 @@ for line in sys.stdin:
 h.shutdown()
 `
 
-// nbdWriter is one running nbdWriterScript.
-type nbdWriter struct {
+// scriptClient is a running python3 libnbd script: it prints "ready"
+// once connected, then answers each line of its standard input with one.
+type scriptClient struct {
 	t     *testing.T
 	name  string
 	cmd   *exec.Cmd
@@ -50,43 +51,63 @@ type nbdWriter struct {
 	lines chan string
 }
 
-func startNBDWriter(t *testing.T, name, uri string) *nbdWriter {
+// startScript runs script against uri and waits for it to connect; an
+// error if it cannot.
+func startScript(t *testing.T, name, script, uri string) (*scriptClient, error) {
 	t.Helper()
-	cmd := exec.Command("/usr/bin/python3", "-c", nbdWriterScript, uri)
+	cmd := exec.Command("/usr/bin/python3", "-c", script, uri)
 	in, _ := cmd.StdinPipe()
 	out, _ := cmd.StdoutPipe()
 	var stderr syncBuffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	t.Cleanup(func() { in.Close(); cmd.Process.Kill(); cmd.Wait() })
-	w := &nbdWriter{t: t, name: name, cmd: cmd, in: in, lines: make(chan string, 16)}
+	s := &scriptClient{t: t, name: name, cmd: cmd, in: in, lines: make(chan string, 16)}
 	go func() {
 		scanner := bufio.NewScanner(out)
 		for scanner.Scan() {
-			w.lines <- scanner.Text()
+			s.lines <- scanner.Text()
 		}
-		close(w.lines)
+		close(s.lines)
 	}()
-	if line := w.next(); line != "ready" {
-		t.Fatalf("%s did not connect: %q %s", name, line, stderr.String())
+	select {
+	case line, ok := <-s.lines:
+		if ok && line == "ready" {
+			return s, nil
+		}
+		return nil, fmt.Errorf("%s did not connect to %s: %q %s", name, uri, line, stderr.String())
+	case <-time.After(2 * time.Minute):
+		return nil, fmt.Errorf("%s did not connect to %s within 2 minutes", name, uri)
 	}
-	return w
 }
 
-func (w *nbdWriter) next() string {
-	w.t.Helper()
+// next returns the script's next line.
+func (s *scriptClient) next() string {
+	s.t.Helper()
 	select {
-	case line, ok := <-w.lines:
+	case line, ok := <-s.lines:
 		if !ok {
-			w.t.Fatalf("%s exited", w.name)
+			s.t.Fatalf("%s exited", s.name)
 		}
 		return line
 	case <-time.After(2 * time.Minute):
-		w.t.Fatalf("%s did not answer within 2 minutes", w.name)
+		s.t.Fatalf("%s did not answer within 2 minutes", s.name)
 	}
 	return ""
+}
+
+// nbdWriter is one running nbdWriterScript.
+type nbdWriter struct{ *scriptClient }
+
+func startNBDWriter(t *testing.T, name, uri string) *nbdWriter {
+	t.Helper()
+	s, err := startScript(t, name, nbdWriterScript, uri)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &nbdWriter{s}
 }
 
 // write writes a block and returns how long it took, or the error line.

@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
-	"io"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -48,11 +45,8 @@ for line in sys.stdin:
         print("error %s" % str(e).replace("\n", " "), flush=True)
 `
 
-type zoneClient struct {
-	t     *testing.T
-	in    io.WriteCloser
-	lines chan string
-}
+// zoneClient is one running zoneClientScript.
+type zoneClient struct{ *scriptClient }
 
 func startZoneClient(t *testing.T, uri string) *zoneClient {
 	t.Helper()
@@ -66,50 +60,18 @@ func startZoneClient(t *testing.T, uri string) *zoneClient {
 // openZoneClient starts a client; an error if it cannot connect.
 func openZoneClient(t *testing.T, uri string) (*zoneClient, error) {
 	t.Helper()
-	cmd := exec.Command("/usr/bin/python3", "-c", zoneClientScript, uri)
-	in, _ := cmd.StdinPipe()
-	out, _ := cmd.StdoutPipe()
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	s, err := startScript(t, "the NBD client", zoneClientScript, uri)
+	if err != nil {
+		return nil, err
 	}
-	t.Cleanup(func() { in.Close(); cmd.Process.Kill(); cmd.Wait() })
-	z := &zoneClient{t: t, in: in, lines: make(chan string, 4)}
-	go func() {
-		scanner := bufio.NewScanner(out)
-		for scanner.Scan() {
-			z.lines <- scanner.Text()
-		}
-		close(z.lines)
-	}()
-	select {
-	case line, ok := <-z.lines:
-		if ok && line == "ready" {
-			return z, nil
-		}
-		return nil, fmt.Errorf("the NBD client did not connect to %s: %q %s", uri, line, stderr.String())
-	case <-time.After(2 * time.Minute):
-		return nil, fmt.Errorf("the NBD client did not connect to %s within 2 minutes", uri)
-	}
+	return &zoneClient{s}, nil
 }
 
-// do sends a command (none if empty) and returns its answer.
+// do sends a command and returns its answer.
 func (z *zoneClient) do(command string) string {
 	z.t.Helper()
-	if command != "" {
-		fmt.Fprintln(z.in, command)
-	}
-	select {
-	case line, ok := <-z.lines:
-		if !ok {
-			z.t.Fatalf("the NBD client exited (command %q)", command)
-		}
-		return line
-	case <-time.After(2 * time.Minute):
-		z.t.Fatalf("the NBD client did not answer %q within 2 minutes", command)
-	}
-	return ""
+	fmt.Fprintln(z.in, command)
+	return z.next()
 }
 
 func (z *zoneClient) ok(command string) {
