@@ -315,6 +315,12 @@ func (m *LocalMember) QuorumStatus() (ok bool, detail string) {
 	return true, "leader reachable a moment ago"
 }
 
+// HasQuorum is QuorumStatus's answer without its detail.
+func (m *LocalMember) HasQuorum() bool {
+	ok, _ := m.QuorumStatus() // formats only when there is no quorum
+	return ok
+}
+
 // propose commits a command through the leader and waits until this
 // member has applied it too, as Cluster.propose does.
 func (m *LocalMember) propose(ctx context.Context, t commandType, payload any) (json.RawMessage, error) {

@@ -16,6 +16,18 @@ import (
 	"github.com/herd-storage/herd/internal/logging"
 )
 
+// HasQuorum is QuorumStatus's answer without its detail: it is asked on
+// every replica request, and formats nothing.
+func (c *Cluster) HasQuorum() bool {
+	if c.raft.State() == raft.Leader {
+		return true
+	}
+	if _, leader := c.raft.LeaderWithID(); leader == "" {
+		return false
+	}
+	return time.Since(c.raft.LastContact()) <= quorumContactTimeout
+}
+
 // QuorumStatus tells whether this node can currently commit to the log.
 func (c *Cluster) QuorumStatus() (ok bool, detail string) {
 	if c.raft.State() == raft.Leader {

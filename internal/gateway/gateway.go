@@ -97,6 +97,43 @@ type Replicas interface {
 	Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error
 }
 
+// WriteStarter is what Replicas may also do: send a write to another
+// node's copy and return what waits for its answer (the error Write would
+// return), or return nil for a copy it cannot start that way (this
+// node's). With it, one goroutine has a write on its way to every replica
+// at once, instead of a goroutine per replica.
+type WriteStarter interface {
+	StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) func() error
+}
+
+// replicaOp is a change to one replica of an object. run applies it and
+// returns its error. start, if set, sends it and returns what waits for
+// its answer and returns the same error run would, or returns nil if the
+// change cannot be started on that node (run is used instead).
+type replicaOp struct {
+	run   func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error
+	start func(ctx context.Context, node cluster.Node, rv *layout.Epoch) func() error
+}
+
+// then returns op with after applied to the error of every run and of
+// every started change's answer.
+func (op replicaOp) then(after func(ctx context.Context, node cluster.Node, rv *layout.Epoch, err error) error) replicaOp {
+	run := op.run
+	wrapped := replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
+		return after(ctx, node, rv, run(ctx, node, rv))
+	}}
+	if start := op.start; start != nil {
+		wrapped.start = func(ctx context.Context, node cluster.Node, rv *layout.Epoch) func() error {
+			wait := start(ctx, node, rv)
+			if wait == nil {
+				return nil
+			}
+			return func() error { return after(ctx, node, rv, wait()) }
+		}
+	}
+	return wrapped
+}
+
 // Options tune the gateway.
 type Options struct {
 	// RetryTimeout bounds how long one request waits for the cluster
@@ -126,6 +163,7 @@ type Gateway struct {
 	cluster  Cluster
 	layouts  *layout.History
 	replicas Replicas
+	starter  WriteStarter // replicas, if it can start writes; else nil
 	logger   *slog.Logger
 	options  Options
 	session  string // this gateway's lock session
@@ -202,7 +240,8 @@ func New(c Cluster, layouts *layout.History, replicas Replicas, logger *slog.Log
 		options.FairSlots = math.MaxInt
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Gateway{cluster: c, layouts: layouts, replicas: replicas, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, limiters: map[string]*limiter{}, snapshots: &limiter{}, fair: newFairQueue(options.FairSlots), dirty: map[string]bool{}, ctx: ctx, cancel: cancel,
+	starter, _ := replicas.(WriteStarter)
+	return &Gateway{cluster: c, layouts: layouts, replicas: replicas, starter: starter, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, limiters: map[string]*limiter{}, snapshots: &limiter{}, fair: newFairQueue(options.FairSlots), dirty: map[string]bool{}, ctx: ctx, cancel: cancel,
 		zeroPieces: newSemaphore("TRIM/WRITE_ZEROES pieces in flight", "pieces", int64(options.ZeroPieces)),
 		copyBytes:  newSemaphore("copy-on-write buffers", "bytes", options.CopyBytes),
 		lag:        newLagTable(options.LagBytes),
@@ -295,7 +334,7 @@ func unanswered(ctx, scope context.Context, err error) error {
 // new placement when the epoch changes or a replica is unreachable, and
 // returns nil only when every replica of one epoch succeeded.
 func (g *Gateway) replicate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
-	return g.replicateOn(ctx, oid, copies, nil, op)
+	return g.replicateOn(ctx, oid, copies, nil, replicaOp{run: op})
 }
 
 // pickFunc chooses, in each round, which of an object's replicas a
@@ -303,7 +342,11 @@ func (g *Gateway) replicate(ctx context.Context, oid uint64, copies int, op func
 type pickFunc func(rv *layout.Epoch, targets []cluster.Node) []cluster.Node
 
 // replicateOn is replicate on the replicas pick chooses.
-func (g *Gateway) replicateOn(ctx context.Context, oid uint64, copies int, pick pickFunc, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
+//
+// The changes op can start are sent first, from this goroutine; then the
+// others run, each but the last in a goroutine of its own; then the
+// started ones are waited for.
+func (g *Gateway) replicateOn(ctx context.Context, oid uint64, copies int, pick pickFunc, op replicaOp) error {
 	budget := g.newBudget()
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
@@ -324,17 +367,36 @@ func (g *Gateway) replicateOn(ctx context.Context, oid uint64, copies int, pick 
 		// that follows the acknowledgement includes these nodes.
 		g.markDirty(targets)
 		scope, cancel := layout.Scoped(ctx, g.cluster, rv.Number, roundTimeout)
+		var waits []func() error
+		last := len(targets) - 1 // the last change run rather than started
+		if op.start != nil {
+			waits = make([]func() error, len(targets))
+			last = -1
+			for i, node := range targets {
+				if waits[i] = op.start(scope, node, rv); waits[i] == nil {
+					last = i
+				}
+			}
+		}
 		var wg sync.WaitGroup
 		for i, node := range targets {
-			if i == len(targets)-1 {
-				errs[i] = unanswered(ctx, scope, op(scope, node, rv))
-				break
+			if waits != nil && waits[i] != nil {
+				continue
+			}
+			if i == last {
+				errs[i] = unanswered(ctx, scope, op.run(scope, node, rv))
+				continue
 			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				errs[i] = unanswered(ctx, scope, op(scope, node, rv))
+				errs[i] = unanswered(ctx, scope, op.run(scope, node, rv))
 			}()
+		}
+		for i, wait := range waits {
+			if wait != nil {
+				errs[i] = unanswered(ctx, scope, wait())
+			}
 		}
 		wg.Wait()
 		cancel()
@@ -365,16 +427,45 @@ func (g *Gateway) replicateOn(ctx context.Context, oid uint64, copies int, pick 
 
 // write writes a piece to every replica.
 func (g *Gateway) write(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags object.Flags) error {
-	return g.mutate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
-		return g.writeTo(ctx, node, rv, oid, copies, p, offset, flags)
-	})
+	if err := g.waitLag(ctx, oid); err != nil { // as mutate
+		return err
+	}
+	return g.mutateOn(ctx, oid, copies, nil, g.writeOp(oid, copies, p, offset, flags))
 }
 
 // writeOn writes a piece to the replicas pick chooses (lag.go).
 func (g *Gateway) writeOn(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags object.Flags, pick pickFunc) error {
-	return g.mutateOn(ctx, oid, copies, pick, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
+	return g.mutateOn(ctx, oid, copies, pick, g.writeOp(oid, copies, p, offset, flags))
+}
+
+// writeOp writes a piece to one replica, started (sent without waiting)
+// where the replicas allow it.
+func (g *Gateway) writeOp(oid uint64, copies int, p []byte, offset uint32, flags object.Flags) replicaOp {
+	op := replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
 		return g.writeTo(ctx, node, rv, oid, copies, p, offset, flags)
-	})
+	}}
+	if g.starter == nil {
+		return op
+	}
+	op.start = func(ctx context.Context, node cluster.Node, rv *layout.Epoch) func() error {
+		wait := g.starter.StartWrite(ctx, node, rv.Number, oid, p, offset, flags)
+		if wait == nil {
+			return nil
+		}
+		return func() error {
+			// As writeTo, with the first attempt already sent.
+			sent := true
+			err := g.changeHealing(ctx, node, rv, oid, copies, offset, len(p), func() error {
+				if sent {
+					sent = false
+					return wait()
+				}
+				return g.replicas.Write(ctx, node, rv.Number, oid, p, offset, flags)
+			})
+			return writeError(flags, err)
+		}
+	}
+	return op
 }
 
 // writeTo writes a piece to one replica.
@@ -382,6 +473,11 @@ func (g *Gateway) writeTo(ctx context.Context, node cluster.Node, rv *layout.Epo
 	err := g.changeHealing(ctx, node, rv, oid, copies, offset, len(p), func() error {
 		return g.replicas.Write(ctx, node, rv.Number, oid, p, offset, flags)
 	})
+	return writeError(flags, err)
+}
+
+// writeError is the error of a write to one replica.
+func writeError(flags object.Flags, err error) error {
 	if flags.Create && errors.Is(err, object.ErrNotFound) {
 		return fmt.Errorf("replica refused to create object: %w", err) // not "missing": never copy over a create
 	}
@@ -405,12 +501,12 @@ func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ct
 	if err := g.waitLag(ctx, oid); err != nil {
 		return err
 	}
-	return g.mutateOn(ctx, oid, copies, nil, op)
+	return g.mutateOn(ctx, oid, copies, nil, replicaOp{run: op})
 }
 
 // mutateOn is mutate on the replicas pick chooses, without waiting for
 // the writes on their way to other zones.
-func (g *Gateway) mutateOn(ctx context.Context, oid uint64, copies int, pick pickFunc, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
+func (g *Gateway) mutateOn(ctx context.Context, oid uint64, copies int, pick pickFunc, op replicaOp) error {
 	if err := g.repairSuspect(ctx, oid, copies); err != nil {
 		return err
 	}
@@ -421,15 +517,14 @@ func (g *Gateway) mutateOn(ctx context.Context, oid uint64, copies int, pick pic
 	return err
 }
 
-func (g *Gateway) mutateReplicas(ctx context.Context, oid uint64, copies int, pick pickFunc, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
+func (g *Gateway) mutateReplicas(ctx context.Context, oid uint64, copies int, pick pickFunc, op replicaOp) error {
 	lock := g.objectLock(oid)
 	budget := g.newBudget()
 	for {
 		var mu sync.Mutex
 		var missing []cluster.Node
 		lock.RLock()
-		err := g.replicateOn(ctx, oid, copies, pick, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
-			err := op(ctx, node, rv)
+		err := g.replicateOn(ctx, oid, copies, pick, op.then(func(ctx context.Context, node cluster.Node, rv *layout.Epoch, err error) error {
 			if object.Damaged(err) {
 				// A damaged copy is replaced like a missing one.
 				if rerr := g.replicas.Remove(ctx, node, rv.Number, oid); rerr == nil || errors.Is(rerr, object.ErrNotFound) {
@@ -444,7 +539,7 @@ func (g *Gateway) mutateReplicas(ctx context.Context, oid uint64, copies int, pi
 				return nil
 			}
 			return err
-		})
+		}))
 		lock.RUnlock()
 		if err != nil || len(missing) == 0 {
 			return err

@@ -302,7 +302,7 @@ func (g *Gateway) landFar(ctx context.Context, op *lagOp) {
 	// Not mutateOn: a suspect object's repair waits for this part (it
 	// would wait for itself); landing on top of a repair is harmless,
 	// since the parts that overlap it follow it again (rule 2).
-	op.err = g.mutateReplicas(ctx, op.oid, op.copies, pick, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
+	op.err = g.mutateReplicas(ctx, op.oid, op.copies, pick, replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
 		f := flags
 		if rv.Number != op.epoch {
 			// A node new to the placement must recover the whole
@@ -311,7 +311,7 @@ func (g *Gateway) landFar(ctx context.Context, op *lagOp) {
 			f.Create, f.Fresh = false, false
 		}
 		return g.writeTo(ctx, node, rv, op.oid, op.copies, op.data, op.offset, f)
-	})
+	}})
 	if op.err != nil {
 		g.suspect(op.oid, op.err)
 		g.logger.Warn("gateway: a write acknowledged in this zone did not reach the other zones; its object is repaired from this zone's copies before its next use or FLUSH",

@@ -125,22 +125,41 @@ func NewObjectClient(creds *Credentials, options ...ObjectClientOption) *ObjectC
 // node stops reading, and then ends when the connection is dropped for it
 // (a batch not written within 30 s).
 func (c *ObjectClient) Do(ctx context.Context, address string, request *ObjectRequest, payload []byte, into []byte) (ObjectResponse, []byte, error) {
+	pending, err := c.Start(ctx, address, request, payload, into)
+	if err != nil {
+		return ObjectResponse{}, nil, err
+	}
+	return pending.Wait(ctx)
+}
+
+// ObjectPending is a request Start has sent, whose answer Wait returns.
+type ObjectPending struct {
+	call       *objectCall
+	connection *objectClientConnection
+}
+
+// Start is the first half of Do: it queues request on a connection to
+// address and returns without waiting for the answer, so that one
+// goroutine can have requests to several nodes in flight at once. If it
+// returns no error, the caller must call Wait exactly once, and must not
+// touch payload or into until Wait has returned (as for Do).
+func (c *ObjectClient) Start(ctx context.Context, address string, request *ObjectRequest, payload []byte, into []byte) (ObjectPending, error) {
 	r := *request
 	r.ID = 0
 	if r.Opcode == ObjectWrite {
 		if len(payload) > MaxPayload {
-			return ObjectResponse{}, nil, fmt.Errorf("%w: WRITE of %d bytes exceeds the %d-byte maximum payload", ErrObjectTooLarge, len(payload), MaxPayload)
+			return ObjectPending{}, fmt.Errorf("%w: WRITE of %d bytes exceeds the %d-byte maximum payload", ErrObjectTooLarge, len(payload), MaxPayload)
 		}
 		r.Length = uint32(len(payload))
 		r.Checksum = ObjectChecksum(payload)
 	} else if len(payload) > 0 {
-		return ObjectResponse{}, nil, fmt.Errorf("%w: %s carries no payload, got %d bytes", ErrObjectInvalid, r.Opcode, len(payload))
+		return ObjectPending{}, fmt.Errorf("%w: %s carries no payload, got %d bytes", ErrObjectInvalid, r.Opcode, len(payload))
 	}
 	if status, message := ValidateObjectRequest(&r); status != ObjectStatusOK {
-		return ObjectResponse{}, nil, fmt.Errorf("%w: %s", objectStatusErrors[status], message)
+		return ObjectPending{}, fmt.Errorf("%w: %s", objectStatusErrors[status], message)
 	}
 	if err := ctx.Err(); err != nil {
-		return ObjectResponse{}, nil, err
+		return ObjectPending{}, err
 	}
 
 	call := &objectCall{payload: payload, into: into, opcode: r.Opcode, length: r.Length, done: make(chan struct{})}
@@ -155,14 +174,14 @@ func (c *ObjectClient) Do(ctx context.Context, address string, request *ObjectRe
 		var err error
 		connection, err = c.connection(ctx, address)
 		if err != nil {
-			return ObjectResponse{}, nil, err
+			return ObjectPending{}, err
 		}
 		r.ID, err = connection.register(call)
 		if err == nil {
 			break
 		}
 		if attempt == 1 {
-			return ObjectResponse{}, nil, err
+			return ObjectPending{}, err
 		}
 	}
 	EncodeObjectRequest(&call.header, &r)
@@ -172,12 +191,20 @@ func (c *ObjectClient) Do(ctx context.Context, address string, request *ObjectRe
 	case <-call.done: // the connection failed and failed the call
 	case <-ctx.Done():
 		connection.abandon(call)
-		return ObjectResponse{}, nil, ctx.Err()
+		return ObjectPending{}, ctx.Err()
 	}
+	return ObjectPending{call: call, connection: connection}, nil
+}
+
+// Wait waits for the answer to a request Start sent, as Do does: if ctx
+// ends first it returns ctx.Err() once the connection no longer uses the
+// request's payload or into.
+func (p ObjectPending) Wait(ctx context.Context) (ObjectResponse, []byte, error) {
+	call := p.call
 	select {
 	case <-call.done:
 	case <-ctx.Done():
-		connection.abandon(call)
+		p.connection.abandon(call)
 		return ObjectResponse{}, nil, ctx.Err()
 	}
 	call.releasePayload()

@@ -85,6 +85,32 @@ func (p *Client) Write(ctx context.Context, node cluster.Node, epoch, oid uint64
 	return err
 }
 
+// StartWrite sends a write to another node's copy and returns what waits
+// for its answer (Write's error), so that the caller can have one
+// goroutine write to several replicas at once. For this node's own copy it
+// returns nil: the caller writes that with Write. data must not change
+// until the returned function has returned.
+func (p *Client) StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, data []byte, offset uint32, flags object.Flags) func() error {
+	if node.ID == p.Self {
+		return nil
+	}
+	var started time.Time
+	if p.Metrics != nil {
+		started = time.Now()
+	}
+	request := peer.ObjectRequest{Opcode: peer.ObjectWrite, Flags: writeFlags(flags), Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(data))}
+	pending, err := p.Peer.Start(ctx, node.PeerAddr, &request, data, nil)
+	return func() error {
+		if err == nil {
+			_, _, err = pending.Wait(ctx)
+		}
+		if p.Metrics != nil {
+			p.Metrics.Peer(node.ID, request.Opcode.String(), started, err)
+		}
+		return err
+	}
+}
+
 // Zero on node's copy (see Replica).
 func (p *Client) Zero(ctx context.Context, node cluster.Node, epoch, oid uint64, offset, length uint32, flags object.Flags) error {
 	if node.ID == p.Self {

@@ -58,6 +58,8 @@ type EpochSource interface {
 	Epoch() uint64
 	View() cluster.EpochView
 	WaitEpoch(ctx context.Context, after uint64) (cluster.EpochView, error)
+	// HasQuorum is QuorumStatus's answer alone (asked on every request).
+	HasQuorum() bool
 	QuorumStatus() (ok bool, detail string)
 }
 
@@ -154,8 +156,10 @@ func New(c EpochSource, store ObjectStore) *Replica {
 
 // Check admits a request stamped with epoch.
 func (r *Replica) Check(ctx context.Context, epoch uint64) error {
-	if ok, detail := r.cluster.QuorumStatus(); !ok {
-		return fmt.Errorf("%w: this node has no quorum (%s)", object.ErrUnavailable, detail)
+	if !r.cluster.HasQuorum() {
+		if ok, detail := r.cluster.QuorumStatus(); !ok {
+			return fmt.Errorf("%w: this node has no quorum (%s)", object.ErrUnavailable, detail)
+		}
 	}
 	current := r.cluster.Epoch()
 	if epoch == current {
