@@ -496,6 +496,15 @@ func (m *memoryReplicas) Write(ctx context.Context, node cluster.Node, epoch, oi
 	return m.write(node, epoch, oid, p, offset, flags)
 }
 
+// StartWrite implements WriteStarter as the peer client does: the write
+// is on its way (here, in a goroutine) when it returns, so every test
+// that writes goes through the gateway's started path.
+func (m *memoryReplicas) StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) func() error {
+	done := make(chan error, 1)
+	go func() { done <- m.Write(ctx, node, epoch, oid, p, offset, flags) }()
+	return func() error { return <-done }
+}
+
 func (m *memoryReplicas) write(node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error {
 	if m.beforeWrite != nil {
 		m.beforeWrite(node.ID, oid)
