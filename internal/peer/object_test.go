@@ -711,3 +711,54 @@ func TestObjectHandlerContractViolations(t *testing.T) {
 		t.Error("the handler's bug was not logged")
 	}
 }
+
+// TestObjectStartWait has one goroutine put writes in flight to two nodes
+// at once (Start), then wait for both; one node's server serves small
+// writes in its reader (its Epoch is set), the other's in goroutines.
+// Both sets of writes must land whole, in order, and a write from another
+// epoch (not served inline) must still be refused.
+func TestObjectStartWait(t *testing.T) {
+	checkObjectLeaks(t)
+	inline := newMemoryObjectStore(testEpoch)
+	spawned := newMemoryObjectStore(testEpoch)
+	nodes := []*objectTestNode{
+		startObjectNode(t, inline, func(s *ObjectServer) { s.Epoch = func() uint64 { return testEpoch } }),
+		startObjectNode(t, spawned, nil),
+	}
+	client := NewObjectClient(nodes[0].creds, WithConnectionsPerAddress(1))
+	t.Cleanup(func() { client.Close() })
+	const writes = 64
+	for i := range writes {
+		payload := bytes.Repeat([]byte{byte(i + 1)}, 4096)
+		var pending []ObjectPending
+		for _, node := range nodes {
+			p, err := client.Start(t.Context(), node.address, &ObjectRequest{Opcode: ObjectWrite, Flags: ObjectFlagCreate, Epoch: testEpoch, OID: 9, Offset: uint32(i%8) * 4096}, payload, nil)
+			if err != nil {
+				t.Fatalf("Start write %d to %s: %v", i, node.address, err)
+			}
+			pending = append(pending, p)
+		}
+		for j, p := range pending {
+			if _, _, err := p.Wait(t.Context()); err != nil {
+				t.Fatalf("write %d to node %d: %v", i, j, err)
+			}
+		}
+	}
+	for j, node := range nodes {
+		got := make([]byte, 8*4096)
+		if _, _, err := client.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectRead, Epoch: testEpoch, OID: 9, Length: uint32(len(got))}, nil, got); err != nil {
+			t.Fatalf("read back from node %d: %v", j, err)
+		}
+		for block := range 8 {
+			want := byte(writes - 8 + block + 1) // the last write to each block
+			if b := got[block*4096 : (block+1)*4096]; !bytes.Equal(b, bytes.Repeat([]byte{want}, 4096)) {
+				t.Fatalf("node %d block %d holds %d..., want %d", j, block, b[0], want)
+			}
+		}
+	}
+	_, _, err := client.Do(t.Context(), nodes[0].address, &ObjectRequest{Opcode: ObjectWrite, Epoch: testEpoch - 1, OID: 9}, make([]byte, 4096), nil)
+	var stale *StaleEpochError
+	if !errors.As(err, &stale) || stale.Current != testEpoch {
+		t.Fatalf("write from another epoch: %v, want STALE_EPOCH (current %d)", err, testEpoch)
+	}
+}
