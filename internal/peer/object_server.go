@@ -79,9 +79,8 @@ const (
 // its fields before the first Serve and do not change them afterwards.
 //
 // Each connection has one goroutine reading requests, one goroutine per
-// request in flight calling the Handler (except small writes in the
-// current epoch, which the reader serves itself: see inline), and one
-// goroutine writing responses in batches. A connection holds at most MaxInFlight requests and
+// request in flight calling the Handler, and one goroutine writing responses
+// in batches. A connection holds at most MaxInFlight requests and
 // MaxBufferedBytes of payload; at either bound it stops reading, so that TCP
 // pushes back on the client and a slow or hostile client cannot make the
 // server buffer more.
@@ -358,26 +357,8 @@ func (c *objectServerConnection) readRequests() error {
 			}
 		}
 		c.handlers.Add(1)
-		if c.server.inline(&request) {
-			c.handle(r)
-		} else {
-			go c.handle(r)
-		}
+		go c.handle(r)
 	}
-}
-
-// objectInlineMaximum is the largest WRITE the reader serves itself.
-const objectInlineMaximum = 64 << 10
-
-// inline tells whether the connection's reader serves request itself
-// rather than start a goroutine for it: a small WRITE without FUA in the
-// node's current epoch, which the handler finishes in a few system calls
-// into the page cache (no fdatasync, no wait for an epoch). At depth,
-// the requests read in one batch are then served in turn by one
-// goroutine, with no goroutine started and none woken per request.
-func (s *ObjectServer) inline(request *ObjectRequest) bool {
-	return request.Opcode == ObjectWrite && request.Flags&ObjectFlagForceUnitAccess == 0 &&
-		request.Length <= objectInlineMaximum && s.Epoch != nil && request.Epoch == s.Epoch()
 }
 
 // noEOF reports a connection that ended inside a message as such.
