@@ -164,10 +164,15 @@ func (v *VDI) Observe(op Op, bytes int, start time.Time, err error) {
 
 // Peer records one object request to node peer (opcode op).
 func (n *Node) Peer(peer, op string, start time.Time, err error) {
+	n.PeerDuration(peer, op, time.Since(start), err)
+}
+
+// PeerDuration records one object request to node peer that took d.
+func (n *Node) PeerDuration(peer, op string, d time.Duration, err error) {
 	if n == nil {
 		return
 	}
-	n.peerDuration.WithLabelValues(peer, op).Observe(time.Since(start).Seconds())
+	n.peerDuration.WithLabelValues(peer, op).Observe(d.Seconds())
 	if err != nil {
 		n.peerErrors.WithLabelValues(peer, op).Inc()
 	}

@@ -211,6 +211,11 @@ func (p ObjectPending) Wait(ctx context.Context) (ObjectResponse, []byte, error)
 	return call.response, call.body, call.err
 }
 
+// Answered is when the answer Wait returned arrived: the zero time if
+// there was none (the connection failed, or ctx ended first). Valid once
+// Wait has returned.
+func (p ObjectPending) Answered() time.Time { return p.call.answered }
+
 // connection returns a working connection to address, dialling if needed.
 func (c *ObjectClient) connection(ctx context.Context, address string) (*objectClientConnection, error) {
 	c.mu.Lock()
@@ -366,6 +371,7 @@ type objectCall struct {
 	written chan struct{} // closed by the writer; nil without payload
 
 	done     chan struct{}
+	answered time.Time // when the reader completed the call
 	response ObjectResponse
 	body     []byte
 	err      error
@@ -559,6 +565,7 @@ func (c *objectClientConnection) readResponses() {
 			close(call.done)
 			return
 		}
+		call.answered = time.Now()
 		close(call.done)
 	}
 }

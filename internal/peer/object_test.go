@@ -713,17 +713,14 @@ func TestObjectHandlerContractViolations(t *testing.T) {
 }
 
 // TestObjectStartWait has one goroutine put writes in flight to two nodes
-// at once (Start), then wait for both; one node's server serves small
-// writes in its reader (its Epoch is set), the other's in goroutines.
-// Both sets of writes must land whole, in order, and a write from another
-// epoch (not served inline) must still be refused.
+// at once (Start), then wait for both. Both sets of writes must land
+// whole and in order, and a write from another epoch must still be
+// refused.
 func TestObjectStartWait(t *testing.T) {
 	checkObjectLeaks(t)
-	inline := newMemoryObjectStore(testEpoch)
-	spawned := newMemoryObjectStore(testEpoch)
 	nodes := []*objectTestNode{
-		startObjectNode(t, inline, func(s *ObjectServer) { s.Epoch = func() uint64 { return testEpoch } }),
-		startObjectNode(t, spawned, nil),
+		startObjectNode(t, newMemoryObjectStore(testEpoch), nil),
+		startObjectNode(t, newMemoryObjectStore(testEpoch), nil),
 	}
 	client := NewObjectClient(nodes[0].creds, WithConnectionsPerAddress(1))
 	t.Cleanup(func() { client.Close() })

@@ -105,7 +105,13 @@ func (p *Client) StartWrite(ctx context.Context, node cluster.Node, epoch, oid u
 			_, _, err = pending.Wait(ctx)
 		}
 		if p.Metrics != nil {
-			p.Metrics.Peer(node.ID, request.Opcode.String(), started, err)
+			// Timed to the answer's arrival, not to this call, which
+			// may come after the caller's own write.
+			ended := time.Now()
+			if err == nil && !pending.Answered().IsZero() {
+				ended = pending.Answered()
+			}
+			p.Metrics.PeerDuration(node.ID, request.Opcode.String(), ended.Sub(started), err)
 		}
 		return err
 	}
