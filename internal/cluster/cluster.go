@@ -79,11 +79,12 @@ type Cluster struct {
 	halted      chan error    // the FSM stopped applying the log (Halted)
 	stop        chan struct{}
 	wg          sync.WaitGroup
-	mu          sync.Mutex // guards seen, refused, vetoed and held
+	mu          sync.Mutex // guards seen, addresses, refused, vetoed and held
 	seen        map[string]gossipState
-	refused     map[string]bool      // gossip members not committed: their metadata is too long (reconcile)
-	vetoed      map[string]time.Time // gossip reports them dead (since), but the leader's raft still reaches them (reconcile)
-	held        string               // the voter changes last held back, logged when it changes (voters.go)
+	addresses   map[string]gossipAddress // gossip's view of each member (gossip.go)
+	refused     map[string]bool          // gossip members not committed: their metadata is too long (reconcile)
+	vetoed      map[string]time.Time     // gossip reports them dead (since), but the leader's raft still reaches them (reconcile)
+	held        string                   // the voter changes last held back, logged when it changes (voters.go)
 	shutdownErr error
 	closeOnce   sync.Once
 }
@@ -106,6 +107,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		halted:     make(chan error, 1),
 		stop:       make(chan struct{}),
 		seen:       map[string]gossipState{},
+		addresses:  map[string]gossipAddress{},
 		refused:    map[string]bool{},
 		vetoed:     map[string]time.Time{},
 		forward:    &forwarder{creds: cfg.PeerCredentials},

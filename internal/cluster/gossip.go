@@ -5,6 +5,7 @@ package cluster
 // (reconcile.go).
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -119,32 +120,52 @@ func (d *gossipDelegate) MergeRemoteState(buf []byte, join bool) {}
 
 type gossipEvents struct{ c *Cluster }
 
-func (e *gossipEvents) NotifyJoin(n *memberlist.Node) { e.c.observe(n.Name, true) }
+// memberlist calls these with its node lock held: the only moment a
+// node's fields may be read, since it updates them in place (Members
+// returns pointers to them).
+func (e *gossipEvents) NotifyJoin(n *memberlist.Node) { e.c.observe(n, true) }
 
-func (e *gossipEvents) NotifyLeave(n *memberlist.Node) { e.c.observe(n.Name, false) }
+func (e *gossipEvents) NotifyLeave(n *memberlist.Node) { e.c.observe(n, false) }
 
-func (e *gossipEvents) NotifyUpdate(n *memberlist.Node) { e.c.observe(n.Name, true) }
+func (e *gossipEvents) NotifyUpdate(n *memberlist.Node) { e.c.observe(n, true) }
 
-func (c *Cluster) observe(id string, alive bool) {
+// gossipAddress is a member's gossip address and metadata, copied when
+// memberlist reports it.
+type gossipAddress struct {
+	address string // host:port
+	meta    []byte
+}
+
+func (c *Cluster) observe(n *memberlist.Node, alive bool) {
+	address := gossipAddress{address: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), meta: bytes.Clone(n.Meta)}
 	c.mu.Lock()
-	c.seen[id] = gossipState{alive: alive, since: time.Now()}
+	c.seen[n.Name] = gossipState{alive: alive, since: time.Now()}
+	c.addresses[n.Name] = address
 	c.mu.Unlock()
 	c.poke()
 }
 
 // gossipMembers returns the nodes gossip currently considers alive, with
-// their metadata.
+// their metadata (as last reported by memberlist's events: the nodes
+// Members returns must not be read outside memberlist's lock).
 func (c *Cluster) gossipMembers() map[string]Node {
 	out := map[string]Node{}
-	for _, m := range c.gossip.Members() {
+	members := c.gossip.Members()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range members {
+		id := m.Name // set when memberlist creates the node, never changed
+		a, ok := c.addresses[id]
+		if !ok {
+			continue // its join event has not been handled yet
+		}
 		var meta nodeMeta
-		if err := json.Unmarshal(m.Meta, &meta); err != nil {
+		if err := json.Unmarshal(a.meta, &meta); err != nil {
 			continue
 		}
-		out[m.Name] = Node{
-			ID: m.Name, Address: meta.Address, PeerAddr: meta.Peer,
-			GossipAddr: net.JoinHostPort(m.Addr.String(), strconv.Itoa(int(m.Port))),
-			AdminAddr:  meta.Admin, NBDAddr: meta.NBD, Zone: meta.Zone, Capacity: meta.Capacity, Incarnation: meta.Incarnation,
+		out[id] = Node{
+			ID: id, Address: meta.Address, PeerAddr: meta.Peer, GossipAddr: a.address,
+			AdminAddr: meta.Admin, NBDAddr: meta.NBD, Zone: meta.Zone, Capacity: meta.Capacity, Incarnation: meta.Incarnation,
 		}
 	}
 	return out
