@@ -33,7 +33,8 @@ func TestMain(m *testing.M) {
 // on purpose: with an old bug compiled back in (docs/TESTING.md: background
 // recovery counted every node as a witness in the proof of currency and
 // so restamped a stale copy), it runs seeds until one fails, then replays
-// that seed and expects it to fail again. Built only with -tags simbugs.
+// that seed and expects it to fail again (searching on if it does not).
+// Built only with -tags simbugs.
 func TestSimulatorFindsSeededBug(t *testing.T) {
 	const bug = "every-node-witnesses"
 	if err := recovery.SetSeededBug(bug, true); err != nil {
@@ -45,48 +46,65 @@ func TestSimulatorFindsSeededBug(t *testing.T) {
 	defer func() { seededBug = saved }()
 	dir := scratch(t)
 	started := time.Now()
-	var found *Result
 	tried := 0
-	// Seeds run in batches, in parallel; the first batch with a failure
-	// ends the search, and its lowest failing seed is the one replayed.
+	// Seeds run in batches, in parallel; the lowest failing seed of a
+	// batch is replayed. A seed whose failure does not come back (the
+	// simulator's nodes are real goroutines, and a failure can depend on
+	// the load of the runs beside it: seen once in CI) is reported and the
+	// search goes on; the test fails if no failing seed replays.
 	const batch = 8
-	for first := *startFlag; tried < *bugSeedsFlag && found == nil; first += batch {
-		results := make([]Result, batch)
-		t.Run(fmt.Sprintf("seeds %d-%d", first, first+batch-1), func(t *testing.T) {
+	next := *startFlag
+	for tried < *bugSeedsFlag {
+		var found *Result
+		for ; tried < *bugSeedsFlag && found == nil; next += batch {
+			first := next
+			results := make([]Result, batch)
+			t.Run(fmt.Sprintf("seeds %d-%d", first, first+batch-1), func(t *testing.T) {
+				for i := range results {
+					seed := first + uint64(i)
+					t.Run(itoa(seed), func(t *testing.T) {
+						t.Parallel()
+						results[i] = simulate(t, seed, filepath.Join(dir, "s"+itoa(seed)))
+					})
+				}
+			})
+			tried += batch
 			for i := range results {
-				seed := first + uint64(i)
-				t.Run(itoa(seed), func(t *testing.T) {
+				if results[i].Err != nil {
+					found = &results[i]
+					break
+				}
+			}
+		}
+		if found == nil {
+			break
+		}
+		t.Logf("found the seeded bug with seed %d (%d seeds tried in %v):\n%v", found.Seed, tried, time.Since(started).Round(time.Millisecond), found.Err)
+		// The replays run in parallel too, as the search did.
+		const replays = batch
+		outcomes := make([]Result, replays)
+		t.Run(fmt.Sprintf("replays of %d", found.Seed), func(t *testing.T) {
+			for i := range outcomes {
+				t.Run(itoa(uint64(i+1)), func(t *testing.T) {
 					t.Parallel()
-					results[i] = simulate(t, seed, filepath.Join(dir, "s"+itoa(seed)))
+					outcomes[i] = simulate(t, found.Seed, filepath.Join(dir, fmt.Sprintf("replay%d-%d", found.Seed, i)))
 				})
 			}
 		})
-		tried += batch
-		for i := range results {
-			if results[i].Err != nil {
-				found = &results[i]
-				break
+		failures := 0
+		for i, r := range outcomes {
+			if r.Err != nil {
+				failures++
+				t.Logf("replay %d of seed %d failed again: %s", i+1, found.Seed, problems(r.Err))
 			}
 		}
-	}
-	if found == nil {
-		t.Fatalf("the simulator did not find the seeded bug in %d seeds from %d", tried, *startFlag)
-	}
-	t.Logf("found the seeded bug with seed %d (%d seeds tried in %v):\n%v", found.Seed, tried, time.Since(started).Round(time.Millisecond), found.Err)
-	replays, failures := 5, 0
-	for i := 0; i < replays; i++ {
-		r := simulate(t, found.Seed, filepath.Join(dir, "replay"+itoa(uint64(i))))
-		if r.Err != nil {
-			failures++
-			t.Logf("replay %d of seed %d failed again: %s", i+1, found.Seed, problems(r.Err))
-		} else {
-			t.Logf("replay %d of seed %d passed", i+1, found.Seed)
+		if failures > 0 {
+			t.Logf("seed %d: %d of %d replays failed again", found.Seed, failures, replays)
+			return
 		}
+		t.Logf("seed %d failed once but none of %d replays failed; searching on", found.Seed, replays)
 	}
-	if failures == 0 {
-		t.Fatalf("seed %d failed once but none of %d replays failed", found.Seed, replays)
-	}
-	t.Logf("seed %d: %d of %d replays failed again", found.Seed, failures, replays)
+	t.Fatalf("no seed of %d from %d failed in a way its replays repeat (the seeded bug was not found, or not reproducibly)", tried, *startFlag)
 }
 
 // TestScenarioFigure4FindsSeededBug: the Fig. 4 scenario, which passes on
