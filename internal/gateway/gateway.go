@@ -427,10 +427,7 @@ func (g *Gateway) replicateOn(ctx context.Context, oid uint64, copies int, pick 
 
 // write writes a piece to every replica.
 func (g *Gateway) write(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags object.Flags) error {
-	if err := g.waitLag(ctx, oid); err != nil { // as mutate
-		return err
-	}
-	return g.mutateOn(ctx, oid, copies, nil, g.writeOp(oid, copies, p, offset, flags))
+	return g.mutateOp(ctx, oid, copies, g.writeOp(oid, copies, p, offset, flags))
 }
 
 // writeOn writes a piece to the replicas pick chooses (lag.go).
@@ -498,10 +495,15 @@ func (g *Gateway) objectLock(oid uint64) *waitlock.RWLock {
 // A change to every replica first waits for the writes to oid still on
 // their way to other zones (lag.go, rule 3).
 func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
+	return g.mutateOp(ctx, oid, copies, replicaOp{run: op})
+}
+
+// mutateOp is mutate for a change that may be started (replicaOp).
+func (g *Gateway) mutateOp(ctx context.Context, oid uint64, copies int, op replicaOp) error {
 	if err := g.waitLag(ctx, oid); err != nil {
 		return err
 	}
-	return g.mutateOn(ctx, oid, copies, nil, replicaOp{run: op})
+	return g.mutateOn(ctx, oid, copies, nil, op)
 }
 
 // mutateOn is mutate on the replicas pick chooses, without waiting for
