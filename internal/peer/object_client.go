@@ -170,13 +170,14 @@ func (c *ObjectClient) Start(ctx context.Context, address string, request *Objec
 	// saw the call: dial again once rather than fail a request that was
 	// not sent.
 	var connection *objectClientConnection
+	var alone bool
 	for attempt := 0; ; attempt++ {
 		var err error
 		connection, err = c.connection(ctx, address)
 		if err != nil {
 			return ObjectPending{}, err
 		}
-		r.ID, err = connection.register(call)
+		r.ID, alone, err = connection.register(call)
 		if err == nil {
 			break
 		}
@@ -186,6 +187,9 @@ func (c *ObjectClient) Start(ctx context.Context, address string, request *Objec
 	}
 	EncodeObjectRequest(&call.header, &r)
 
+	if alone && len(payload) <= objectDirectBytesMaximum-ObjectRequestHeaderSize && connection.writeDirect(call) {
+		return ObjectPending{call: call, connection: connection}, nil
+	}
 	select {
 	case connection.queue <- call:
 	case <-call.done: // the connection failed and failed the call
@@ -346,6 +350,11 @@ type objectClientConnection struct {
 	done    chan struct{}    // closed by fail
 	nextID  atomic.Uint64
 
+	// writeMu is held by whoever writes to conn: the writer, or a caller
+	// in writeDirect, which uses direct.
+	writeMu sync.Mutex
+	direct  objectVectors
+
 	mu      sync.Mutex // guards the fields below
 	pending map[uint64]*objectCall
 	err     error // why the connection failed; set once
@@ -355,7 +364,8 @@ type objectClientConnection struct {
 //
 // Ownership, so that the caller's payload and into are never touched after
 // Do returns: the writer takes a call by moving state from queued to
-// writing, and closes written once its write has returned; a call is
+// writing (writeDirect by setting it before the call is queued anywhere),
+// and closes written once its write has returned; a call is
 // completed (result set, done closed) by whoever removes it from pending:
 // the reader, when it has read the body into into; fail; or never, if Do
 // removed it when abandoning it.
@@ -402,17 +412,45 @@ func (c *objectClientConnection) broken() bool {
 	}
 }
 
-// register assigns call an id and makes it pending.
-func (c *objectClientConnection) register(call *objectCall) (uint64, error) {
-	id := c.nextID.Add(1)
+// register assigns call an id and makes it pending; alone reports that no
+// other call was pending on the connection.
+func (c *objectClientConnection) register(call *objectCall) (id uint64, alone bool, err error) {
+	id = c.nextID.Add(1)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {
-		return 0, c.err
+		return 0, false, c.err
 	}
 	call.id = id
 	c.pending[id] = call
-	return id, nil
+	return id, len(c.pending) == 1, nil
+}
+
+// writeDirect writes call, a small request registered alone on the
+// connection, from the caller's goroutine, if the writer is not writing
+// and has nothing queued; it reports whether it did (else the caller
+// queues call as usual). Nothing else pending means the peer has read
+// what this end sent, except requests whose callers gave up, so a
+// message smaller than a socket buffer does not wait for it to read. A
+// failed write fails the connection, and with it the call.
+func (c *objectClientConnection) writeDirect(call *objectCall) bool {
+	if len(c.queue) > 0 || !c.writeMu.TryLock() {
+		return false
+	}
+	defer c.writeMu.Unlock()
+	// The call is not queued, so nobody else moves its state.
+	call.state.Store(objectCallWriting)
+	c.direct.reset()
+	c.direct.add(call.header[:], call.payload)
+	err := c.direct.writeTo(c.conn, objectWriteTimeout)
+	c.direct.reset()
+	if call.written != nil {
+		close(call.written)
+	}
+	if err != nil {
+		c.fail(fmt.Errorf("writing a request: %w", err))
+	}
+	return true
 }
 
 // abandon withdraws a call whose caller stopped waiting, and returns once
@@ -518,7 +556,9 @@ func (c *objectClientConnection) writeRequests() {
 		}
 		var err error
 		if len(batch) > 0 {
-			err = vectors.writeTo(c.conn)
+			c.writeMu.Lock()
+			err = vectors.writeTo(c.conn, objectWriteTimeout)
+			c.writeMu.Unlock()
 		}
 		vectors.reset()
 		for _, call := range batch {

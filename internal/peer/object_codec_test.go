@@ -272,7 +272,7 @@ func TestObjectVectors(t *testing.T) {
 		n, _ := io.ReadFull(server, buffer)
 		done <- buffer[:n]
 	}()
-	if err := v.writeTo(client); err != nil {
+	if err := v.writeTo(client, objectWriteTimeout); err != nil {
 		t.Fatal(err)
 	}
 	if got := <-done; string(got) != "header"+strings.Repeat("p", 2000)+"next" {

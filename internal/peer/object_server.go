@@ -219,6 +219,11 @@ type objectServerConnection struct {
 	responses chan *objectServerRequest
 	handlers  sync.WaitGroup
 
+	// writeMu is held by whoever writes to conn: the writer, or a handler
+	// in writeDirect, which uses direct.
+	writeMu sync.Mutex
+	direct  objectVectors
+
 	abortOnce sync.Once
 }
 
@@ -339,7 +344,7 @@ func (c *objectServerConnection) readRequests() error {
 					return fmt.Errorf("skipping the payload of a refused %s: %w", request.Opcode, err)
 				}
 			}
-			c.respond(r, ObjectResponse{Status: status, Epoch: c.server.epoch()}, []byte(message))
+			c.respond(r, ObjectResponse{Status: status, Epoch: c.server.epoch()}, []byte(message), false)
 			continue
 		}
 
@@ -396,7 +401,7 @@ func (c *objectServerConnection) handle(r *objectServerRequest) {
 			c.budget.Release(r.budgetBytes)
 			r.budgetBytes = 0
 			c.respond(r, ObjectResponse{Status: ObjectStatusInvalid, Epoch: c.server.epoch()},
-				fmt.Appendf(nil, "payload CRC32C 0x%08x does not match the request's 0x%08x; nothing written", sum, r.request.Checksum))
+				fmt.Appendf(nil, "payload CRC32C 0x%08x does not match the request's 0x%08x; nothing written", sum, r.request.Checksum), true)
 			return
 		}
 	}
@@ -409,12 +414,14 @@ func (c *objectServerConnection) handle(r *objectServerRequest) {
 		c.budget.Release(r.budgetBytes)
 		r.budgetBytes = 0
 	}
-	c.respond(r, response, body)
+	c.respond(r, response, body, true)
 }
 
 // respond checks a response against its request, completes its header and
-// queues it for the writer.
-func (c *objectServerConnection) respond(r *objectServerRequest, response ObjectResponse, body []byte) {
+// queues it for the writer. A handler (fromHandler) writes a small response
+// itself when it is the connection's only request in flight (writeDirect);
+// the reader never writes, so that it never waits for the client to read.
+func (c *objectServerConnection) respond(r *objectServerRequest, response ObjectResponse, body []byte, fromHandler bool) {
 	if problem := objectBodyProblem(&r.request, &response, body); problem != "" {
 		// A Handler bug: the requester must not get a malformed answer.
 		c.server.logger().Error("peer: object handler broke its contract", "request", r.request.Opcode.String(), "object", r.request.OID, "problem", problem)
@@ -441,7 +448,34 @@ func (c *objectServerConnection) respond(r *objectServerRequest, response Object
 	r.response = response
 	r.body = body
 	EncodeObjectResponse(&r.header, &r.response)
+	if fromHandler && len(body) <= objectDirectBytesMaximum-ObjectResponseHeaderSize && c.writeDirect(r) {
+		return
+	}
 	c.responses <- r
+}
+
+// writeDirect writes r from the handler's goroutine if r is the only
+// request in flight on the connection and the writer is neither writing
+// nor has anything queued; it reports whether it did. The client has then
+// read every response sent before, so a message smaller than a socket
+// buffer does not wait for it to read.
+func (c *objectServerConnection) writeDirect(r *objectServerRequest) bool {
+	if len(c.slots) != 1 || len(c.responses) > 0 || !c.writeMu.TryLock() {
+		return false
+	}
+	c.direct.reset()
+	c.direct.add(r.header[:], r.body)
+	err := c.direct.writeTo(c.conn, objectWriteTimeout)
+	c.direct.reset()
+	c.writeMu.Unlock()
+	c.finish(r)
+	if err != nil {
+		if c.ctx.Err() == nil {
+			c.server.logger().Debug("peer: object connection write failed", "to", c.remote, "error", err)
+		}
+		c.abort()
+	}
+	return true
 }
 
 // objectBodyProblem returns why a handler's response cannot be sent as it
@@ -511,7 +545,9 @@ func (c *objectServerConnection) writeResponses() {
 		}
 		var err error
 		if len(batch) > 0 {
-			err = vectors.writeTo(c.conn)
+			c.writeMu.Lock()
+			err = vectors.writeTo(c.conn, objectWriteTimeout)
+			c.writeMu.Unlock()
 		}
 		vectors.reset()
 		for _, r := range batch {

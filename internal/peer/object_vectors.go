@@ -12,7 +12,11 @@ import (
 // Both ends of an object connection write from one goroutine that batches
 // what is queued and writes it with one vectored write (writev), flushing
 // when its queue is empty: concurrent requests share system calls, and a
-// lone request is not delayed waiting for company.
+// lone request is not delayed waiting for company. A small message on a
+// connection with nothing else in flight is written by the goroutine that
+// produced it instead (writeDirect): at queue depth 1 handing it to the
+// writer costs a goroutine wake-up, often another thread's, and there is
+// nothing to batch it with.
 const (
 	// objectCopyThreshold: pieces shorter than this (headers, error
 	// messages, STAT bodies) are copied into one contiguous run; longer
@@ -28,6 +32,12 @@ const (
 	// reading for this long holds resources for nothing: its connection
 	// is closed. 8 MiB in 30 s is 280 kB/s, far below any working link.
 	objectWriteTimeout = 30 * time.Second
+	// objectDirectBytesMaximum bounds a message that the goroutine which
+	// produced it writes itself, bypassing the connection's writer (see
+	// objectClientConnection.writeDirect): small enough to fit in any
+	// socket's send buffer, so that such a write does not wait for the
+	// peer to read.
+	objectDirectBytesMaximum = 64 << 10
 )
 
 // objectVectors gathers the messages of one batch into net.Buffers.
@@ -85,10 +95,10 @@ func (v *objectVectors) full() bool {
 	return v.bytes >= objectBatchBytesMaximum || v.messages >= objectBatchMessagesMaximum
 }
 
-// writeTo writes the batch to conn with a deadline.
-func (v *objectVectors) writeTo(conn net.Conn) error {
+// writeTo writes the batch to conn with a deadline timeout from now.
+func (v *objectVectors) writeTo(conn net.Conn, timeout time.Duration) error {
 	v.endRun()
-	conn.SetWriteDeadline(time.Now().Add(objectWriteTimeout))
+	conn.SetWriteDeadline(time.Now().Add(timeout))
 	buffers := v.vectors // WriteTo consumes its receiver; keep v.vectors for reuse
 	if _, vectored := conn.(*net.TCPConn); vectored {
 		_, err := buffers.WriteTo(conn)
