@@ -70,6 +70,8 @@ type ObjectClient struct {
 type objectAddress struct {
 	next  atomic.Uint32
 	slots []objectConnectionSlot
+	// pending counts the calls pending on the address's connections.
+	pending atomic.Int32
 }
 
 // objectConnectionSlot holds one of an address's connections, or the dial
@@ -253,7 +255,7 @@ func (c *ObjectClient) connection(ctx context.Context, address string) (*objectC
 		c.mu.Unlock()
 		d = &objectDial{done: make(chan struct{})}
 		slot.dial = d
-		go c.dial(address, slot, d)
+		go c.dial(address, a, slot, d)
 	}
 	slot.mu.Unlock()
 	select {
@@ -267,7 +269,7 @@ func (c *ObjectClient) connection(ctx context.Context, address string) (*objectC
 // dial connects slot to address. It runs on its own goroutine, with the
 // client's context rather than a caller's, so that one caller giving up does
 // not fail the others waiting for the same dial.
-func (c *ObjectClient) dial(address string, slot *objectConnectionSlot, d *objectDial) {
+func (c *ObjectClient) dial(address string, a *objectAddress, slot *objectConnectionSlot, d *objectDial) {
 	defer c.running.Done()
 	ctx, cancel := context.WithTimeout(c.ctx, c.dialTimeout)
 	raw, err := Dial(ctx, address, c.creds, ProtocolObject)
@@ -280,7 +282,7 @@ func (c *ObjectClient) dial(address string, slot *objectConnectionSlot, d *objec
 			err = peerUnavailable(address, err)
 		}
 	} else {
-		connection = newObjectClientConnection(address, raw)
+		connection = newObjectClientConnection(address, raw, &a.pending)
 		c.running.Add(2)
 		go func() {
 			defer c.running.Done()
@@ -355,6 +357,10 @@ type objectClientConnection struct {
 	writeMu sync.Mutex
 	direct  objectVectors
 
+	// addressPending is the objectAddress's count of pending calls,
+	// changed with pending.
+	addressPending *atomic.Int32
+
 	mu      sync.Mutex // guards the fields below
 	pending map[uint64]*objectCall
 	err     error // why the connection failed; set once
@@ -393,9 +399,10 @@ const (
 	objectCallAbandoned
 )
 
-func newObjectClientConnection(address string, conn net.Conn) *objectClientConnection {
+func newObjectClientConnection(address string, conn net.Conn, addressPending *atomic.Int32) *objectClientConnection {
 	return &objectClientConnection{
-		address: address,
+		address:        address,
+		addressPending: addressPending,
 		conn:    conn,
 		queue:   make(chan *objectCall, objectClientQueueLength),
 		done:    make(chan struct{}),
@@ -413,7 +420,7 @@ func (c *objectClientConnection) broken() bool {
 }
 
 // register assigns call an id and makes it pending; alone reports that no
-// other call was pending on the connection.
+// other call was pending on the connections to the same address.
 func (c *objectClientConnection) register(call *objectCall) (id uint64, alone bool, err error) {
 	id = c.nextID.Add(1)
 	c.mu.Lock()
@@ -423,11 +430,11 @@ func (c *objectClientConnection) register(call *objectCall) (id uint64, alone bo
 	}
 	call.id = id
 	c.pending[id] = call
-	return id, len(c.pending) == 1, nil
+	return id, c.addressPending.Add(1) == 1, nil
 }
 
 // writeDirect writes call, a small request registered alone on the
-// connection, from the caller's goroutine, if the writer is not writing
+// connections to its address, from the caller's goroutine, if the writer is not writing
 // and has nothing queued; it reports whether it did (else the caller
 // queues call as usual). Nothing else pending means the peer has read
 // what this end sent, except requests whose callers gave up, so a
@@ -462,7 +469,10 @@ const objectAbandonGrace = time.Second
 func (c *objectClientConnection) abandon(call *objectCall) {
 	c.mu.Lock()
 	_, stillPending := c.pending[call.id]
-	delete(c.pending, call.id)
+	if stillPending {
+		delete(c.pending, call.id)
+		c.addressPending.Add(-1)
+	}
 	c.mu.Unlock()
 	if !stillPending {
 		// The reader is reading the response into into (or fail has
@@ -509,6 +519,7 @@ func (c *objectClientConnection) fail(cause error) {
 	}
 	c.err = peerUnavailable(c.address, cause)
 	pending := c.pending
+	c.addressPending.Add(-int32(len(pending)))
 	c.pending = nil
 	close(c.done)
 	c.mu.Unlock()
@@ -590,7 +601,10 @@ func (c *objectClientConnection) readResponses() {
 		}
 		c.mu.Lock()
 		call := c.pending[response.ID]
-		delete(c.pending, response.ID)
+		if call != nil {
+			delete(c.pending, response.ID)
+			c.addressPending.Add(-1)
+		}
 		c.mu.Unlock()
 		if call == nil {
 			// The caller gave up on it: discard the body.

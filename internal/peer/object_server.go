@@ -455,12 +455,12 @@ func (c *objectServerConnection) respond(r *objectServerRequest, response Object
 }
 
 // writeDirect writes r from the handler's goroutine if r is the only
-// request in flight on the connection and the writer is neither writing
+// request in flight on the server (so on the connection) and the writer is neither writing
 // nor has anything queued; it reports whether it did. The client has then
 // read every response sent before, so a message smaller than a socket
 // buffer does not wait for it to read.
 func (c *objectServerConnection) writeDirect(r *objectServerRequest) bool {
-	if len(c.slots) != 1 || len(c.responses) > 0 || !c.writeMu.TryLock() {
+	if c.server.inFlight.Load() != 1 || len(c.responses) > 0 || !c.writeMu.TryLock() {
 		return false
 	}
 	c.direct.reset()
