@@ -403,10 +403,10 @@ func newObjectClientConnection(address string, conn net.Conn, addressPending *at
 	return &objectClientConnection{
 		address:        address,
 		addressPending: addressPending,
-		conn:    conn,
-		queue:   make(chan *objectCall, objectClientQueueLength),
-		done:    make(chan struct{}),
-		pending: make(map[uint64]*objectCall),
+		conn:           conn,
+		queue:          make(chan *objectCall, objectClientQueueLength),
+		done:           make(chan struct{}),
+		pending:        make(map[uint64]*objectCall),
 	}
 }
 

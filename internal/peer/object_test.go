@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -757,5 +758,84 @@ func TestObjectStartWait(t *testing.T) {
 	var stale *StaleEpochError
 	if !errors.As(err, &stale) || stale.Current != testEpoch {
 		t.Fatalf("write from another epoch: %v, want STALE_EPOCH (current %d)", err, testEpoch)
+	}
+}
+
+// TestObjectDirectWrite: a small request registered alone is written by its
+// caller (no writer runs on this connection), one registered while another
+// is pending is left to the writer, and the count of pending calls per
+// address returns to zero when the connection fails.
+func TestObjectDirectWrite(t *testing.T) {
+	near, far := net.Pipe()
+	t.Cleanup(func() { near.Close(); far.Close() })
+	var addressPending atomic.Int32
+	c := newObjectClientConnection("pipe", near, &addressPending)
+	newCall := func(oid uint64) *objectCall {
+		call := &objectCall{payload: pattern(oid, 0, 4096), opcode: ObjectWrite, length: 4096, done: make(chan struct{}), written: make(chan struct{})}
+		id, _, err := c.register(call)
+		if err != nil {
+			t.Fatal(err)
+		}
+		EncodeObjectRequest(&call.header, &ObjectRequest{Opcode: ObjectWrite, Epoch: testEpoch, ID: id, OID: oid, Length: 4096, Checksum: ObjectChecksum(call.payload)})
+		return call
+	}
+
+	first := newCall(1)
+	if n := addressPending.Load(); n != 1 {
+		t.Fatalf("%d calls pending to the address, want 1", n)
+	}
+	received := make(chan []byte, 1)
+	go func() {
+		message := make([]byte, ObjectRequestHeaderSize+4096)
+		if _, err := io.ReadFull(far, message); err != nil {
+			message = nil
+		}
+		received <- message
+	}()
+	if !c.writeDirect(first) {
+		t.Fatal("writeDirect refused a lone request on an idle connection")
+	}
+	select {
+	case <-first.written:
+	default:
+		t.Fatal("writeDirect returned without closing written")
+	}
+	message := <-received
+	if message == nil {
+		t.Fatal("the request did not arrive")
+	}
+	request, err := DecodeObjectRequest((*[ObjectRequestHeaderSize]byte)(message[:ObjectRequestHeaderSize]))
+	if err != nil || request.ID != first.id || request.OID != 1 || !bytes.Equal(message[ObjectRequestHeaderSize:], first.payload) {
+		t.Fatalf("received request %+v (err %v), payload equal %v; want id %d of object 1", request, err, bytes.Equal(message[ObjectRequestHeaderSize:], first.payload), first.id)
+	}
+
+	// A second call while the first is pending is not alone.
+	second := &objectCall{opcode: ObjectStat, done: make(chan struct{})}
+	if _, alone, err := c.register(second); err != nil || alone {
+		t.Fatalf("second register: alone %v, err %v; want not alone", alone, err)
+	}
+	// Whoever holds the connection's writing, or a queue with something in
+	// it, makes writeDirect refuse (nothing is written: the pipe would block).
+	third := newCall(3)
+	c.writeMu.Lock()
+	if c.writeDirect(third) {
+		t.Fatal("writeDirect wrote while the writer held the connection")
+	}
+	c.writeMu.Unlock()
+	c.queue <- second
+	if c.writeDirect(third) {
+		t.Fatal("writeDirect wrote past a queued request")
+	}
+
+	c.fail(errors.New("test over"))
+	if n := addressPending.Load(); n != 0 {
+		t.Fatalf("%d calls counted pending after the connection failed, want 0", n)
+	}
+	for _, call := range []*objectCall{first, second, third} {
+		select {
+		case <-call.done:
+		default:
+			t.Fatalf("call %d not completed by the failure", call.id)
+		}
 	}
 }
