@@ -499,9 +499,15 @@ func (m *memoryReplicas) Write(ctx context.Context, node cluster.Node, epoch, oi
 // StartWrite implements WriteStarter as the peer client does: the write
 // is on its way (here, in a goroutine) when it returns, so every test
 // that writes goes through the gateway's started path.
-func (m *memoryReplicas) StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) func() error {
+func (m *memoryReplicas) StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, p *object.Payload, offset uint32, flags object.Flags) func() error {
 	done := make(chan error, 1)
-	go func() { done <- m.Write(ctx, node, epoch, oid, p, offset, flags) }()
+	go func() {
+		if p.Checksum() != object.Checksum(p.Data) {
+			done <- fmt.Errorf("payload changed after its checksum was taken")
+			return
+		}
+		done <- m.Write(ctx, node, epoch, oid, p.Data, offset, flags)
+	}()
 	return func() error { return <-done }
 }
 

@@ -103,7 +103,7 @@ type Replicas interface {
 // node's). With it, one goroutine has a write on its way to every replica
 // at once, instead of a goroutine per replica.
 type WriteStarter interface {
-	StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) func() error
+	StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, p *object.Payload, offset uint32, flags object.Flags) func() error
 }
 
 // replicaOp is a change to one replica of an object. run applies it and
@@ -444,8 +444,9 @@ func (g *Gateway) writeOp(oid uint64, copies int, p []byte, offset uint32, flags
 	if g.starter == nil {
 		return op
 	}
+	payload := &object.Payload{Data: p} // its checksum computed once for every node
 	op.start = func(ctx context.Context, node cluster.Node, rv *layout.Epoch) func() error {
-		wait := g.starter.StartWrite(ctx, node, rv.Number, oid, p, offset, flags)
+		wait := g.starter.StartWrite(ctx, node, rv.Number, oid, payload, offset, flags)
 		if wait == nil {
 			return nil
 		}

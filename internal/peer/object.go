@@ -77,6 +77,8 @@ import (
 	"hash/crc32"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // Sizes and limits of the object protocol.
@@ -120,8 +122,8 @@ const (
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // ObjectChecksum returns the CRC32C of p, the checksum the object protocol
-// carries for payloads.
-func ObjectChecksum(p []byte) uint32 { return crc32.Checksum(p, castagnoli) }
+// carries for payloads (object.Checksum).
+func ObjectChecksum(p []byte) uint32 { return object.Checksum(p) }
 
 // ObjectOpcode is the operation of a request.
 type ObjectOpcode uint8

@@ -146,6 +146,19 @@ type ObjectPending struct {
 // returns no error, the caller must call Wait exactly once, and must not
 // touch payload or into until Wait has returned (as for Do).
 func (c *ObjectClient) Start(ctx context.Context, address string, request *ObjectRequest, payload []byte, into []byte) (ObjectPending, error) {
+	var checksum uint32
+	if request.Opcode == ObjectWrite && len(payload) <= MaxPayload {
+		checksum = ObjectChecksum(payload)
+	}
+	return c.StartChecksummed(ctx, address, request, payload, checksum, into)
+}
+
+// StartChecksummed is Start for a WRITE whose payload's checksum the caller
+// has computed already (ObjectChecksum(payload), which it must be: a
+// wrong one makes the node refuse the write), as a gateway does once for
+// the replicas it sends the same data to. For other opcodes checksum is
+// ignored.
+func (c *ObjectClient) StartChecksummed(ctx context.Context, address string, request *ObjectRequest, payload []byte, checksum uint32, into []byte) (ObjectPending, error) {
 	r := *request
 	r.ID = 0
 	if r.Opcode == ObjectWrite {
@@ -153,7 +166,7 @@ func (c *ObjectClient) Start(ctx context.Context, address string, request *Objec
 			return ObjectPending{}, fmt.Errorf("%w: WRITE of %d bytes exceeds the %d-byte maximum payload", ErrObjectTooLarge, len(payload), MaxPayload)
 		}
 		r.Length = uint32(len(payload))
-		r.Checksum = ObjectChecksum(payload)
+		r.Checksum = checksum
 	} else if len(payload) > 0 {
 		return ObjectPending{}, fmt.Errorf("%w: %s carries no payload, got %d bytes", ErrObjectInvalid, r.Opcode, len(payload))
 	}

@@ -90,7 +90,7 @@ func (p *Client) Write(ctx context.Context, node cluster.Node, epoch, oid uint64
 // goroutine write to several replicas at once. For this node's own copy it
 // returns nil: the caller writes that with Write. data must not change
 // until the returned function has returned.
-func (p *Client) StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, data []byte, offset uint32, flags object.Flags) func() error {
+func (p *Client) StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, data *object.Payload, offset uint32, flags object.Flags) func() error {
 	if node.ID == p.Self {
 		return nil
 	}
@@ -98,8 +98,8 @@ func (p *Client) StartWrite(ctx context.Context, node cluster.Node, epoch, oid u
 	if p.Metrics != nil {
 		started = time.Now()
 	}
-	request := peer.ObjectRequest{Opcode: peer.ObjectWrite, Flags: writeFlags(flags), Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(data))}
-	pending, err := p.Peer.Start(ctx, node.PeerAddr, &request, data, nil)
+	request := peer.ObjectRequest{Opcode: peer.ObjectWrite, Flags: writeFlags(flags), Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(data.Data))}
+	pending, err := p.Peer.StartChecksummed(ctx, node.PeerAddr, &request, data.Data, data.Checksum(), nil)
 	return func() error {
 		if err == nil {
 			_, _, err = pending.Wait(ctx)

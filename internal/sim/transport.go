@@ -235,11 +235,14 @@ func (t *transport) Write(ctx context.Context, node cluster.Node, epoch, oid uin
 // StartWrite implements gateway.WriteStarter, as the peer client does:
 // a write to another node is on its way when it returns; this node's
 // own copy is left to Write.
-func (t *transport) StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) func() error {
+func (t *transport) StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, p *object.Payload, offset uint32, flags object.Flags) func() error {
 	if t.w.index(node.ID) == t.from.node.index {
 		return nil
 	}
-	data := bytes.Clone(p) // as Write: p is the caller's again once the wait returns
+	if p.Checksum() != object.Checksum(p.Data) {
+		panic("sim: a write's payload changed after its checksum was taken")
+	}
+	data := bytes.Clone(p.Data) // as Write: p is the caller's again once the wait returns
 	done := make(chan error, 1)
 	go func() { done <- t.Write(ctx, node, epoch, oid, data, offset, flags) }()
 	return func() error { return <-done }
