@@ -496,7 +496,7 @@ func (m *memoryReplicas) Write(ctx context.Context, node cluster.Node, epoch, oi
 	return m.write(node, epoch, oid, p, offset, flags)
 }
 
-// StartWrite implements WriteStarter as the peer client does: the write
+// StartWrite implements Starter as the peer client does: the write
 // is on its way (here, in a goroutine) when it returns, so every test
 // that writes goes through the gateway's started path.
 func (m *memoryReplicas) StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, p *object.Payload, offset uint32, flags object.Flags) func() error {
@@ -508,6 +508,18 @@ func (m *memoryReplicas) StartWrite(ctx context.Context, node cluster.Node, epoc
 		}
 		done <- m.Write(ctx, node, epoch, oid, p.Data, offset, flags)
 	}()
+	return func() error { return <-done }
+}
+
+// StartFlush implements Starter. It starts a flush to every node but the
+// gateway's own, which it leaves to Flush as the peer client does, so that
+// both of the gateway's paths are taken.
+func (m *memoryReplicas) StartFlush(ctx context.Context, node cluster.Node, epoch uint64) func() error {
+	if node.ID == m.cluster.self {
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() { done <- m.Flush(ctx, node, epoch) }()
 	return func() error { return <-done }
 }
 

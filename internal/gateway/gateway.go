@@ -97,13 +97,14 @@ type Replicas interface {
 	Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error
 }
 
-// WriteStarter is what Replicas may also do: send a write to another
-// node's copy and return what waits for its answer (the error Write would
-// return), or return nil for a copy it cannot start that way (this
-// node's). With it, one goroutine has a write on its way to every replica
-// at once, instead of a goroutine per replica.
-type WriteStarter interface {
+// Starter is what Replicas may also do: send a write or a flush to another
+// node and return what waits for its answer (the error Write or Flush
+// would return), or return nil for a node it cannot start that way (this
+// one). With it, one goroutine has a write or a FLUSH on its way to every
+// node at once, instead of a goroutine per node.
+type Starter interface {
 	StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, p *object.Payload, offset uint32, flags object.Flags) func() error
+	StartFlush(ctx context.Context, node cluster.Node, epoch uint64) func() error
 }
 
 // replicaOp is a change to one replica of an object. run applies it and
@@ -163,7 +164,7 @@ type Gateway struct {
 	cluster  Cluster
 	layouts  *layout.History
 	replicas Replicas
-	starter  WriteStarter // replicas, if it can start writes; else nil
+	starter  Starter // replicas, if it can start writes and flushes; else nil
 	logger   *slog.Logger
 	options  Options
 	session  string // this gateway's lock session
@@ -240,7 +241,7 @@ func New(c Cluster, layouts *layout.History, replicas Replicas, logger *slog.Log
 		options.FairSlots = math.MaxInt
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	starter, _ := replicas.(WriteStarter)
+	starter, _ := replicas.(Starter)
 	return &Gateway{cluster: c, layouts: layouts, replicas: replicas, starter: starter, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, limiters: map[string]*limiter{}, snapshots: &limiter{}, fair: newFairQueue(options.FairSlots), dirty: map[string]bool{}, ctx: ctx, cancel: cancel,
 		zeroPieces: newSemaphore("TRIM/WRITE_ZEROES pieces in flight", "pieces", int64(options.ZeroPieces)),
 		copyBytes:  newSemaphore("copy-on-write buffers", "bytes", options.CopyBytes),
@@ -786,6 +787,19 @@ func (g *Gateway) flushNodes(ctx context.Context, targets map[string]bool) error
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		scope, cancel := layout.Scoped(ctx, g.cluster, rv.Number, roundTimeout)
+		failed := func(node cluster.Node, err error) {
+			if err = unanswered(ctx, scope, err); err != nil {
+				mu.Lock()
+				errs = append(errs, &object.ReplicaError{Node: node.ID, Err: err})
+				mu.Unlock()
+			}
+		}
+		// Remote flushes are sent from this goroutine (with a Starter),
+		// this node's own runs here, then the answers are awaited: no
+		// goroutine per node. Without a Starter, one per node.
+		var waits []func() error
+		var waitNodes []cluster.Node
+		var local []cluster.Node
 		for id := range targets {
 			node, alive := rv.Nodes[id]
 			if !alive {
@@ -793,15 +807,26 @@ func (g *Gateway) flushNodes(ctx context.Context, targets map[string]bool) error
 				// other replicas of the same writes are flushed here.
 				continue
 			}
+			if g.starter != nil {
+				if wait := g.starter.StartFlush(scope, node, rv.Number); wait != nil {
+					waits = append(waits, wait)
+					waitNodes = append(waitNodes, node)
+					continue
+				}
+				local = append(local, node)
+				continue
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := unanswered(ctx, scope, g.replicas.Flush(scope, node, rv.Number)); err != nil {
-					mu.Lock()
-					errs = append(errs, &object.ReplicaError{Node: node.ID, Err: err})
-					mu.Unlock()
-				}
+				failed(node, g.replicas.Flush(scope, node, rv.Number))
 			}()
+		}
+		for _, node := range local {
+			failed(node, g.replicas.Flush(scope, node, rv.Number))
+		}
+		for i, wait := range waits {
+			failed(waitNodes[i], wait())
 		}
 		wg.Wait()
 		cancel()

@@ -94,12 +94,27 @@ func (p *Client) StartWrite(ctx context.Context, node cluster.Node, epoch, oid u
 	if node.ID == p.Self {
 		return nil
 	}
+	request := peer.ObjectRequest{Opcode: peer.ObjectWrite, Flags: writeFlags(flags), Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(data.Data))}
+	return p.start(ctx, node, &request, data.Data, data.Checksum())
+}
+
+// StartFlush sends a flush to another node and returns what waits for its
+// answer (Flush's error); for this node it returns nil, as StartWrite does.
+func (p *Client) StartFlush(ctx context.Context, node cluster.Node, epoch uint64) func() error {
+	if node.ID == p.Self {
+		return nil
+	}
+	return p.start(ctx, node, &peer.ObjectRequest{Opcode: peer.ObjectFlush, Epoch: epoch}, nil, 0)
+}
+
+// start sends request (with payload and its checksum, for a WRITE) to node
+// and returns what waits for the answer and records its latency.
+func (p *Client) start(ctx context.Context, node cluster.Node, request *peer.ObjectRequest, payload []byte, checksum uint32) func() error {
 	var started time.Time
 	if p.Metrics != nil {
 		started = time.Now()
 	}
-	request := peer.ObjectRequest{Opcode: peer.ObjectWrite, Flags: writeFlags(flags), Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(data.Data))}
-	pending, err := p.Peer.StartChecksummed(ctx, node.PeerAddr, &request, data.Data, data.Checksum(), nil)
+	pending, err := p.Peer.StartChecksummed(ctx, node.PeerAddr, request, payload, checksum, nil)
 	return func() error {
 		if err == nil {
 			_, _, err = pending.Wait(ctx)

@@ -232,7 +232,7 @@ func (t *transport) Write(ctx context.Context, node cluster.Node, epoch, oid uin
 	})
 }
 
-// StartWrite implements gateway.WriteStarter, as the peer client does:
+// StartWrite implements gateway.Starter, as the peer client does:
 // a write to another node is on its way when it returns; this node's
 // own copy is left to Write.
 func (t *transport) StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, p *object.Payload, offset uint32, flags object.Flags) func() error {
@@ -245,6 +245,16 @@ func (t *transport) StartWrite(ctx context.Context, node cluster.Node, epoch, oi
 	data := bytes.Clone(p.Data) // as Write: p is the caller's again once the wait returns
 	done := make(chan error, 1)
 	go func() { done <- t.Write(ctx, node, epoch, oid, data, offset, flags) }()
+	return func() error { return <-done }
+}
+
+// StartFlush implements gateway.Starter, as StartWrite does.
+func (t *transport) StartFlush(ctx context.Context, node cluster.Node, epoch uint64) func() error {
+	if t.w.index(node.ID) == t.from.node.index {
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() { done <- t.Flush(ctx, node, epoch) }()
 	return func() error { return <-done }
 }
 
