@@ -326,7 +326,13 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 		}
 		return out, nil
 	})
-	s.handle(mux, "GET /v1/vdis", func(r *http.Request) (any, error) { return c.VDIs(), nil })
+	// A VDI read sees a change made through another node just before
+	// (SyncForRead): an operator sets a limit on one host and looks at it
+	// from another.
+	s.handle(mux, "GET /v1/vdis", func(r *http.Request) (any, error) {
+		c.SyncForRead(r.Context())
+		return c.VDIs(), nil
+	})
 	s.handle(mux, "POST /v1/vdis", func(r *http.Request) (any, error) {
 		var req CreateVDIRequest
 		if err := decodeBody(r, &req); err != nil {
@@ -335,7 +341,10 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 		exclusive := req.Exclusive
 		return c.CreateVDIWith(r.Context(), req.Name, req.Size, cluster.VDISettings{Exclusive: &exclusive})
 	})
-	s.handle(mux, "GET /v1/vdis/{name}", func(r *http.Request) (any, error) { return c.LookupVDI(r.Context(), r.PathValue("name")) })
+	s.handle(mux, "GET /v1/vdis/{name}", func(r *http.Request) (any, error) {
+		c.SyncForRead(r.Context())
+		return c.VDI(r.PathValue("name"))
+	})
 	s.handle(mux, "GET /v1/local/opens", func(r *http.Request) (any, error) {
 		opens := data.Opens()
 		if opens == nil {
@@ -550,7 +559,8 @@ func (s *Server) recovery(ctx context.Context) []RecoveryEntry {
 
 // vdiStatus asks every live node which opens of a VDI it serves.
 func (s *Server) vdiStatus(ctx context.Context, name string) (VDIStatus, error) {
-	v, err := s.cluster.LookupVDI(ctx, name)
+	s.cluster.SyncForRead(ctx)
+	v, err := s.cluster.VDI(name)
 	if err != nil {
 		return VDIStatus{}, err
 	}

@@ -114,6 +114,20 @@ func (c *Cluster) CatchUp(ctx context.Context) error {
 	}
 }
 
+// freshReadTimeout bounds the wait of SyncForRead: a node without a
+// reachable leader still answers reads from its own copy, soon.
+const freshReadTimeout = 2 * time.Second
+
+// SyncForRead is Sync for an admin read: it waits at most freshReadTimeout
+// and reports no error, so that a read after it sees a change made through
+// another node a moment before (vdi set there, vdi info here) when the
+// leader answers, and this node's own copy when it does not.
+func (c *Cluster) SyncForRead(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, freshReadTimeout)
+	defer cancel()
+	c.Sync(ctx)
+}
+
 // LookupVDI is VDI after making sure a miss is not just this node lagging
 // behind the leader.
 func (c *Cluster) LookupVDI(ctx context.Context, name string) (VDI, error) {

@@ -36,6 +36,15 @@ func TestVDIQoSLimits(t *testing.T) {
 		}
 	}
 
+	// A change made through one node is seen at once through every other
+	// (the admin reads wait for the leader's commit: read-your-writes).
+	for i := range 6 {
+		limit := fmt.Sprint(100 + i)
+		herd(t, c, i%3, "vdi", "set", "vm", "--write-iops-limit", limit)
+		if out := herd(t, c, (i+1)%3, "vdi", "info", "vm"); !strings.Contains(out, "write iops "+limit+"/s") {
+			t.Fatalf("vdi info through node %d right after vdi set through node %d does not show the limit %s:\n%s", (i+1)%3, i%3, limit, out)
+		}
+	}
 	herd(t, c, 0, "vdi", "set", "vm", "--write-iops-limit", "200")
 	if out := herd(t, c, 1, "vdi", "info", "vm"); !strings.Contains(out, "write iops 200/s") {
 		t.Fatalf("vdi info does not show the limit:\n%s", out)
