@@ -1,7 +1,8 @@
 // Package api is herd's admin interface: HTTP/JSON on every node (port
 // 7080 by default). Any node answers for the cluster: reads come from the
-// node's applied copy of the log, changes are committed through the raft
-// leader (the cluster package forwards them to the leader over the peer
+// node's applied copy of the log (VDI reads after catching up with the
+// leader, so a change made through another node is seen), changes are
+// committed through the raft leader (the cluster package forwards them to the leader over the peer
 // port). It speaks HTTPS only, with the node's certificate from the
 // cluster CA. Every route but /v1/health needs an admin token
 // (auth.go): GET routes any live token, the others a token that is not
