@@ -344,7 +344,7 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 	})
 	s.handle(mux, "GET /v1/vdis/{name}", func(r *http.Request) (any, error) {
 		c.SyncForRead(r.Context())
-		return c.VDI(r.PathValue("name"))
+		return c.LookupVDI(r.Context(), r.PathValue("name"))
 	})
 	s.handle(mux, "GET /v1/local/opens", func(r *http.Request) (any, error) {
 		opens := data.Opens()

@@ -121,8 +121,13 @@ const freshReadTimeout = 2 * time.Second
 // SyncForRead is Sync for an admin read: it waits at most freshReadTimeout
 // and reports no error, so that a read after it sees a change made through
 // another node a moment before (vdi set there, vdi info here) when the
-// leader answers, and this node's own copy when it does not.
+// leader answers, and this node's own copy when it does not. Without
+// quorum it does not wait at all: a dashboard polling a node cut off from
+// the leader gets that node's copy at once.
 func (c *Cluster) SyncForRead(ctx context.Context) {
+	if !c.HasQuorum() {
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, freshReadTimeout)
 	defer cancel()
 	c.Sync(ctx)

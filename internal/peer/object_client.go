@@ -451,8 +451,13 @@ func (c *objectClientConnection) register(call *objectCall) (id uint64, alone bo
 // and has nothing queued; it reports whether it did (else the caller
 // queues call as usual). Nothing else pending means the peer has read
 // what this end sent, except requests whose callers gave up, so a
-// message smaller than a socket buffer does not wait for it to read. A
-// failed write fails the connection, and with it the call.
+// message smaller than a socket buffer does not wait for it to read.
+// Those abandoned requests may still fill the buffers of a peer that
+// stopped reading, and nothing can abandon a write the caller makes
+// itself: so it has objectAbandonGrace to finish, the time an abandoned
+// call gives its payload's send before the connection is closed under it.
+// A failed write fails the connection, and with it the call, which the
+// caller retries elsewhere as for any ErrPeerUnavailable.
 func (c *objectClientConnection) writeDirect(call *objectCall) bool {
 	if len(c.queue) > 0 || !c.writeMu.TryLock() {
 		return false
@@ -462,7 +467,7 @@ func (c *objectClientConnection) writeDirect(call *objectCall) bool {
 	call.state.Store(objectCallWriting)
 	c.direct.reset()
 	c.direct.add(call.header[:], call.payload)
-	err := c.direct.writeTo(c.conn, objectWriteTimeout)
+	err := c.direct.writeTo(c.conn, objectAbandonGrace)
 	c.direct.reset()
 	if call.written != nil {
 		close(call.written)
