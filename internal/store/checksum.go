@@ -215,7 +215,7 @@ func (s *Store) writeVerified(h *handle, p []byte, offset uint32) error {
 	if err != nil {
 		return err
 	}
-	if _, err := h.file.WriteAt(p, h.dataStart+int64(offset)); err != nil {
+	if err := writeData(h.file, p, h.dataStart+int64(offset)); err != nil {
 		return objectError("write", h.oid, h.path, err)
 	}
 	first, _ := blockSpan(start, length)

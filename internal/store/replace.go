@@ -116,7 +116,7 @@ func (s *Store) writeTemp(d *diskState, oid uint64, data []byte, epoch uint64) (
 		_, err = f.WriteAt(tableFor(data), headerSize)
 	}
 	if err == nil && len(data) > 0 {
-		_, err = f.WriteAt(data, dataOffset)
+		err = writeData(f, data, dataOffset)
 	}
 	if closeErr := f.Close(); err == nil {
 		err = closeErr

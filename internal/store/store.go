@@ -412,7 +412,7 @@ func (s *Store) Write(oid uint64, p []byte, offset uint32, epoch uint64, flags W
 				return nil
 			}
 			if h.legacy {
-				if _, err := h.file.WriteAt(p, h.dataStart+int64(offset)); err != nil {
+				if err := writeData(h.file, p, h.dataStart+int64(offset)); err != nil {
 					return objectError("write", oid, h.path, err)
 				}
 				return nil

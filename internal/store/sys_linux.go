@@ -2,6 +2,7 @@ package store
 
 import (
 	"errors"
+	"io"
 	"os"
 
 	"golang.org/x/sys/unix"
@@ -78,4 +79,30 @@ func classify(err error) error {
 // an fallocate mode.
 func unsupported(err error) bool {
 	return errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOSYS)
+}
+
+// dataWriteChunk bounds the size of one pwrite of object data. Linux (6.x,
+// ext4 and others with large folios) caches a buffered write in folios as
+// large as the write, up to 2 MiB; a later small write into such a folio
+// costs several times one into a 4 KiB page (measured on this project's
+// machine, 4 KiB random overwrites of files written in 1 MiB pieces: 15-20
+// µs of CPU each against 5-6 µs after 64 KiB pieces, 7 µs after 128 KiB),
+// and a VM's disk is typically written sequentially once and then randomly.
+// 128 KiB pieces cost sequential writes little (fresh files about 15% more
+// CPU in the store's pwrites, overwrites less) and make large folios at
+// most 128 KiB.
+const dataWriteChunk = 128 << 10
+
+// writeData writes p at file offset off in pieces that end on
+// dataWriteChunk boundaries of the file (see there). A failed piece fails
+// the write, leaving the pieces before it written, as a short pwrite does.
+func writeData(f io.WriterAt, p []byte, off int64) error {
+	for len(p) > 0 {
+		n := min(int64(len(p)), dataWriteChunk-off%dataWriteChunk)
+		if _, err := f.WriteAt(p[:n], off); err != nil {
+			return err
+		}
+		p, off = p[n:], off+n
+	}
+	return nil
 }
