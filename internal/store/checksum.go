@@ -174,10 +174,12 @@ func (s *Store) readBlock(op string, h *handle, b uint64, block []byte) error {
 // sumsFor computes the table entries of blocks [first, end) as they will
 // be once fill has put the new bytes of [offset, offset+length) in place:
 // whole blocks are summed from fill, the partial ones at either end are
-// read, checked, merged and summed. A partial block that fails its check
-// fails the change: nothing has been written yet. The caller holds
+// read, checked, merged and summed. fill puts the new bytes into block and
+// returns the block to sum: block itself, or for a whole block the new
+// bytes where they already are (no copy). A partial block that fails its
+// check fails the change: nothing has been written yet. The caller holds
 // h.writeMu.
-func (s *Store) sumsFor(op string, h *handle, offset, length uint64, fill func(block []byte, blockOffset uint64)) ([]byte, error) {
+func (s *Store) sumsFor(op string, h *handle, offset, length uint64, fill func(block []byte, blockOffset uint64) []byte) ([]byte, error) {
 	first, end := blockSpan(offset, length)
 	sums := make([]byte, (end-first)*sumSize)
 	buffer := blockBuffers.Get().(*[blockSize]byte)
@@ -190,8 +192,7 @@ func (s *Store) sumsFor(op string, h *handle, offset, length uint64, fill func(b
 				return nil, err
 			}
 		}
-		fill(block, start)
-		binary.LittleEndian.PutUint32(sums[(b-first)*sumSize:], blockSum(block))
+		binary.LittleEndian.PutUint32(sums[(b-first)*sumSize:], blockSum(fill(block, start)))
 	}
 	return sums, nil
 }
@@ -208,9 +209,13 @@ func (s *Store) writeSums(op string, h *handle, first uint64, sums []byte) error
 // h.life and h.writeMu.
 func (s *Store) writeVerified(h *handle, p []byte, offset uint32) error {
 	start, length := uint64(offset), uint64(len(p))
-	sums, err := s.sumsFor("write", h, start, length, func(block []byte, blockOffset uint64) {
+	sums, err := s.sumsFor("write", h, start, length, func(block []byte, blockOffset uint64) []byte {
 		lo, hi := max(blockOffset, start), min(blockOffset+blockSize, start+length)
+		if hi-lo == blockSize {
+			return p[lo-start : hi-start]
+		}
 		copy(block[lo-blockOffset:hi-blockOffset], p[lo-start:hi-start])
+		return block
 	})
 	if err != nil {
 		return err
@@ -227,9 +232,10 @@ func (s *Store) writeVerified(h *handle, p []byte, offset uint32) error {
 // h.writeMu.
 func (s *Store) zeroVerified(op string, h *handle, offset, length uint32, allocate bool) error {
 	start, size := uint64(offset), uint64(length)
-	sums, err := s.sumsFor(op, h, start, size, func(block []byte, blockOffset uint64) {
+	sums, err := s.sumsFor(op, h, start, size, func(block []byte, blockOffset uint64) []byte {
 		lo, hi := max(blockOffset, start), min(blockOffset+blockSize, start+size)
 		clear(block[lo-blockOffset : hi-blockOffset])
+		return block
 	})
 	if err != nil {
 		return err
