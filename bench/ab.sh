@@ -8,6 +8,7 @@
 #
 #   bench/ab.sh REV_A REV_B [SIZE] [ROUNDS]    e.g. bench/ab.sh b7a8b39 HEAD 1G 3
 #   AB_JOBS=all bench/ab.sh ...                 the whole job set (seqwrite, seqread too)
+#   AB_JOBS="seqwrite randwrite-qd32" bench/ab.sh ...   these jobs (after the precondition)
 #   AB_ENV_A="VAR=value ..." bench/ab.sh ...   environment of A's nodes only
 #                                               (AB_ENV_B likewise), e.g.
 #   AB_ENV_A=HERD_BENCH_NO_CHECKSUMS=1 bench/ab.sh HEAD HEAD 1G 3
@@ -37,7 +38,11 @@ for label in A B; do
   echo "$label = $rev ($(git -C "$root" rev-parse --short "$rev")) ${env_vars}" | tee -a "$out/revisions.txt"
 done
 jobs="precondition randwrite-qd1 randwrite-qd32 randread-qd1 randread-qd32 syncwrite-qd1"
-[ "${AB_JOBS:-}" = all ] && jobs="precondition seqwrite seqread randwrite-qd1 randwrite-qd32 randread-qd1 randread-qd32 syncwrite-qd1"
+case ${AB_JOBS:-} in
+"") ;;
+all) jobs="precondition seqwrite seqread randwrite-qd1 randwrite-qd32 randread-qd1 randread-qd32 syncwrite-qd1" ;;
+*) jobs="precondition $AB_JOBS" ;;
+esac
 for round in $(seq 1 "$rounds"); do
   for label in A B; do
     bin=$out/herd-$label
