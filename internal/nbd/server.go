@@ -120,6 +120,7 @@ type Server struct {
 
 	nextConnectionID   atomic.Uint64
 	buffersOutstanding atomic.Int64 // payload buffers taken and not returned, for tests
+	replyWrites        atomic.Int64 // vectored writes of replies (replies.go), for tests
 	// bufferBytesOutstanding and bufferBytesPeak count the bytes of
 	// those buffers, for tests of MemoryBudget.
 	bufferBytesOutstanding atomic.Int64

@@ -7,21 +7,18 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"os"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/herd-storage/herd/internal/bufpool"
 	"github.com/herd-storage/herd/internal/nbd/wire"
-	"github.com/herd-storage/herd/internal/tlsbatch"
 )
 
 // This file is the transmission phase (spec, "Transmission"): one goroutine
 // reads and validates requests, each valid request is served by one of the
-// connection's workers, and replies are written under writeMutex.
+// connection's workers, and replies are written by the workers, many in one
+// write when they are ready together (replies.go).
 //
 // Workers, not a goroutine per request: a goroutine started per request
 // grows its stack to what the data path needs (copied each time) and is
@@ -79,10 +76,10 @@ type transmission struct {
 	// gone, so requests still buffered are not served.
 	cut atomic.Bool
 
-	// writeMutex serialises replies; writeError (guarded by it) is the
-	// first write failure, after which nothing more is written.
-	writeMutex sync.Mutex
-	writeError error
+	// replies are the replies not yet written (replies.go); serving
+	// counts the requests whose reply is not yet queued there.
+	replies replyQueue
+	serving atomic.Int64
 }
 
 func (c *connection) newTransmission(export Export, info ExportInfo, flags uint16, name string) *transmission {
@@ -191,7 +188,10 @@ func (t *transmission) readRequests() error {
 					return err
 				}
 			}
-			t.replyError(request, code, message)
+			t.inFlight.Add(1)
+			t.serving.Add(1)
+			a := answer{rep: newReply()}
+			t.replyError(&a, request, code, message)
 			continue
 		}
 
@@ -241,13 +241,14 @@ func (t *transmission) dispatch(j job) {
 		t.workers++
 		go t.worker()
 	}
+	t.serving.Add(1)
 	t.work <- j
 }
 
 // worker serves requests until the connection's last one is read.
 func (t *transmission) worker() {
 	for j := range t.work {
-		t.handle(j.request, j.payload, j.budgetBytes)
+		t.handle(j)
 	}
 }
 
@@ -401,13 +402,11 @@ func (t *transmission) validate(r wire.RequestHeader) (wire.Errno, string) {
 }
 
 // handle serves one valid request (on a worker).
-func (t *transmission) handle(r wire.RequestHeader, payload *bufpool.Buffer, budgetBytes int64) {
-	defer t.inFlight.Done()
-	defer func() { <-t.slots }()
-	defer t.budget.Release(budgetBytes)
-	defer t.client.Release(budgetBytes)
-	defer t.memory.Release(budgetBytes)
-	defer t.putBuffer(payload)
+func (t *transmission) handle(j job) {
+	r, payload := j.request, j.payload
+	rep := newReply()
+	rep.slot, rep.payload, rep.budgetBytes = true, payload, j.budgetBytes
+	a := answer{rep: rep}
 	defer func() {
 		// A panic in the Backend is a bug, but one connection's bug must
 		// not take down the node and every other client: log it loudly
@@ -418,80 +417,85 @@ func (t *transmission) handle(r wire.RequestHeader, payload *bufpool.Buffer, bud
 			t.cancel()
 			t.connection.hardClose()
 		}
+		if !a.sent {
+			t.serving.Add(-1)
+			t.finish(rep)
+		}
 	}()
 
 	fua := r.Flags&wire.CmdFlagFUA != 0
 	length := uint64(r.Length)
 	switch r.Type {
 	case wire.CmdRead:
-		t.read(r)
+		t.read(&a, r)
 	case wire.CmdWrite:
 		var err error
 		if length > 0 {
 			err = t.export.WriteAt(t.ctx, payload.Bytes, r.Offset, fua)
 		}
-		t.replyStatus(r, err)
+		t.replyStatus(&a, r, err)
 	case wire.CmdFlush:
-		t.replyStatus(r, t.export.Flush(t.ctx))
+		t.replyStatus(&a, r, t.export.Flush(t.ctx))
 	case wire.CmdTrim:
 		var err error
 		if length > 0 {
 			err = t.export.Trim(t.ctx, r.Offset, length, fua)
 		}
-		t.replyStatus(r, err)
+		t.replyStatus(&a, r, err)
 	case wire.CmdCache:
 		var err error
 		if cacher, ok := t.export.(Cacher); ok && length > 0 {
 			err = cacher.Cache(t.ctx, r.Offset, length)
 		}
-		t.replyStatus(r, err)
+		t.replyStatus(&a, r, err)
 	case wire.CmdWriteZeroes:
 		if r.Flags&wire.CmdFlagFastZero != 0 && !t.info.CanFastZero {
 			// Unreachable while FAST_ZERO is only advertised with
 			// CanFastZero, kept so that a change there stays safe.
-			t.replyError(r, wire.ENOTSUP, "nbd: fast zero is not supported")
+			t.replyError(&a, r, wire.ENOTSUP, "nbd: fast zero is not supported")
 			return
 		}
 		var err error
 		if length > 0 {
 			err = t.export.WriteZeroes(t.ctx, r.Offset, length, r.Flags&wire.CmdFlagNoHole != 0, fua)
 		}
-		t.replyStatus(r, err)
+		t.replyStatus(&a, r, err)
 	case wire.CmdBlockStatus:
-		t.blockStatusReply(r)
+		t.blockStatusReply(&a, r)
 	default:
 		panic(fmt.Sprintf("nbd: command %d passed validation", r.Type))
 	}
 }
 
-func (t *transmission) read(r wire.RequestHeader) {
+func (t *transmission) read(a *answer, r wire.RequestHeader) {
 	data := t.getBuffer(int(r.Length))
-	defer t.putBuffer(data)
+	a.rep.data = data // given back once the reply is written
 	if r.Length > 0 {
 		if err := t.export.ReadAt(t.ctx, data.Bytes, r.Offset); err != nil {
-			t.replyError(r, errnoFor(err), messageFor(err))
+			t.replyError(a, r, errnoFor(err), messageFor(err))
 			return
 		}
 	}
+	head := a.rep.head[:0]
 	if !t.structuredReplies {
 		// Spec, "Simple reply message": header, then length bytes.
-		t.send(simpleReplyHeader(r.Cookie, wire.NoError), data.Bytes)
+		t.send(a, simpleReplyHeader(head, r.Cookie, wire.NoError), data.Bytes)
 		return
 	}
 	if r.Length == 0 {
 		// A data chunk must describe at least one byte.
-		t.send(chunkHeader(r.Cookie, wire.ReplyFlagDone, wire.ReplyTypeNone, 0))
+		t.send(a, chunkHeader(head, r.Cookie, wire.ReplyFlagDone, wire.ReplyTypeNone, 0))
 		return
 	}
 	// One NBD_REPLY_TYPE_OFFSET_DATA chunk, final because the data is
 	// complete before it is sent (spec, "Structured replies" under
 	// NBD_CMD_READ). A single chunk also satisfies NBD_CMD_FLAG_DF.
-	header := chunkHeader(r.Cookie, wire.ReplyFlagDone, wire.ReplyTypeOffsetData, 8+r.Length)
+	header := chunkHeader(head, r.Cookie, wire.ReplyFlagDone, wire.ReplyTypeOffsetData, 8+r.Length)
 	header = binary.BigEndian.AppendUint64(header, r.Offset)
-	t.send(header, data.Bytes)
+	t.send(a, header, data.Bytes)
 }
 
-func (t *transmission) blockStatusReply(r wire.RequestHeader) {
+func (t *transmission) blockStatusReply(a *answer, r wire.RequestHeader) {
 	// One NBD_REPLY_TYPE_BLOCK_STATUS chunk per selected context, the last
 	// one final (spec, "NBD_CMD_BLOCK_STATUS"). Every answer is computed
 	// before any chunk is sent, so that a failure is one error chunk.
@@ -505,7 +509,7 @@ func (t *transmission) blockStatusReply(r wire.RequestHeader) {
 		if context.name == wire.BaseAllocation {
 			extents, err := t.export.BlockStatus(t.ctx, r.Offset, uint64(r.Length))
 			if err != nil {
-				t.replyError(r, errnoFor(err), messageFor(err))
+				t.replyError(a, r, errnoFor(err), messageFor(err))
 				return
 			}
 			descriptors = encodeDescriptors(len(extents), func(i int) (uint64, uint32) {
@@ -515,7 +519,7 @@ func (t *transmission) blockStatusReply(r wire.RequestHeader) {
 			// selectedContexts checked that the export serves it.
 			extents, err := t.export.(MetaStatuser).MetaStatus(t.ctx, context.name, r.Offset, uint64(r.Length))
 			if err != nil {
-				t.replyError(r, errnoFor(err), messageFor(err))
+				t.replyError(a, r, errnoFor(err), messageFor(err))
 				return
 			}
 			descriptors = encodeDescriptors(len(extents), func(i int) (uint64, uint32) {
@@ -526,11 +530,11 @@ func (t *transmission) blockStatusReply(r wire.RequestHeader) {
 		if i == len(t.contexts)-1 {
 			flags = wire.ReplyFlagDone
 		}
-		header := chunkHeader(r.Cookie, flags, wire.ReplyTypeBlockStatus, uint32(4+len(descriptors)))
+		header := chunkHeader(nil, r.Cookie, flags, wire.ReplyTypeBlockStatus, uint32(4+len(descriptors)))
 		header = binary.BigEndian.AppendUint32(header, context.id)
 		parts = append(parts, header, descriptors)
 	}
-	t.send(parts...)
+	t.send(a, parts...)
 }
 
 // allocationFlags are an Extent's base:allocation status flags.
@@ -599,87 +603,69 @@ func encodeDescriptors(n int, extent func(i int) (uint64, uint32), length uint32
 }
 
 // replyStatus answers a request without payload.
-func (t *transmission) replyStatus(r wire.RequestHeader, err error) {
+func (t *transmission) replyStatus(a *answer, r wire.RequestHeader, err error) {
 	if err != nil {
-		t.replyError(r, errnoFor(err), messageFor(err))
+		t.replyError(a, r, errnoFor(err), messageFor(err))
 		return
 	}
 	// A simple reply is allowed for everything but READ even when
 	// structured replies were negotiated (spec, "Simple reply message").
-	t.send(simpleReplyHeader(r.Cookie, wire.NoError))
+	t.send(a, simpleReplyHeader(a.rep.head[:0], r.Cookie, wire.NoError))
 }
 
 // replyError answers r with an error: a simple reply without payload, or,
 // with structured replies, an NBD_REPLY_TYPE_ERROR chunk carrying the message
 // ("The server SHOULD prefer sending errors via a structured reply").
-func (t *transmission) replyError(r wire.RequestHeader, code wire.Errno, message string) {
+func (t *transmission) replyError(a *answer, r wire.RequestHeader, code wire.Errno, message string) {
 	if code == wire.NoError {
 		panic("nbd: error reply without an error")
 	}
 	if r.Type != wire.CmdRead && r.Type != wire.CmdBlockStatus {
 		t.connection.logger.Debug("nbd: request failed", "command", r.Type, "errno", code, "message", message)
 	}
+	head := a.rep.head[:0]
 	if !t.structuredReplies {
-		t.send(simpleReplyHeader(r.Cookie, code))
+		t.send(a, simpleReplyHeader(head, r.Cookie, code))
 		return
 	}
 	message = cleanString(message)
-	header := chunkHeader(r.Cookie, wire.ReplyFlagDone, wire.ReplyTypeError, uint32(6+len(message)))
+	header := chunkHeader(head, r.Cookie, wire.ReplyFlagDone, wire.ReplyTypeError, uint32(6+len(message)))
 	header = binary.BigEndian.AppendUint32(header, uint32(code))
 	header = binary.BigEndian.AppendUint16(header, uint16(len(message)))
-	t.send(header, []byte(message))
+	t.send(a, header, []byte(message))
 }
 
-// simpleReplyHeader: S: magic, 32 bits error, 64 bits cookie.
-func simpleReplyHeader(cookie uint64, code wire.Errno) []byte {
-	return wire.SimpleReplyHeader{Error: code, Cookie: cookie}.Append(make([]byte, 0, wire.SimpleReplyHeaderLength+8))
+// simpleReplyHeader appends S: magic, 32 bits error, 64 bits cookie to b.
+func simpleReplyHeader(b []byte, cookie uint64, code wire.Errno) []byte {
+	return wire.SimpleReplyHeader{Error: code, Cookie: cookie}.Append(b)
 }
 
-// chunkHeader: S: magic, 16 bits flags, 16 bits type, 64 bits cookie, 32 bits
-// payload length. The capacity leaves room for a short fixed payload prefix.
-func chunkHeader(cookie uint64, flags, chunkType uint16, length uint32) []byte {
+// chunkHeader appends S: magic, 16 bits flags, 16 bits type, 64 bits
+// cookie, 32 bits payload length to b (nil: a new slice with room for a
+// short fixed payload prefix).
+func chunkHeader(b []byte, cookie uint64, flags, chunkType uint16, length uint32) []byte {
+	if b == nil {
+		b = make([]byte, 0, wire.StructuredReplyHeaderLength+8)
+	}
 	header := wire.StructuredReplyHeader{Flags: flags, Type: chunkType, Cookie: cookie, Length: length}
-	return header.Append(make([]byte, 0, wire.StructuredReplyHeaderLength+8))
+	return header.Append(b)
 }
 
-// send writes one reply (its parts in one vectored write). After a failed
-// write the connection is closed and nothing more is sent: a reply cut
-// short leaves the stream unparseable.
-//
-// Each write has the reply timeout as its deadline: a client that sends
-// requests but does not read the replies would otherwise hold their
-// buffers, and its share of the Server's memory budget, for ever.
-func (t *transmission) send(parts ...[]byte) {
-	buffers := net.Buffers(parts)
-	t.writeMutex.Lock()
-	defer t.writeMutex.Unlock()
-	if t.writeError != nil {
-		return
+// answer is a request's reply on its way: sent once it was handed to
+// deliver, after which the reply and what it holds are deliver's.
+type answer struct {
+	rep  *outgoing
+	sent bool
+}
+
+// send queues one reply, its parts written together in order.
+func (t *transmission) send(a *answer, parts ...[]byte) {
+	if a.sent {
+		panic("nbd: a request answered twice")
 	}
-	connection := t.connection
-	timeout := connection.server.replyTimeout()
-	connection.netConn.SetWriteDeadline(time.Now().Add(timeout))
-	var err error
-	if connection.tlsConn != nil {
-		// One vectored write's worth of system calls, not one per
-		// part and TLS record.
-		_, err = tlsbatch.Write(connection.tlsConn, buffers)
-	} else {
-		_, err = buffers.WriteTo(connection.writer)
-	}
-	if err != nil {
-		t.writeError = err
-		// Nothing more reaches the client: read no more of what it
-		// sent. The requests already running finish (a write cut off
-		// between its replicas would leave them different).
-		t.cut.Store(true)
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			connection.server.logLimited(connection.logger, slog.LevelWarn,
-				"nbd: client did not read its replies within the reply timeout; disconnecting it",
-				"reply_timeout", timeout)
-		}
-		connection.hardClose()
-	}
+	a.rep.parts = append(a.rep.parts, parts...)
+	a.sent = true
+	t.deliver(a.rep)
 }
 
 // getBuffer returns a pooled buffer of n bytes; n was validated against

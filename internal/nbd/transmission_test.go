@@ -657,3 +657,67 @@ func TestHandshakeTimeout(t *testing.T) {
 	c.greet(wire.FlagCFixedNewstyle)
 	c.expectClosed()
 }
+
+// TestRepliesAreCombined checks that replies ready together go out in
+// fewer writes than there are replies (replies.go), each still intact,
+// and that a lone request's reply is written at once by its worker.
+func TestRepliesAreCombined(t *testing.T) {
+	const requests = 32
+	disk := newMemoryDisk("disk", 1<<20)
+	var started sync.WaitGroup
+	started.Add(requests)
+	var gated atomic.Bool
+	gated.Store(true)
+	disk.gate = func(ctx context.Context, operation string) error {
+		if gated.Load() {
+			started.Done()
+			started.Wait() // every request answers at once
+		}
+		return nil
+	}
+	server := startServer(t, newMemoryBackend(disk))
+	c, _, _ := connect(t, server.address, "disk", connectOptions{structured: true})
+	before := server.replyWrites.Load()
+	for i := range requests {
+		if i%2 == 0 {
+			c.sendRequest(0, wire.CmdWrite, uint64(i), uint64(i)*4096, 4096, pattern(byte(i), 4096))
+		} else {
+			c.sendRequest(0, wire.CmdRead, uint64(i), uint64(i)*4096, 4096, nil)
+		}
+	}
+	seen := map[uint64]bool{}
+	for range requests {
+		r := c.readReply()
+		if r.errno != wire.NoError || seen[r.cookie] {
+			t.Fatalf("reply %v (duplicate: %v)", r, seen[r.cookie])
+		}
+		if r.cookie%2 == 1 && len(r.data) != 4096 {
+			t.Fatalf("READ %d answered with %d bytes", r.cookie, len(r.data))
+		}
+		seen[r.cookie] = true
+	}
+	writes := server.replyWrites.Load() - before
+	t.Logf("%d replies in %d writes", requests, writes)
+	if writes >= requests {
+		t.Errorf("%d replies ready together took %d writes; want them combined", requests, writes)
+	}
+
+	// One at a time: every reply is written by its own request's worker,
+	// and arrives without another request to push it out.
+	gated.Store(false)
+	before = server.replyWrites.Load()
+	for i := range 4 {
+		want := pattern(byte(100+i), 4096)
+		if r := c.roundTrip(0, wire.CmdWrite, 0, 4096, want); r.errno != wire.NoError {
+			t.Fatalf("write: %v", r)
+		}
+		r := c.roundTrip(0, wire.CmdRead, 0, 4096, nil)
+		if r.errno != wire.NoError || !bytes.Equal(r.data, want) {
+			t.Fatalf("read back: %v", r)
+		}
+	}
+	if writes := server.replyWrites.Load() - before; writes != 8 {
+		t.Errorf("8 lone replies took %d writes", writes)
+	}
+	c.disconnect()
+}
