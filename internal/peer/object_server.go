@@ -219,6 +219,13 @@ type objectServerConnection struct {
 	responses chan *objectServerRequest
 	handlers  sync.WaitGroup
 
+	// work carries requests from the reader to the connection's workers
+	// (capacity: the slots, so the reader never blocks on it); workers
+	// counts them. Both belong to the reader, which closes work at the
+	// end; the workers then end once idle.
+	work    chan *objectServerRequest
+	workers int
+
 	// writeMu is held by whoever writes to conn: the writer, or a handler
 	// in writeDirect, which uses direct.
 	writeMu sync.Mutex
@@ -251,6 +258,7 @@ func newObjectServerConnection(s *ObjectServer, conn net.Conn) *objectServerConn
 		slots:     make(chan struct{}, inFlight),
 		budget:    bufpool.NewBudget(s.maxBufferedBytes()),
 		responses: make(chan *objectServerRequest, inFlight+1),
+		work:      make(chan *objectServerRequest, inFlight),
 	}
 }
 
@@ -273,6 +281,7 @@ func (c *objectServerConnection) serve() {
 		c.writeResponses()
 	}()
 	err := c.readRequests()
+	close(c.work)
 	if err == nil {
 		// The client closed its side between requests: answer what it
 		// sent before going.
@@ -362,7 +371,31 @@ func (c *objectServerConnection) readRequests() error {
 			}
 		}
 		c.handlers.Add(1)
-		go c.handle(r)
+		c.dispatch(r)
+	}
+}
+
+// dispatch queues r for a worker, starting one if the requests in flight
+// (each holds a slot until its response is written) outnumber the
+// workers, so that a queued request never waits for a worker busy with
+// another: there are at least as many workers as requests in flight.
+//
+// Workers, not a goroutine per request: a goroutine started per request
+// grows its stack to what the store's write path needs (copied each time)
+// and is torn down after one response. A connection keeps as many workers
+// as its deepest moment needed, parked between requests.
+func (c *objectServerConnection) dispatch(r *objectServerRequest) {
+	if c.workers < len(c.slots) {
+		c.workers++
+		go c.worker()
+	}
+	c.work <- r
+}
+
+// worker handles requests until the reader closes work.
+func (c *objectServerConnection) worker() {
+	for r := range c.work {
+		c.handle(r)
 	}
 }
 
