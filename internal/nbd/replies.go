@@ -22,7 +22,9 @@ import (
 //
 // A request holds its slot, its budget and its buffers until its reply is
 // written, whoever writes it: a client that does not read its replies
-// still holds at most its slots' worth of them.
+// still holds at most its slots' worth of them (a request refused by the
+// reader takes a slot too). One deadline, the reply timeout, covers each
+// batch's write.
 
 // outgoing is one request's answer, with what the request holds until the
 // answer is written (finish gives it all back).
@@ -83,18 +85,54 @@ func (t *transmission) deliver(rep *outgoing) {
 		runtime.Gosched()
 		q.mu.Lock()
 	}
+	t.writeQueued()
+}
+
+// writeQueued writes the queued replies, batch after batch, until the
+// queue is empty or a write fails; the caller set q.writing. If writing or
+// giving back a reply panics, nothing more is written on the connection
+// and every reply queued or in the batch is given back, then the panic
+// goes on (handle's recover closes the connection): no reply is left
+// queued with nobody to write it.
+func (t *transmission) writeQueued() {
+	q := &t.replies
+	var batch []*outgoing
+	defer func() {
+		recovered := recover()
+		if recovered == nil {
+			return
+		}
+		q.mu.Lock()
+		q.err = errRepliesCut
+		left := q.queue
+		q.queue = nil
+		q.writing = false
+		q.mu.Unlock()
+		for i, r := range batch {
+			if r != nil {
+				batch[i] = nil
+				t.finish(r)
+			}
+		}
+		for _, r := range left {
+			t.finish(r)
+		}
+		t.cut.Store(true)
+		panic(recovered)
+	}()
 	for {
-		batch := q.queue
+		batch = q.queue
 		q.queue = q.spare[:0]
 		q.spare = nil
 		q.mu.Unlock()
 		err := t.writeReplies(batch)
 		for i, r := range batch {
+			batch[i] = nil // before finish: a panic there must not give r back twice
 			t.finish(r)
-			batch[i] = nil
 		}
 		q.mu.Lock()
 		q.spare = batch[:0]
+		batch = nil
 		if err != nil {
 			q.err = err
 			failed := q.queue

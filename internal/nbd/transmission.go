@@ -188,9 +188,14 @@ func (t *transmission) readRequests() error {
 					return err
 				}
 			}
+			// The refusal holds a slot until it is written, as any
+			// reply does: a client that sends refused requests and
+			// does not read the answers is bounded like any other.
+			t.slots <- struct{}{}
 			t.inFlight.Add(1)
 			t.serving.Add(1)
 			a := answer{rep: newReply()}
+			a.rep.slot = true
 			t.replyError(&a, request, code, message)
 			continue
 		}
