@@ -102,21 +102,14 @@ func (t *transmission) writeQueued() {
 		if recovered == nil {
 			return
 		}
-		q.mu.Lock()
-		q.err = errRepliesCut
-		left := q.queue
-		q.queue = nil
-		q.writing = false
-		q.mu.Unlock()
 		for i, r := range batch {
 			if r != nil {
 				batch[i] = nil
 				t.finish(r)
 			}
 		}
-		for _, r := range left {
-			t.finish(r)
-		}
+		q.mu.Lock()
+		t.stopWriting(errRepliesCut) // unlocks q.mu
 		t.cut.Store(true)
 		panic(recovered)
 	}()
@@ -134,14 +127,7 @@ func (t *transmission) writeQueued() {
 		q.spare = batch[:0]
 		batch = nil
 		if err != nil {
-			q.err = err
-			failed := q.queue
-			q.queue = nil
-			q.writing = false
-			q.mu.Unlock()
-			for _, r := range failed {
-				t.finish(r)
-			}
+			t.stopWriting(err) // unlocks q.mu
 			return
 		}
 		if len(q.queue) == 0 {
@@ -149,6 +135,21 @@ func (t *transmission) writeQueued() {
 			q.mu.Unlock()
 			return
 		}
+	}
+}
+
+// stopWriting, called with q.mu held by the writer, records err as the
+// end of writing on this connection, unlocks q.mu and gives back every
+// reply still queued: none will be written.
+func (t *transmission) stopWriting(err error) {
+	q := &t.replies
+	q.err = err
+	left := q.queue
+	q.queue = nil
+	q.writing = false
+	q.mu.Unlock()
+	for _, r := range left {
+		t.finish(r)
 	}
 }
 
