@@ -14,6 +14,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -87,6 +88,8 @@ type Cluster struct {
 	held        string                   // the voter changes last held back, logged when it changes (voters.go)
 	shutdownErr error
 	closeOnce   sync.Once
+	stopping    atomic.Bool // Depart announced this node's stop (gossip metadata)
+	departOnce  sync.Once
 }
 
 // Halted reports, once, that this node stopped applying the log because
@@ -150,20 +153,25 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	return c, nil
 }
 
-// Close leaves gossip and stops raft. The rest of the cluster sees this
-// node as gone and commits a new epoch.
+// Close departs (Depart: the node announces its stop, hands leadership
+// and its voter role over), then leaves gossip and stops raft. The rest
+// of the cluster sees this node as gone and commits a new epoch. The
+// order matters: gossip's leave before raft's hand-over let the leader
+// count this node out while its raft still answered (voters.go).
 func (c *Cluster) Close() error {
 	c.closeOnce.Do(func() {
+		c.Depart()
 		close(c.stop)
-		if c.raft != nil && c.raft.State() == raft.Leader && c.raft.LeadershipTransfer().Error() == nil {
-			c.logger.Info("handed raft leadership over before stopping")
-		}
 		if c.gossip != nil {
 			c.gossip.Leave(time.Second)
 			c.gossip.Shutdown()
 		}
-		c.forward.close()
-		c.cfg.Peer.Protocol(peer.ProtocolForward).Close()
+		if c.forward != nil {
+			c.forward.close()
+		}
+		if c.cfg.Peer != nil { // nil in tests over raft's in-memory transport
+			c.cfg.Peer.Protocol(peer.ProtocolForward).Close()
+		}
 		c.wg.Wait()
 		if c.raft != nil {
 			c.shutdownErr = c.raft.Shutdown().Error()

@@ -30,6 +30,9 @@ type nodeMeta struct {
 	Zone        string `json:"z,omitempty"`
 	Capacity    uint64 `json:"c"`
 	Incarnation string `json:"i"`
+	// Stopping: the node is stopping cleanly (Depart). The leader moves
+	// its voter role to the others before it leaves (voters.go).
+	Stopping bool `json:"s,omitempty"`
 }
 
 func (c *Cluster) startGossip() error {
@@ -103,7 +106,8 @@ type gossipDelegate struct{ c *Cluster }
 
 func (d *gossipDelegate) NodeMeta(limit int) []byte {
 	cfg := d.c.cfg
-	meta, _ := json.Marshal(nodeMeta{Address: cfg.BindIP, Peer: cfg.PeerAddr, Admin: cfg.AdminAddr, NBD: cfg.NBDAddr, Zone: cfg.Zone, Capacity: cfg.Capacity, Incarnation: cfg.Incarnation})
+	meta, _ := json.Marshal(nodeMeta{Address: cfg.BindIP, Peer: cfg.PeerAddr, Admin: cfg.AdminAddr, NBD: cfg.NBDAddr, Zone: cfg.Zone, Capacity: cfg.Capacity, Incarnation: cfg.Incarnation,
+		Stopping: d.c.stopping.Load()})
 	if len(meta) > limit {
 		panic("cluster: node metadata exceeds gossip limit") // zone length is validated at start
 	}
@@ -132,12 +136,17 @@ func (e *gossipEvents) NotifyUpdate(n *memberlist.Node) { e.c.observe(n, true) }
 // gossipAddress is a member's gossip address and metadata, copied when
 // memberlist reports it.
 type gossipAddress struct {
-	address string // host:port
-	meta    []byte
+	address  string // host:port
+	meta     []byte
+	stopping bool // its metadata says it is stopping; kept once it left
 }
 
 func (c *Cluster) observe(n *memberlist.Node, alive bool) {
 	address := gossipAddress{address: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), meta: bytes.Clone(n.Meta)}
+	var meta nodeMeta
+	if json.Unmarshal(n.Meta, &meta) == nil {
+		address.stopping = meta.Stopping
+	}
 	c.mu.Lock()
 	c.seen[n.Name] = gossipState{alive: alive, since: time.Now()}
 	c.addresses[n.Name] = address
@@ -166,6 +175,20 @@ func (c *Cluster) gossipMembers() map[string]Node {
 		out[id] = Node{
 			ID: id, Address: meta.Address, PeerAddr: meta.Peer, GossipAddr: a.address,
 			AdminAddr: meta.Admin, NBDAddr: meta.NBD, Zone: meta.Zone, Capacity: meta.Capacity, Incarnation: meta.Incarnation,
+		}
+	}
+	return out
+}
+
+// gossipStopping returns the members (and the members gone) whose last
+// metadata said they are stopping.
+func (c *Cluster) gossipStopping() map[string]bool {
+	out := map[string]bool{}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, a := range c.addresses {
+		if a.stopping {
+			out[id] = true
 		}
 	}
 	return out

@@ -80,7 +80,11 @@ func (c *Cluster) reconcile() error {
 		if _, alive := members[id]; alive || l.State != NodeAlive || id == c.cfg.NodeID || !c.leaveConfirmed(id, time.Now()) {
 			continue
 		}
-		if _, err := c.propose(ctx, commandNodeLeave, nodeLeaveCommand{ID: id, Reason: "failure detected by gossip", Time: time.Now().UTC()}); err != nil {
+		reason := "failure detected by gossip"
+		if c.gossipStopping()[id] {
+			reason = "stopped"
+		}
+		if _, err := c.propose(ctx, commandNodeLeave, nodeLeaveCommand{ID: id, Reason: reason, Time: time.Now().UTC()}); err != nil {
 			return fmt.Errorf("commit leave of %s: %w", id, err)
 		}
 		c.logger.Info("node left", "node", id, "address", l.Address, "epoch", c.Epoch())
@@ -101,7 +105,8 @@ func (c *Cluster) reconcile() error {
 // that really failed has stopped answering (for the lease timeout, 1 s)
 // well before gossip decides (2-6 s): this delays no failure. A node
 // that leaves gossip on purpose (herd stopping) answers raft until it
-// stops, so its leave waits at most gossipDeathVeto.
+// stops; it said so first (Depart), and that word is taken at once: no
+// stale message makes a node announce its own stop.
 func (c *Cluster) leaveConfirmed(id string, now time.Time) bool {
 	if !c.confirmedDead(id) {
 		return false
@@ -112,7 +117,7 @@ func (c *Cluster) leaveConfirmed(id string, now time.Time) bool {
 	if s, ok := c.seen[id]; ok {
 		since = s.since
 	}
-	if now.Sub(since) >= gossipDeathVeto || !c.reachable(id) {
+	if now.Sub(since) >= gossipDeathVeto || !c.reachable(id) || c.addresses[id].stopping {
 		delete(c.vetoed, id)
 		return true
 	}

@@ -13,6 +13,25 @@ package cluster
 // gossip and the log say who is alive but lag a failure by seconds, and
 // gossip can report a live node dead (a node cut off declares the others
 // dead and spreads it when the cut heals).
+//
+// A clean stop is a departure, not a failure. The target counts the
+// healthy nodes (alive in the log, in gossip, not stopping), so a node
+// going lowers it (3 nodes -> 2: 1 voter) while that node's raft still
+// answers: demoting a healthy voter then passes the majority check, and a
+// moment later the departing node stops and the voters left, the leader
+// and the departed node, are no majority (the cluster lost its quorum on
+// every clean stop of one node of three). The rule: a healthy voter is
+// demoted only while every voter of the configuration is healthy and
+// reached. A voter that is not goes first: demoted if it announced it is
+// stopping (Depart), demoted if the leader does not reach it, removed once
+// the log records it dead; until then the others stay voters. Leaving a
+// departing voter in changes no majority of the living (3 voters, one
+// gone: 2 of 3), whereas shrinking the set around it does. The departing
+// node itself, announcing its stop, no longer counts as healthy: if the
+// target needs a voter in its place a reachable non-voter is promoted
+// first (two nodes, the only voter stopping: the other becomes a voter so
+// that leadership can be handed to it), then it is demoted, and only then
+// does it leave gossip and stop raft (Close).
 
 import (
 	"fmt"
@@ -63,6 +82,7 @@ type voterPlan struct {
 	servers   []raft.Server   // the raft configuration
 	nodes     map[string]Node // the log's node table
 	members   map[string]Node // gossip's live members
+	stopping  map[string]bool // members that announced they are stopping (gossip.go)
 	reachable func(id string) bool
 }
 
@@ -95,9 +115,11 @@ func (p voterPlan) next() (*voterChange, []string) {
 	// servers whose address changed are re-added (a non-voter changes no
 	// majority; a voter's new address is the way back to it).
 	healthyIDs := []string{}
+	healthy := map[string]bool{}
 	for id, n := range p.nodes {
-		if _, inGossip := p.members[id]; inGossip && n.State == NodeAlive {
+		if _, inGossip := p.members[id]; inGossip && n.State == NodeAlive && !p.stopping[id] {
 			healthyIDs = append(healthyIDs, id)
+			healthy[id] = true
 		}
 	}
 	sort.Strings(healthyIDs)
@@ -140,11 +162,34 @@ func (p voterPlan) next() (*voterChange, []string) {
 			return ch, held
 		}
 	}
+	// A voter that announced its stop goes, whatever the target (its
+	// replacement, if one was wanted, was promoted above). The leader
+	// never demotes itself: it hands leadership over first (Close).
+	settled := true // every voter healthy and reached
+	for _, s := range p.servers {
+		id := string(s.ID)
+		if s.Suffrage != raft.Voter || (healthy[id] && p.reachable(id)) {
+			continue
+		}
+		settled = false
+		if p.stopping[id] && id != p.self {
+			if ch := try(voterChange{kind: changeDemote, id: id, why: "stopping"}); ch != nil {
+				return ch, held
+			}
+		}
+	}
 	if len(voters) > target {
 		id, why := "", fmt.Sprintf("%d voters of %d wanted", len(voters), target)
-		if len(unreachable) > 0 {
+		switch {
+		case len(unreachable) > 0:
 			id, why = unreachable[0], why+"; not reached by the leader"
-		} else {
+		case !settled:
+			// A voter is departing (gone from gossip, stopping, dead in
+			// the log): the target may count it out already, its raft may
+			// still answer, and it stops any moment. It goes first; no
+			// healthy voter is demoted around it.
+			return nil, held
+		default:
 			var others []string
 			for _, v := range voters {
 				if v != p.self {
@@ -192,7 +237,11 @@ func (c *Cluster) reconcileVoters(members map[string]Node) error {
 	if err := future.Error(); err != nil {
 		return err
 	}
-	p := voterPlan{self: c.cfg.NodeID, servers: future.Configuration().Servers, members: members, reachable: c.reachable}
+	stopping := c.gossipStopping()
+	if c.stopping.Load() {
+		stopping[c.cfg.NodeID] = true
+	}
+	p := voterPlan{self: c.cfg.NodeID, servers: future.Configuration().Servers, members: members, stopping: stopping, reachable: c.reachable}
 	c.fsm.View(func(s *State) {
 		p.nodes = make(map[string]Node, len(s.Nodes))
 		for id, n := range s.Nodes {

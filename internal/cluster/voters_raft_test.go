@@ -1,10 +1,12 @@
 package cluster
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -220,4 +222,135 @@ func reachedOf(c *Cluster, ids []string) []string {
 		}
 	}
 	return out
+}
+
+// gossipNode is a Cluster over one in-memory raft server, with real
+// gossip (memberlist on the loopback) and the real reconcile loop: all
+// of a node but its peer port, so that Close runs as in herd.
+func startGossipNodes(t *testing.T, ids ...string) ([]*raftNode, []*Cluster) {
+	t.Helper()
+	nodes := startRaftNodes(t, ids...)
+	key := make([]byte, 32)
+	for i := range key {
+		key[i] = byte(i)
+	}
+	var logs syncLog
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the nodes' logs:\n%s", logs.String())
+		}
+	})
+	var clusters []*Cluster
+	for i, n := range nodes {
+		c := &Cluster{
+			cfg: Config{
+				NodeID: n.id, Incarnation: "1", BindIP: "127.0.0.1", PeerAddr: string(n.addr), GossipKey: key,
+				AdminAddr: "127.0.0.1:1", NBDAddr: "127.0.0.1:2",
+			},
+			logger:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", i),
+			applied: applied{fsm: n.fsm}, raft: n.raft, contact: n.trans, started: time.Now(),
+			nudge: make(chan struct{}, 1), halted: make(chan error, 1), stop: make(chan struct{}),
+			seen: map[string]gossipState{}, addresses: map[string]gossipAddress{}, refused: map[string]bool{}, vetoed: map[string]time.Time{},
+		}
+		n.fsm.onNodeChange = c.poke
+		if err := c.startGossip(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		if i > 0 {
+			if _, err := c.gossip.Join([]string{clusters[0].gossip.LocalNode().Address()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.wg.Add(1)
+		go c.reconcileLoop()
+		clusters = append(clusters, c)
+	}
+	return nodes, clusters
+}
+
+// syncLog collects the nodes' logs, printed if the test fails.
+type syncLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// leaderOf returns the index among nodes of the one that leads, or -1.
+func leaderOf(nodes []*raftNode, among []int) int {
+	for _, i := range among {
+		if nodes[i].raft.State() == raft.Leader {
+			return i
+		}
+	}
+	return -1
+}
+
+// A clean stop (Close) of one node of three, a follower and then the
+// leader: the other two keep a leader that commits, and the stopped node
+// is out of the voters. Before, Close left gossip while its raft still
+// answered, the leader saw two healthy nodes, wanted one voter and
+// demoted the other healthy one: voters {leader, stopping node}, and the
+// stop took the quorum away (0 of 3 operations worked 15 s later).
+func TestCleanStopKeepsTheQuorum(t *testing.T) {
+	for _, victim := range []string{"a follower", "the leader"} {
+		t.Run(victim, func(t *testing.T) {
+			nodes, clusters := startGossipNodes(t, id0, id1, id2)
+			waitUntil(t, 20*time.Second, "three voters", func() bool {
+				l := leaderOf(nodes, []int{0, 1, 2})
+				return l >= 0 && len(configVoters(t, nodes[l].raft)) == 3
+			})
+			leader := leaderOf(nodes, []int{0, 1, 2})
+			stopped := (leader + 1) % 3
+			if victim == "the leader" {
+				stopped = leader
+			}
+			rest := []int{0, 1, 2}
+			rest = slices.Delete(rest, stopped, stopped+1)
+			began := time.Now()
+			clusters[stopped].Close()
+			closed := time.Since(began)
+			cut(nodes[stopped], nodes) // the process exited
+			t.Logf("Close of %s took %v", victim, closed.Round(time.Millisecond))
+			if closed > departTimeout+3*time.Second {
+				t.Errorf("Close took %v", closed)
+			}
+			// Every check below must pass from now on: the quorum must not
+			// be lost even for a moment, so no wait for a new election.
+			deadline := time.Now().Add(10 * time.Second)
+			var l int
+			waitUntil(t, time.Until(deadline), "a leader among the other two", func() bool {
+				l = leaderOf(nodes, rest)
+				return l >= 0
+			})
+			if err := nodes[l].raft.Barrier(2 * time.Second).Error(); err != nil {
+				t.Fatalf("node %d, leader after the stop, cannot commit: %v (voters %v)", l, err, configVoters(t, nodes[l].raft))
+			}
+			stoppedID := nodes[stopped].id
+			waitUntil(t, time.Until(deadline), "the stopped node's leave and voter role to go", func() bool {
+				l = leaderOf(nodes, rest)
+				if l < 0 {
+					return false
+				}
+				var alive bool
+				clusters[l].fsm.View(func(s *State) { alive = s.Nodes[stoppedID].State == NodeAlive })
+				return !alive && !slices.Contains(configVoters(t, nodes[l].raft), stoppedID)
+			})
+			if err := nodes[l].raft.Barrier(2 * time.Second).Error(); err != nil {
+				t.Fatalf("node %d cannot commit once the stopped node left: %v (voters %v)", l, err, configVoters(t, nodes[l].raft))
+			}
+			t.Logf("voters after the stop: %v; the leader commits", configVoters(t, nodes[l].raft))
+		})
+	}
 }

@@ -11,14 +11,16 @@ import (
 
 // planFixture is a voter plan over five nodes in one zone.
 type planFixture struct {
+	self      string // the leader
 	servers   []raft.Server
 	nodes     map[string]Node
 	members   map[string]Node
+	stopping  map[string]bool // announced in gossip
 	reachable map[string]bool
 }
 
 func newPlanFixture(voters, nonvoters []string) *planFixture {
-	f := &planFixture{nodes: map[string]Node{}, members: map[string]Node{}, reachable: map[string]bool{}}
+	f := &planFixture{self: id0, nodes: map[string]Node{}, members: map[string]Node{}, stopping: map[string]bool{}, reachable: map[string]bool{}}
 	for _, id := range []string{id0, id1, id2, id3, id4} {
 		n := Node{ID: id, PeerAddr: id + ":7000", State: NodeAlive}
 		f.nodes[id], f.members[id], f.reachable[id] = n, n, true
@@ -41,7 +43,8 @@ func (f *planFixture) dead(id string) {
 }
 
 func (f *planFixture) next() (*voterChange, []string) {
-	return voterPlan{self: id0, servers: f.servers, nodes: f.nodes, members: f.members, reachable: func(id string) bool { return f.reachable[id] }}.next()
+	reachable := func(id string) bool { return id == f.self || f.reachable[id] }
+	return voterPlan{self: f.self, servers: f.servers, nodes: f.nodes, members: f.members, stopping: f.stopping, reachable: reachable}.next()
 }
 
 // apply makes ch in the fixture's configuration, as raft would.
@@ -245,5 +248,203 @@ func TestLeaveNeedsTheLeaderToLoseContact(t *testing.T) {
 	contact.last[id1] = now
 	if !c.leaveConfirmed(id1, now) {
 		t.Errorf("node 1 answering, dead in gossip for %v: leave not confirmed", gossipDeathVeto+900*time.Millisecond)
+	}
+}
+
+// forget takes ids out of the fixture: a smaller cluster.
+func (f *planFixture) forget(ids ...string) {
+	for _, id := range ids {
+		delete(f.nodes, id)
+		delete(f.members, id)
+		delete(f.reachable, id)
+	}
+}
+
+// back records id alive in the log and in gossip, reachable, no longer
+// stopping: a node restarted.
+func (f *planFixture) back(id string) {
+	n := f.nodes[id]
+	n.State = NodeAlive
+	f.nodes[id], f.members[id], f.reachable[id] = n, n, true
+	delete(f.stopping, id)
+}
+
+// settleThrough is settle for a departure: before and after every change
+// the voters other than the departing node that the leader reaches must
+// be a majority of the voters, since the departing node may stop
+// answering at any moment.
+func (f *planFixture) settleThrough(t *testing.T, departing string) []string {
+	t.Helper()
+	check := func(after string) {
+		t.Helper()
+		voters, reached := f.voters(), 0
+		for _, v := range voters {
+			if v != departing && (v == f.self || f.reachable[v]) {
+				reached++
+			}
+		}
+		if 2*reached <= len(voters) {
+			t.Fatalf("%s: voters %v; once %s has stopped %d of them answer: no majority", after, voters, departing, reached)
+		}
+	}
+	check("before any change")
+	for range 20 {
+		ch, held := f.next()
+		if ch == nil {
+			return held
+		}
+		t.Logf("%v %s (held: %v)", ch, ch.why, held)
+		f.apply(t, *ch)
+		check("after " + ch.String())
+	}
+	t.Fatal("the plan never settled")
+	return nil
+}
+
+// The reported failure: three voters, node 2 stops cleanly and leaves
+// gossip while its raft still answers (its leave is not committed yet).
+// Two healthy nodes want one voter, but demoting node 1 then leaves
+// voters {0, 2}, and node 2 stops a moment later: no majority. Nothing
+// may change until node 2 is gone from the log; then it is removed, and
+// only then is node 1 demoted.
+func TestVoterPlanKeepsHealthyVotersWhileAVoterLeaves(t *testing.T) {
+	f := newPlanFixture([]string{id0, id1, id2}, nil)
+	f.forget(id3, id4)
+	delete(f.members, id2) // left gossip; raft still answers
+	if held := f.settleThrough(t, id2); len(held) != 0 {
+		t.Fatalf("held %v", held)
+	}
+	if got, want := f.voters(), sorted(id0, id1, id2); !slices.Equal(got, want) {
+		t.Fatalf("voters %v while node 2 leaves, want %v", got, want)
+	}
+	f.reachable[id2] = false // its raft stopped
+	f.settleThrough(t, id2)
+	f.dead(id2) // its leave committed
+	f.settleThrough(t, id2)
+	if got, want := f.voters(), []string{id0}; !slices.Equal(got, want) {
+		t.Fatalf("voters %v once node 2 left, want %v (two nodes, one voter)", got, want)
+	}
+	f.back(id2)
+	f.settle(t)
+	if got, want := f.voters(), sorted(id0, id1, id2); !slices.Equal(got, want) {
+		t.Fatalf("voters %v once node 2 is back, want %v", got, want)
+	}
+}
+
+// A voter that announced it is stopping is demoted at once, before it
+// leaves gossip, and no healthy voter before it.
+func TestVoterPlanDemotesAStoppingVoterFirst(t *testing.T) {
+	f := newPlanFixture([]string{id0, id1, id2}, nil)
+	f.forget(id3, id4)
+	f.stopping[id2] = true
+	ch, held := f.next()
+	if ch == nil || ch.kind != changeDemote || ch.id != id2 || len(held) != 0 {
+		t.Fatalf("node 2 stopping: change %v, held %v; want demote %s", ch, held, id2)
+	}
+	f.settleThrough(t, id2)
+	if got := f.voters(); slices.Contains(got, id2) || len(got) != 1 {
+		t.Fatalf("voters %v after node 2 announced its stop, want one voter, not node 2", got)
+	}
+	// It stops, leaves the log, and comes back a voter.
+	f.reachable[id2] = false
+	delete(f.members, id2)
+	f.settleThrough(t, id2)
+	f.dead(id2)
+	f.settleThrough(t, id2)
+	f.back(id2)
+	f.settle(t)
+	if got, want := f.voters(), sorted(id0, id1, id2); !slices.Equal(got, want) {
+		t.Fatalf("voters %v once node 2 is back, want %v", got, want)
+	}
+}
+
+// A stopping voter whose raft already stopped answering is demoted all
+// the same (gossip still lists it with its announcement).
+func TestVoterPlanDemotesAStoppedVoter(t *testing.T) {
+	f := newPlanFixture([]string{id0, id1, id2}, nil)
+	f.forget(id3, id4)
+	f.stopping[id2] = true
+	f.reachable[id2] = false
+	f.settleThrough(t, id2)
+	if got := f.voters(); slices.Contains(got, id2) || len(got) != 1 {
+		t.Fatalf("voters %v, want one voter, not node 2", got)
+	}
+}
+
+// The leader itself stopping: it demotes no one (it hands leadership
+// over first, Close), and its successor demotes it.
+func TestVoterPlanCleanStopOfTheLeader(t *testing.T) {
+	f := newPlanFixture([]string{id0, id1, id2}, nil)
+	f.forget(id3, id4)
+	f.stopping[id0] = true
+	if ch, held := f.next(); ch != nil || len(held) != 0 {
+		t.Fatalf("the leader stopping: change %v, held %v; want none", ch, held)
+	}
+	f.self = id1 // leadership handed over
+	ch, _ := f.next()
+	if ch == nil || ch.kind != changeDemote || ch.id != id0 {
+		t.Fatalf("the new leader: change %v, want demote %s", ch, id0)
+	}
+	f.settleThrough(t, id0)
+	if got, want := f.voters(), []string{id1}; !slices.Equal(got, want) {
+		t.Fatalf("voters %v, want %v", got, want)
+	}
+}
+
+// The only voter (two nodes) stopping: it promotes the other first, so
+// that it has someone to hand leadership to.
+func TestVoterPlanCleanStopOfTheOnlyVoter(t *testing.T) {
+	f := newPlanFixture([]string{id0}, []string{id1})
+	f.forget(id2, id3, id4)
+	f.stopping[id0] = true
+	ch, _ := f.next()
+	if ch == nil || ch.kind != changeAddVoter || ch.id != id1 {
+		t.Fatalf("the only voter stopping: change %v, want add voter %s", ch, id1)
+	}
+	f.apply(t, *ch)
+	if ch, held := f.next(); ch != nil {
+		t.Fatalf("change %v (held %v) before leadership is handed over, want none", ch, held)
+	}
+	// Node 0 leads {0, 1} and waits, in Close, to be demoted before it
+	// stops: {0, 1} with node 0 gone would be no majority.
+	f.self = id1
+	ch, _ = f.next()
+	if ch == nil || ch.kind != changeDemote || ch.id != id0 {
+		t.Fatalf("the new leader: change %v, want demote %s", ch, id0)
+	}
+	f.apply(t, *ch)
+	f.settleThrough(t, id0)
+	if got, want := f.voters(), []string{id1}; !slices.Equal(got, want) {
+		t.Fatalf("voters %v, want %v", got, want)
+	}
+}
+
+// A stopping voter's replacement is promoted before it is demoted.
+func TestVoterPlanReplacesAStoppingVoter(t *testing.T) {
+	f := newPlanFixture([]string{id0, id1, id2}, []string{id3})
+	f.forget(id4)
+	f.stopping[id2] = true
+	ch, _ := f.next()
+	if ch == nil || ch.kind != changeAddVoter || ch.id != id3 {
+		t.Fatalf("change %v, want add voter %s", ch, id3)
+	}
+	f.settleThrough(t, id2)
+	if got, want := f.voters(), sorted(id0, id1, id3); !slices.Equal(got, want) {
+		t.Fatalf("voters %v, want %v", got, want)
+	}
+}
+
+// One of five voters stopping: it is the one demoted, then the four
+// healthy voters come down to three.
+func TestVoterPlanCleanStopOfOneOfFive(t *testing.T) {
+	f := newPlanFixture([]string{id0, id1, id2, id3, id4}, nil)
+	f.stopping[id3] = true
+	ch, _ := f.next()
+	if ch == nil || ch.kind != changeDemote || ch.id != id3 {
+		t.Fatalf("change %v, want demote %s", ch, id3)
+	}
+	f.settleThrough(t, id3)
+	if got := f.voters(); len(got) != 3 || slices.Contains(got, id3) {
+		t.Fatalf("voters %v, want three, not node 3", got)
 	}
 }

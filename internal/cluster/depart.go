@@ -1,0 +1,137 @@
+package cluster
+
+// A clean stop is a departure, not a failure. A node stopping (SIGTERM)
+// must not take the cluster's quorum with it: it tells the others first,
+// and hands over what only it holds, before it leaves gossip and stops
+// raft. The steps, in order:
+//
+//  1. Announce: gossip metadata says "stopping" (memberlist re-advertises
+//     the node; the leader hears it within a gossip interval or two). The
+//     leader counts the node out of the healthy ones from then on, while
+//     its raft still answers (voters.go).
+//  2. Leadership: a leader hands it to another voter (raft's leadership
+//     transfer, thesis 3.10). A leader that is the only voter has its own
+//     reconcile loop promote a reachable non-voter first.
+//  3. Voter role: the leader demotes the stopping voter; the node waits
+//     until its raft configuration shows it a non-voter. From then on its
+//     going changes no majority.
+//  4. Only then (Close): leave gossip, stop raft.
+//
+// Each step is bounded (departTimeout in all): a node cut off, or a
+// cluster without quorum, still stops. If the announcement is lost the
+// voter management is safe anyway (it never demotes a healthy voter
+// around a departing one), only slower: the stopped voter stays in the
+// configuration until its leave is committed.
+
+import (
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+const (
+	// departTimeout bounds Depart: the hand-over takes a gossip round, a
+	// leadership transfer (an election timeout at most) and a
+	// configuration change, well under a second on an idle cluster.
+	departTimeout = 5 * time.Second
+	// departPoll is how often Depart looks at its raft configuration.
+	departPoll = 20 * time.Millisecond
+	// announceTimeout bounds the wait for the stop's gossip broadcast.
+	announceTimeout = time.Second
+)
+
+// Depart announces that this node is stopping and waits, for at most
+// departTimeout, until it is no longer a raft voter: a leader hands its
+// leadership over first. Close calls it; a caller may call it earlier
+// (before it drains its clients) so that the hand-over runs meanwhile.
+// It may be called concurrently and more than once; only the first call
+// does anything.
+func (c *Cluster) Depart() {
+	c.departOnce.Do(c.depart)
+}
+
+func (c *Cluster) depart() {
+	if c.raft == nil {
+		return
+	}
+	started := time.Now()
+	c.stopping.Store(true)
+	if c.gossip != nil {
+		if err := c.gossip.UpdateNode(announceTimeout); err != nil {
+			c.logger.Warn("cluster: stopping: announcing it in gossip", "err", err)
+		}
+	}
+	c.poke()
+	if c.raft.State() != raft.Leader && !c.quorum() {
+		// Nothing to hand over to. (Checked once, before a leadership
+		// transfer: right after one, this node may not know its
+		// successor for a moment.)
+		c.logger.Info("cluster: stopping without quorum: no leader to hand the voter role over to")
+		return
+	}
+	deadline := started.Add(departTimeout)
+	ticker := time.NewTicker(departPoll)
+	defer ticker.Stop()
+	for {
+		done, why := c.departed()
+		if done {
+			if why != "" {
+				c.logger.Info("cluster: stopping: "+why, "after", time.Since(started).Round(time.Millisecond))
+			}
+			return
+		}
+		if c.raft.State() == raft.Leader {
+			if err := c.raft.LeadershipTransfer().Error(); err == nil {
+				c.logger.Info("cluster: stopping: handed raft leadership over")
+			}
+		}
+		if time.Now().After(deadline) {
+			c.logger.Warn("cluster: stopping while still a raft voter: the leader did not demote this node in time", "waited", departTimeout, "why", why)
+			return
+		}
+		<-ticker.C
+	}
+}
+
+// departed says whether Depart may return: this node is no raft voter,
+// or nothing can take its role over. why says which, or what it waits for.
+func (c *Cluster) departed() (bool, string) {
+	future := c.raft.GetConfiguration()
+	if err := future.Error(); err != nil {
+		return true, "" // raft is shut down
+	}
+	self := raft.ServerID(c.cfg.NodeID)
+	voter, otherVoters, otherReached := false, 0, 0
+	for _, s := range future.Configuration().Servers {
+		switch {
+		case s.ID == self:
+			voter = s.Suffrage == raft.Voter
+		case s.Suffrage == raft.Voter:
+			otherVoters++
+			fallthrough
+		default:
+			if c.reachable(string(s.ID)) {
+				otherReached++
+			}
+		}
+	}
+	leader := c.raft.State() == raft.Leader
+	switch {
+	case !voter:
+		return true, "no longer a raft voter"
+	case leader && otherVoters == 0 && otherReached == 0:
+		// The only voter, and no server it reaches to promote.
+		return true, "the only raft voter, and no other node to hand over to"
+	case leader && otherVoters == 0:
+		return false, "a non-voter to be promoted"
+	case leader:
+		return false, "leadership to be handed over"
+	}
+	return false, "the leader to demote this node"
+}
+
+// quorum is QuorumStatus without its detail.
+func (c *Cluster) quorum() bool {
+	ok, _ := c.QuorumStatus()
+	return ok
+}
