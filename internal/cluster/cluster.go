@@ -74,6 +74,8 @@ type Cluster struct {
 	gossip    *memberlist.Memberlist
 	forward   *forwarder
 	started   time.Time
+	lease     *nodeLease  // this node's lease to serve data (lease.go)
+	grants    leaseGrants // as leader: the leases granted in this term
 
 	nudge       chan struct{} // wakes the reconcile loop
 	peersDirty  chan struct{} // node table changed: persist peers file
@@ -114,6 +116,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		refused:    map[string]bool{},
 		vetoed:     map[string]time.Time{},
 		forward:    &forwarder{creds: cfg.PeerCredentials},
+		lease:      newNodeLease(),
 	}
 	c.fsm.onHalt = func(err error) {
 		c.logger.Error("cluster: stopping: the log holds a command this binary cannot apply", "err", err)
@@ -145,8 +148,9 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			return nil, err
 		}
 	}
-	c.wg.Add(4)
+	c.wg.Add(5)
 	go c.serveForward(cfg.Peer.Protocol(peer.ProtocolForward))
+	go c.leaseLoop()
 	go c.reconcileLoop()
 	go c.rejoinLoop()
 	go c.peersLoop()

@@ -321,6 +321,18 @@ func (m *LocalMember) HasQuorum() bool {
 	return ok
 }
 
+// LeaseValid is HasQuorum: the simulator models a node's lease by its
+// contact with the leader.
+func (m *LocalMember) LeaseValid() bool { return m.HasQuorum() }
+
+// WaitLease is LeaseValid's answer as an error.
+func (m *LocalMember) WaitLease(ctx context.Context) error {
+	if ok, detail := m.QuorumStatus(); !ok {
+		return fmt.Errorf("%w: %s", ErrNoQuorum, detail)
+	}
+	return nil
+}
+
 // propose commits a command through the leader and waits until this
 // member has applied it too, as Cluster.propose does.
 func (m *LocalMember) propose(ctx context.Context, t commandType, payload any) (json.RawMessage, error) {

@@ -68,7 +68,16 @@ func (c *Cluster) ProposeForwarded(ctx context.Context, data []byte) (json.RawMe
 		return nil, 0, fmt.Errorf("%w: this node is no longer the leader", ErrNoQuorum)
 	}
 	if len(data) == 1 && data[0] == barrierRequest {
-		return json.RawMessage("null"), c.raft.AppliedIndex(), nil
+		// A deposed leader that has not noticed yet must not answer: its
+		// applied index may miss what its successor committed.
+		applied := c.raft.AppliedIndex()
+		if err := c.raft.VerifyLeader().Error(); err != nil {
+			return nil, 0, fmt.Errorf("%w: %v", ErrNoQuorum, err)
+		}
+		return json.RawMessage("null"), applied, nil
+	}
+	if len(data) > 0 && data[0] == leaseRequest {
+		return c.answerLease(data)
 	}
 	return c.proposeIndex(ctx, data)
 }
@@ -170,6 +179,9 @@ func (c *Cluster) proposeIndex(ctx context.Context, data []byte) (json.RawMessag
 			c.logger.Warn("cluster: committed entry not yet applied locally", "index", index)
 		}
 		return result, index, nil
+	}
+	if err := c.awaitDrop(ctx, data); err != nil {
+		return nil, 0, err
 	}
 	timeout := applyTimeout
 	if deadline, ok := ctx.Deadline(); ok {

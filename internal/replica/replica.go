@@ -5,8 +5,11 @@
 // Invariants (each enforced here, or in the store where named):
 //   - Admission: a request is served only in the epoch it names (a
 //     replica behind waits briefly to catch up, one ahead answers
-//     STALE_EPOCH), and only while this node has quorum, so the minority
-//     side of a partition never diverges from the majority.
+//     STALE_EPOCH), and only while this node holds a lease from the
+//     leader (cluster/lease.go), so the minority side of a partition, or
+//     a node resumed after a pause, never serves an epoch the cluster
+//     left. A read is answered only if the lease still holds, in the same
+//     epoch, once the copy was read.
 //   - Fencing: a copy is served (read, written, zeroed) only if it was
 //     written or proven current in the current epoch; any other copy
 //     answers NOT_RECOVERED until recovery (internal/recovery) proves it
@@ -58,9 +61,12 @@ type EpochSource interface {
 	Epoch() uint64
 	View() cluster.EpochView
 	WaitEpoch(ctx context.Context, after uint64) (cluster.EpochView, error)
-	// HasQuorum is QuorumStatus's answer alone (asked on every request).
-	HasQuorum() bool
-	QuorumStatus() (ok bool, detail string)
+	// LeaseValid says whether this node holds a lease to serve data
+	// (asked on every request, and again after every read).
+	LeaseValid() bool
+	// WaitLease waits a bounded time for a lease, and says why there
+	// is none when it gives up.
+	WaitLease(ctx context.Context) error
 }
 
 // Replica serves this node's copies to gateways, its own and other
@@ -156,9 +162,9 @@ func New(c EpochSource, store ObjectStore) *Replica {
 
 // Check admits a request stamped with epoch.
 func (r *Replica) Check(ctx context.Context, epoch uint64) error {
-	if !r.cluster.HasQuorum() {
-		if ok, detail := r.cluster.QuorumStatus(); !ok {
-			return fmt.Errorf("%w: this node has no quorum (%s)", object.ErrUnavailable, detail)
+	if !r.cluster.LeaseValid() {
+		if err := r.cluster.WaitLease(ctx); err != nil {
+			return fmt.Errorf("%w: %v", object.ErrUnavailable, err)
 		}
 	}
 	current := r.cluster.Epoch()
@@ -177,6 +183,20 @@ func (r *Replica) Check(ctx context.Context, epoch uint64) error {
 	return &object.StaleEpochError{Current: current}
 }
 
+// stillServing says whether what was read in epoch may be answered: the
+// lease still holds and the node still applies epoch. A node paused
+// between its check and its read (SIGSTOP, a frozen host) may have been
+// dropped from the epoch meanwhile, and its copy overwritten elsewhere.
+func (r *Replica) stillServing(epoch uint64) error {
+	if !r.cluster.LeaseValid() {
+		return fmt.Errorf("%w: this node's lease ran out while it read", object.ErrUnavailable)
+	}
+	if current := r.cluster.Epoch(); current != epoch {
+		return &object.StaleEpochError{Current: current}
+	}
+	return nil
+}
+
 // Read serves a read of this node's copy.
 func (r *Replica) Read(ctx context.Context, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
 	if err := r.Check(ctx, epoch); err != nil {
@@ -185,7 +205,11 @@ func (r *Replica) Read(ctx context.Context, epoch, oid uint64, p []byte, offset 
 	if err := r.fence(oid, epoch); err != nil {
 		return 0, err
 	}
-	return r.store.Read(oid, p, offset)
+	stamp, err := r.store.Read(oid, p, offset)
+	if err != nil {
+		return stamp, err
+	}
+	return stamp, r.stillServing(epoch)
 }
 
 // Fetch reads the whole copy whatever its stamp: recovery reading a
@@ -204,7 +228,11 @@ func (r *Replica) readAny(ctx context.Context, epoch, oid uint64, p []byte, offs
 	if err := r.Check(ctx, epoch); err != nil {
 		return 0, err
 	}
-	return r.store.Read(oid, p, offset)
+	stamp, err := r.store.Read(oid, p, offset)
+	if err != nil {
+		return stamp, err
+	}
+	return stamp, r.stillServing(epoch)
 }
 
 // Write serves a write to this node's copy.
@@ -251,7 +279,11 @@ func (r *Replica) Stat(ctx context.Context, epoch, oid uint64) (uint64, error) {
 	if err := r.Check(ctx, epoch); err != nil {
 		return 0, err
 	}
-	return r.store.Stat(oid)
+	stamp, err := r.store.Stat(oid)
+	if err != nil {
+		return stamp, err
+	}
+	return stamp, r.stillServing(epoch)
 }
 
 // Flush makes every write this node acknowledged durable.

@@ -1,0 +1,315 @@
+package cluster
+
+// Leases: a node serves data (its replica answers reads and writes) only
+// while it holds a lease that proves its applied state is current.
+//
+// Raft alone does not prove it. A follower learns that a leader exists
+// from heartbeats, and a heartbeat carries no log position: one sent
+// before a node was paused (SIGSTOP, a frozen VM host) and delivered
+// after, or a fresh one arriving before the node has applied what it
+// missed, makes "leader known, contact recent" true while the node still
+// applies an epoch the cluster left seconds ago. A replica admitting
+// requests in that epoch would serve a copy that missed every write made
+// meanwhile. So:
+//
+//   - Renewal. A node sends a lease request at time t0 (CLOCK_BOOTTIME,
+//     which keeps counting while the host is suspended and the process is
+//     stopped). The leader, once it has applied a Barrier in its term,
+//     reads its commit index C, confirms it still leads with a round of
+//     heartbeats a majority answers (VerifyLeader), records the grant's
+//     time and answers C. The node applies up to C and then holds the
+//     lease until t0 + leaseDuration. An answer that comes later than
+//     that extends nothing. Every node renews every leaseRenewEvery; a
+//     request that finds no valid lease asks for a renewal at once and
+//     waits up to leaseWait.
+//   - Serving. A replica admits a request only with a valid lease, and
+//     answers a read only if, after the store read, the lease is still
+//     valid and the node still applies the request's epoch
+//     (replica.Replica.Read).
+//   - Dropping. The leader commits an entry that takes a node out of the
+//     cluster (NodeLeave, NodeRemove) only leaseDuration + leaseMargin
+//     after its last grant to that node, and a new leader commits none
+//     until leaseDuration + leaseMargin after it began to lead (it does
+//     not know its predecessor's grants).
+//
+// Why it holds: a node's lease from t0 means it applied every entry
+// committed before t0. An epoch that drops the node is committed after
+// the node's lease ran out (the leader's wait), so the node, if it is
+// still running, learns of it before it serves again: its next lease
+// needs a renewal that carries the drop's index. A read answered under a
+// valid lease in the old epoch is answered before the drop is committed,
+// so before any write of the new epoch is acknowledged. Timing
+// assumptions: the clocks of the node and the leader advance at rates
+// that differ by less than leaseMargin/leaseDuration (25%); no
+// synchronised clocks are needed, since each side measures only its own
+// intervals. See docs/ARCHITECTURE.md, "Leases".
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	leaseDuration   = 2 * time.Second
+	leaseMargin     = 500 * time.Millisecond
+	leaseRenewEvery = 500 * time.Millisecond
+	leaseWait       = 2 * time.Second // a request without a valid lease waits this long for a renewal
+	// leaseRequest is the forwarded request that asks the leader for a
+	// lease: leaseRequest, then the node id. It is never a log command
+	// (fsm.go's init refuses a command with this type).
+	leaseRequest = 0x7f
+)
+
+// bootNow is CLOCK_BOOTTIME in nanoseconds: monotonic, and counting while
+// the host is suspended.
+func bootNow() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		panic(fmt.Sprintf("cluster: CLOCK_BOOTTIME: %v", err)) // Linux has had it since 2.6.39
+	}
+	return ts.Nano()
+}
+
+// nodeLease is this node's lease.
+type nodeLease struct {
+	until atomic.Int64 // bootNow() below it: valid
+	kick  chan struct{}
+
+	mu      sync.Mutex
+	renewed chan struct{} // closed and replaced at every extension
+	lastErr error         // why the last renewal failed (nil: it did not)
+}
+
+func newNodeLease() *nodeLease {
+	return &nodeLease{kick: make(chan struct{}, 1), renewed: make(chan struct{})}
+}
+
+func (l *nodeLease) valid() bool { return bootNow() < l.until.Load() }
+
+func (l *nodeLease) extend(until int64) {
+	for {
+		old := l.until.Load()
+		if until <= old || l.until.CompareAndSwap(old, until) {
+			break
+		}
+	}
+	l.mu.Lock()
+	l.lastErr = nil
+	close(l.renewed)
+	l.renewed = make(chan struct{})
+	l.mu.Unlock()
+}
+
+func (l *nodeLease) failed(err error) {
+	l.mu.Lock()
+	l.lastErr = err
+	l.mu.Unlock()
+}
+
+func (l *nodeLease) askRenewal() {
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+}
+
+// LeaseValid says whether this node may serve data now.
+func (c *Cluster) LeaseValid() bool { return c.lease.valid() }
+
+// WaitLease returns nil once this node holds a valid lease, or an error
+// saying why it has none after leaseWait (or when ctx ends).
+func (c *Cluster) WaitLease(ctx context.Context) error {
+	timer := time.NewTimer(leaseWait)
+	defer timer.Stop()
+	for {
+		c.lease.mu.Lock()
+		renewed, lastErr := c.lease.renewed, c.lease.lastErr
+		c.lease.mu.Unlock()
+		if c.lease.valid() {
+			return nil
+		}
+		c.lease.askRenewal()
+		select {
+		case <-renewed:
+		case <-timer.C:
+			if lastErr == nil {
+				lastErr = errors.New("no renewal answered in time")
+			}
+			return fmt.Errorf("%w: this node holds no lease from the leader: %v", ErrNoQuorum, lastErr)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.stop:
+			return fmt.Errorf("%w: this node is stopping", ErrNoQuorum)
+		}
+	}
+}
+
+// leaseLoop renews this node's lease every leaseRenewEvery, and at once
+// when a request found none.
+func (c *Cluster) leaseLoop() {
+	defer c.wg.Done()
+	ticker := time.NewTicker(leaseRenewEvery)
+	defer ticker.Stop()
+	for {
+		if err := c.renewLease(); err != nil {
+			c.lease.failed(err)
+		}
+		select {
+		case <-c.stop:
+			return
+		case <-ticker.C:
+		case <-c.lease.kick:
+		}
+	}
+}
+
+func (c *Cluster) renewLease() error {
+	t0 := bootNow()
+	ctx, cancel := context.WithTimeout(context.Background(), leaseDuration)
+	defer cancel()
+	var commit uint64
+	if c.raft.State() == raft.Leader {
+		var err error
+		if commit, err = c.grantLease(c.cfg.NodeID); err != nil {
+			return err
+		}
+	} else {
+		leaderAddr, _ := c.raft.LeaderWithID()
+		if leaderAddr == "" {
+			return errors.New("no leader is known to this node")
+		}
+		request := append([]byte{leaseRequest}, c.cfg.NodeID...)
+		_, index, err := c.forward.send(ctx, string(leaderAddr), request)
+		if err != nil {
+			return fmt.Errorf("leader at %s: %w", leaderAddr, err)
+		}
+		commit = index
+	}
+	if err := c.fsm.WaitApplied(ctx, commit); err != nil {
+		return fmt.Errorf("this node did not apply the log up to index %d in time", commit)
+	}
+	c.lease.extend(t0 + int64(leaseDuration))
+	return nil
+}
+
+// leaseGrants is the leader's record of the leases it granted in its
+// current term.
+type leaseGrants struct {
+	mu    sync.Mutex
+	term  uint64
+	since int64            // bootNow when this node began to act as the term's leader
+	ready bool             // the term's Barrier was applied: CommitIndex covers every earlier term's entries
+	last  map[string]int64 // node id -> bootNow of its last grant
+}
+
+// begin resets the record when term is a new term.
+func (g *leaseGrants) begin(term uint64) {
+	if g.term != term || g.last == nil {
+		g.term, g.since, g.ready, g.last = term, bootNow(), false, map[string]int64{}
+	}
+}
+
+// grantLease answers a lease request from node: the commit index it must
+// apply before it holds the lease.
+func (c *Cluster) grantLease(node string) (uint64, error) {
+	term := c.raft.CurrentTerm()
+	if c.raft.State() != raft.Leader {
+		return 0, fmt.Errorf("%w: this node is no longer the leader", ErrNoQuorum)
+	}
+	c.grants.mu.Lock()
+	c.grants.begin(term)
+	ready := c.grants.ready
+	c.grants.mu.Unlock()
+	if !ready {
+		// A new leader's commit index may not yet cover entries of the
+		// terms before it: commit one of its own first.
+		if err := c.raft.Barrier(applyTimeout).Error(); err != nil {
+			return 0, fmt.Errorf("%w: %v", ErrNoQuorum, err)
+		}
+		c.grants.mu.Lock()
+		if c.grants.term == term {
+			c.grants.ready = true
+		}
+		c.grants.mu.Unlock()
+	}
+	commit := c.raft.CommitIndex()
+	if err := c.raft.VerifyLeader().Error(); err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrNoQuorum, err)
+	}
+	c.grants.mu.Lock()
+	if c.grants.term == term {
+		c.grants.last[node] = bootNow()
+	}
+	c.grants.mu.Unlock()
+	return commit, nil
+}
+
+// dropWait is how long this leader must still wait before it may commit
+// an entry that takes node out of the cluster: until any lease it or its
+// predecessor granted the node has run out (0: now).
+func (c *Cluster) dropWait(node string) time.Duration {
+	c.grants.mu.Lock()
+	defer c.grants.mu.Unlock()
+	c.grants.begin(c.raft.CurrentTerm())
+	from := c.grants.since
+	if last, ok := c.grants.last[node]; ok && last > from {
+		from = last
+	}
+	wait := time.Duration(from + int64(leaseDuration+leaseMargin) - bootNow())
+	return max(wait, 0)
+}
+
+// awaitDrop waits, on the leader, until the entry data may be committed:
+// an entry that takes a node out waits for its lease to run out.
+func (c *Cluster) awaitDrop(ctx context.Context, data []byte) error {
+	var node string
+	switch commandType(data[0]) {
+	case commandNodeLeave:
+		var cmd nodeLeaveCommand
+		if json.Unmarshal(data[1:], &cmd) != nil {
+			return nil // refused by the state machine with its own error
+		}
+		node = cmd.ID
+	case commandNodeRemove:
+		var cmd nodeRemoveCommand
+		if json.Unmarshal(data[1:], &cmd) != nil {
+			return nil
+		}
+		node = cmd.ID
+	default:
+		return nil
+	}
+	wait := c.dropWait(node)
+	if wait == 0 {
+		return nil
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w: node %s may still hold a lease for %s", ErrNoQuorum, node, wait.Round(time.Millisecond))
+	}
+}
+
+// answerLease serves a forwarded lease request.
+func (c *Cluster) answerLease(request []byte) (json.RawMessage, uint64, error) {
+	node := string(request[1:])
+	if len(node) == 0 || len(node) > MaxOwnerLength {
+		return nil, 0, fmt.Errorf("%w: a lease request names no node", ErrInvalid)
+	}
+	commit, err := c.grantLease(node)
+	if err != nil {
+		return nil, 0, err
+	}
+	return json.RawMessage("null"), commit, nil
+}
