@@ -222,8 +222,12 @@ var commands = map[commandType]applyFunc{
 // Readers use View; Apply, ApplyBatch, Snapshot and Restore are called by
 // raft only, from one goroutine.
 type FSM struct {
-	mu           sync.RWMutex // guards state
+	mu           sync.RWMutex // guards state and epochIndex
 	state        *State
+	// epochIndex is the log index of the entry that began the newest
+	// epoch (0: it came with a snapshot). Writes in an epoch wait until
+	// every node serving data has applied it (lease.go).
+	epochIndex uint64
 	onNodeChange func() // called (without mu) after node table changes
 	// onHalt is called once (without mu) when the FSM meets a command it
 	// cannot apply without diverging from other nodes (halted).
@@ -298,6 +302,17 @@ func (f *FSM) signalEpoch() {
 	f.epochMu.Unlock()
 }
 
+// epochStart returns the newest epoch and the index of the entry that
+// began it (0: unknown, it came with a snapshot).
+func (f *FSM) epochStart() (epoch, index uint64) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if n := len(f.state.Epochs); n > 0 {
+		epoch = f.state.Epochs[n-1].Number
+	}
+	return epoch, f.epochIndex
+}
+
 // View calls fn with the current state under the read lock; fn must not
 // keep references to it.
 func (f *FSM) View(fn func(s *State)) {
@@ -345,6 +360,9 @@ func (f *FSM) ApplyBatch(entries []*raft.Log) []any {
 				f.state.commitEvents(entry.Index, entry.AppendedAt)
 			} else {
 				f.state.pending = f.state.pending[:0]
+			}
+			if len(f.state.Epochs) != before {
+				f.epochIndex = entry.Index
 			}
 			nodesChanged = nodesChanged || len(f.state.Epochs) != before || t == commandNodeJoin
 		}
@@ -452,7 +470,7 @@ func (f *FSM) Restore(reader io.ReadCloser) error {
 		s.Removed = map[string]time.Time{}
 	}
 	f.mu.Lock()
-	f.state = s
+	f.state, f.epochIndex = s, 0
 	f.mu.Unlock()
 	f.signalEpoch()
 	if f.onNodeChange != nil {

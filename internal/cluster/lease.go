@@ -31,6 +31,20 @@ package cluster
 //     after its last grant to that node, and a new leader commits none
 //     until leaseDuration + leaseMargin after it began to lead (it does
 //     not know its predecessor's grants).
+//   - Activation. A node that stays in the cluster may still apply a new
+//     epoch later than the others (a join moves objects away from it; it
+//     may lag a few milliseconds, or seconds on a starved host). Every
+//     lease request carries the node's applied index, a floor below which
+//     it serves nothing from then on (a read in an older epoch fails its
+//     check after the store read). The leader answers with the active
+//     index: the lowest floor of the nodes whose leases may still run
+//     (and 0 for a node alive in the log it has not heard from in its
+//     first leaseDuration + leaseMargin). A replica admits a write in an
+//     epoch only once the active index reaches the entry that began the
+//     epoch: no node serves the epoch before it any more. Nodes renew at
+//     once when they apply a new epoch, so this costs a round trip at an
+//     epoch change, or the remaining lease of a node that stopped
+//     answering.
 //
 // Why it holds: a node's lease from t0 means it applied every entry
 // committed before t0. An epoch that drops the node is committed after
@@ -38,7 +52,10 @@ package cluster
 // still running, learns of it before it serves again: its next lease
 // needs a renewal that carries the drop's index. A read answered under a
 // valid lease in the old epoch is answered before the drop is committed,
-// so before any write of the new epoch is acknowledged. Timing
+// so before any write of the new epoch is acknowledged. A node left in
+// the new epoch answers reads in the old one only until it reports the
+// new epoch's index, and no write of the new epoch is admitted before
+// that report or its lease's end. Timing
 // assumptions: the clocks of the node and the leader advance at rates
 // that differ by less than leaseMargin/leaseDuration (25%); no
 // synchronised clocks are needed, since each side measures only its own
@@ -46,6 +63,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -63,10 +81,20 @@ const (
 	leaseRenewEvery = 500 * time.Millisecond
 	leaseWait       = 2 * time.Second // a request without a valid lease waits this long for a renewal
 	// leaseRequest is the forwarded request that asks the leader for a
-	// lease: leaseRequest, then the node id. It is never a log command
-	// (fsm.go's init refuses a command with this type).
+	// lease: leaseRequest, the node's applied index and the active index
+	// it waits for (8 bytes each, big-endian), then the node id. It is
+	// never a log command (TestLeaseAndBarrierRequestsAreNoCommands).
 	leaseRequest = 0x7f
+	// activeWait is how long the leader holds a lease request that waits
+	// for an active index before it answers with the one it has.
+	activeWait = 500 * time.Millisecond
 )
+
+// leaseAnswer is the body of the leader's answer (its index field is the
+// commit index).
+type leaseAnswer struct {
+	Active uint64 `json:"active"`
+}
 
 // bootNow is CLOCK_BOOTTIME in nanoseconds: monotonic, and counting while
 // the host is suspended.
@@ -80,8 +108,10 @@ func bootNow() int64 {
 
 // nodeLease is this node's lease.
 type nodeLease struct {
-	until atomic.Int64 // bootNow() below it: valid
-	kick  chan struct{}
+	until  atomic.Int64  // bootNow() below it: valid
+	active atomic.Uint64 // the highest active index the leader answered
+	want   atomic.Uint64 // the active index a write waits for
+	kick   chan struct{}
 
 	mu      sync.Mutex
 	renewed chan struct{} // closed and replaced at every extension
@@ -152,13 +182,65 @@ func (c *Cluster) WaitLease(ctx context.Context) error {
 	}
 }
 
-// leaseLoop renews this node's lease every leaseRenewEvery, and at once
-// when a request found none.
+// WaitActive returns nil once writes in epoch may be admitted: no node
+// serves an epoch before it any more. Another epoch than the newest this
+// node applied is the caller's to refuse; it passes here.
+func (c *Cluster) WaitActive(ctx context.Context, epoch uint64) error {
+	current, index := c.fsm.epochStart()
+	if current != epoch {
+		return nil
+	}
+	if index == 0 {
+		// The epoch came with a snapshot: its entry is at most the
+		// index this node has applied.
+		index = c.fsm.Applied()
+	}
+	if c.lease.active.Load() >= index {
+		return nil
+	}
+	for {
+		old := c.lease.want.Load()
+		if old >= index || c.lease.want.CompareAndSwap(old, index) {
+			break
+		}
+	}
+	timer := time.NewTimer(leaseWait)
+	defer timer.Stop()
+	for {
+		c.lease.mu.Lock()
+		renewed, lastErr := c.lease.renewed, c.lease.lastErr
+		c.lease.mu.Unlock()
+		if c.lease.active.Load() >= index {
+			return nil
+		}
+		c.lease.askRenewal()
+		select {
+		case <-renewed:
+		case <-timer.C:
+			detail := fmt.Sprintf("nodes that may still serve an earlier epoch have not reported epoch %d (entry %d) yet", epoch, index)
+			if lastErr != nil {
+				detail += "; " + lastErr.Error()
+			}
+			return fmt.Errorf("%w: %s", ErrNoQuorum, detail)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.stop:
+			return fmt.Errorf("%w: this node is stopping", ErrNoQuorum)
+		}
+	}
+}
+
+// leaseLoop renews this node's lease every leaseRenewEvery, at once when
+// a request found none or waits for a higher active index, and when this
+// node applies a new epoch (so that writes in it wait a round trip only).
 func (c *Cluster) leaseLoop() {
 	defer c.wg.Done()
 	ticker := time.NewTicker(leaseRenewEvery)
 	defer ticker.Stop()
 	for {
+		c.fsm.epochMu.Lock()
+		epochChanged := c.fsm.epochChanged
+		c.fsm.epochMu.Unlock()
 		if err := c.renewLease(); err != nil {
 			c.lease.failed(err)
 		}
@@ -167,6 +249,7 @@ func (c *Cluster) leaseLoop() {
 			return
 		case <-ticker.C:
 		case <-c.lease.kick:
+		case <-epochChanged:
 		}
 	}
 }
@@ -175,10 +258,11 @@ func (c *Cluster) renewLease() error {
 	t0 := bootNow()
 	ctx, cancel := context.WithTimeout(context.Background(), leaseDuration)
 	defer cancel()
-	var commit uint64
+	applied, want := c.fsm.Applied(), c.lease.want.Load()
+	var commit, active uint64
 	if c.raft.State() == raft.Leader {
 		var err error
-		if commit, err = c.grantLease(c.cfg.NodeID); err != nil {
+		if commit, active, err = c.grantLease(c.cfg.NodeID, applied, want); err != nil {
 			return err
 		}
 	} else {
@@ -186,15 +270,29 @@ func (c *Cluster) renewLease() error {
 		if leaderAddr == "" {
 			return errors.New("no leader is known to this node")
 		}
-		request := append([]byte{leaseRequest}, c.cfg.NodeID...)
-		_, index, err := c.forward.send(ctx, string(leaderAddr), request)
+		request := make([]byte, 17, 17+len(c.cfg.NodeID))
+		request[0] = leaseRequest
+		binary.BigEndian.PutUint64(request[1:], applied)
+		binary.BigEndian.PutUint64(request[9:], want)
+		request = append(request, c.cfg.NodeID...)
+		value, index, err := c.forward.send(ctx, string(leaderAddr), request)
 		if err != nil {
 			return fmt.Errorf("leader at %s: %w", leaderAddr, err)
 		}
-		commit = index
+		var answer leaseAnswer
+		if err := json.Unmarshal(value, &answer); err != nil {
+			return fmt.Errorf("leader at %s: a lease answer that is not JSON: %v", leaderAddr, err)
+		}
+		commit, active = index, answer.Active
 	}
 	if err := c.fsm.WaitApplied(ctx, commit); err != nil {
 		return fmt.Errorf("this node did not apply the log up to index %d in time", commit)
+	}
+	for {
+		old := c.lease.active.Load()
+		if active <= old || c.lease.active.CompareAndSwap(old, active) {
+			break
+		}
 	}
 	c.lease.extend(t0 + int64(leaseDuration))
 	return nil
@@ -203,26 +301,56 @@ func (c *Cluster) renewLease() error {
 // leaseGrants is the leader's record of the leases it granted in its
 // current term.
 type leaseGrants struct {
-	mu    sync.Mutex
-	term  uint64
-	since int64            // bootNow when this node began to act as the term's leader
-	ready bool             // the term's Barrier was applied: CommitIndex covers every earlier term's entries
-	last  map[string]int64 // node id -> bootNow of its last grant
+	mu      sync.Mutex
+	term    uint64
+	since   int64             // bootNow when this node began to act as the term's leader
+	ready   bool              // the term's Barrier was applied: CommitIndex covers every earlier term's entries
+	last    map[string]int64  // node id -> bootNow of its last grant
+	floor   map[string]uint64 // node id -> the highest applied index it reported
+	changed chan struct{}     // closed and replaced at every grant
 }
 
 // begin resets the record when term is a new term.
 func (g *leaseGrants) begin(term uint64) {
 	if g.term != term || g.last == nil {
-		g.term, g.since, g.ready, g.last = term, bootNow(), false, map[string]int64{}
+		g.term, g.since, g.ready = term, bootNow(), false
+		g.last, g.floor = map[string]int64{}, map[string]uint64{}
+	}
+	if g.changed == nil {
+		g.changed = make(chan struct{})
 	}
 }
 
-// grantLease answers a lease request from node: the commit index it must
-// apply before it holds the lease.
-func (c *Cluster) grantLease(node string) (uint64, error) {
+// activeLocked is the active index at now (g.mu held): the lowest floor
+// of the nodes whose leases may still run, commit when there is none.
+// alive are the nodes alive in the log: in the term's first lease
+// period, one not heard from yet may hold a predecessor's lease with any
+// floor.
+func (g *leaseGrants) activeLocked(now int64, commit uint64, alive []string) uint64 {
+	active := commit
+	hold := int64(leaseDuration + leaseMargin)
+	for node, last := range g.last {
+		if now < last+hold {
+			active = min(active, g.floor[node])
+		}
+	}
+	if now < g.since+hold {
+		for _, node := range alive {
+			if _, heard := g.last[node]; !heard {
+				return 0
+			}
+		}
+	}
+	return active
+}
+
+// grantLease answers a lease request from node, which has applied the
+// log up to applied and waits for the active index want: the commit
+// index it must apply before it holds the lease, and the active index.
+func (c *Cluster) grantLease(node string, applied, want uint64) (commit, active uint64, err error) {
 	term := c.raft.CurrentTerm()
 	if c.raft.State() != raft.Leader {
-		return 0, fmt.Errorf("%w: this node is no longer the leader", ErrNoQuorum)
+		return 0, 0, fmt.Errorf("%w: this node is no longer the leader", ErrNoQuorum)
 	}
 	c.grants.mu.Lock()
 	c.grants.begin(term)
@@ -232,7 +360,7 @@ func (c *Cluster) grantLease(node string) (uint64, error) {
 		// A new leader's commit index may not yet cover entries of the
 		// terms before it: commit one of its own first.
 		if err := c.raft.Barrier(applyTimeout).Error(); err != nil {
-			return 0, fmt.Errorf("%w: %v", ErrNoQuorum, err)
+			return 0, 0, fmt.Errorf("%w: %v", ErrNoQuorum, err)
 		}
 		c.grants.mu.Lock()
 		if c.grants.term == term {
@@ -240,16 +368,49 @@ func (c *Cluster) grantLease(node string) (uint64, error) {
 		}
 		c.grants.mu.Unlock()
 	}
-	commit := c.raft.CommitIndex()
+	commit = c.raft.CommitIndex()
 	if err := c.raft.VerifyLeader().Error(); err != nil {
-		return 0, fmt.Errorf("%w: %v", ErrNoQuorum, err)
+		return 0, 0, fmt.Errorf("%w: %v", ErrNoQuorum, err)
 	}
+	alive := c.aliveNodes()
+	deadline := time.Now().Add(activeWait)
 	c.grants.mu.Lock()
-	if c.grants.term == term {
-		c.grants.last[node] = bootNow()
+	defer c.grants.mu.Unlock()
+	if c.grants.term != term {
+		return 0, 0, fmt.Errorf("%w: this node is no longer the leader", ErrNoQuorum)
 	}
-	c.grants.mu.Unlock()
-	return commit, nil
+	c.grants.last[node] = bootNow()
+	c.grants.floor[node] = max(c.grants.floor[node], applied)
+	close(c.grants.changed)
+	c.grants.changed = make(chan struct{})
+	for {
+		active = c.grants.activeLocked(bootNow(), commit, alive)
+		if active >= want || !time.Now().Before(deadline) || c.grants.term != term {
+			return commit, active, nil
+		}
+		// Wait for other nodes' reports (or leases running out).
+		changed := c.grants.changed
+		c.grants.mu.Unlock()
+		select {
+		case <-changed:
+		case <-time.After(50 * time.Millisecond):
+		case <-c.stop:
+		}
+		c.grants.mu.Lock()
+	}
+}
+
+// aliveNodes are the nodes alive in this node's log.
+func (c *Cluster) aliveNodes() []string {
+	var out []string
+	c.fsm.View(func(s *State) {
+		for id, n := range s.Nodes {
+			if n.State == NodeAlive {
+				out = append(out, id)
+			}
+		}
+	})
+	return out
 }
 
 // dropWait is how long this leader must still wait before it may commit
@@ -303,13 +464,14 @@ func (c *Cluster) awaitDrop(ctx context.Context, data []byte) error {
 
 // answerLease serves a forwarded lease request.
 func (c *Cluster) answerLease(request []byte) (json.RawMessage, uint64, error) {
-	node := string(request[1:])
-	if len(node) == 0 || len(node) > MaxOwnerLength {
-		return nil, 0, fmt.Errorf("%w: a lease request names no node", ErrInvalid)
+	if len(request) < 18 || len(request) > 17+MaxOwnerLength {
+		return nil, 0, fmt.Errorf("%w: a lease request of %d bytes", ErrInvalid, len(request))
 	}
-	commit, err := c.grantLease(node)
+	applied, want := binary.BigEndian.Uint64(request[1:]), binary.BigEndian.Uint64(request[9:])
+	commit, active, err := c.grantLease(string(request[17:]), applied, want)
 	if err != nil {
 		return nil, 0, err
 	}
-	return json.RawMessage("null"), commit, nil
+	value, err := json.Marshal(leaseAnswer{Active: active})
+	return value, commit, err
 }

@@ -39,3 +39,43 @@ func TestLeaseRunsFromItsRequest(t *testing.T) {
 		t.Fatalf("a late answer moved the lease's end to %d, want %d", got, now+int64(leaseDuration))
 	}
 }
+
+// The active index is the lowest floor among the leases that may still
+// run: a node that stopped renewing holds it down until its lease is
+// over, and in a new leader's first lease period a node alive in the log
+// that has not asked yet may hold its predecessor's lease.
+func TestActiveIndexWaitsForEveryServingNode(t *testing.T) {
+	hold := int64(leaseDuration + leaseMargin)
+	g := leaseGrants{}
+	g.begin(1)
+	start := g.since
+	g.last["a"], g.floor["a"] = start, 90
+	g.last["b"], g.floor["b"] = start, 120
+	alive := []string{"a", "b", "c"}
+	if got := g.activeLocked(start+1, 150, alive); got != 0 {
+		t.Fatalf("with c alive and not heard from in the term's first lease period: active %d, want 0", got)
+	}
+	g.last["c"], g.floor["c"] = start, 130
+	if got := g.activeLocked(start+1, 150, alive); got != 90 {
+		t.Fatalf("active %d, want a's floor 90", got)
+	}
+	// a renews with a higher floor; b's report is the lowest now.
+	g.last["a"], g.floor["a"] = start+hold/2, 140
+	if got := g.activeLocked(start+hold/2, 150, alive); got != 120 {
+		t.Fatalf("active %d, want b's floor 120", got)
+	}
+	// b and c stop renewing: once their leases may have run out, only a
+	// counts.
+	if got := g.activeLocked(start+hold+1, 150, alive); got != 140 {
+		t.Fatalf("after b's and c's leases ran out: active %d, want a's floor 140", got)
+	}
+	// No lease may run at all: everything committed is active.
+	if got := g.activeLocked(start+2*hold, 150, alive); got != 150 {
+		t.Fatalf("with no lease running: active %d, want the commit index 150", got)
+	}
+	// A new term forgets the grants of the old one.
+	g.begin(2)
+	if len(g.last) != 0 || len(g.floor) != 0 {
+		t.Fatal("a new term kept the previous term's grants")
+	}
+}

@@ -333,6 +333,12 @@ func (m *LocalMember) WaitLease(ctx context.Context) error {
 	return nil
 }
 
+// WaitActive admits every write: the simulator models neither leases nor
+// activation (a member's lease is its contact with the leader); the real
+// runtime's are tested on real processes (test/e2e
+// TestPausedNodeServesNoStaleRead).
+func (m *LocalMember) WaitActive(ctx context.Context, epoch uint64) error { return nil }
+
 // propose commits a command through the leader and waits until this
 // member has applied it too, as Cluster.propose does.
 func (m *LocalMember) propose(ctx context.Context, t commandType, payload any) (json.RawMessage, error) {

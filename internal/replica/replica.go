@@ -9,7 +9,9 @@
 //     leader (cluster/lease.go), so the minority side of a partition, or
 //     a node resumed after a pause, never serves an epoch the cluster
 //     left. A read is answered only if the lease still holds, in the same
-//     epoch, once the copy was read.
+//     epoch, once the copy was read; a write or zero in an epoch is
+//     admitted only once no node serves an earlier epoch (the epoch is
+//     active), so no read anywhere can miss an acknowledged change.
 //   - Fencing: a copy is served (read, written, zeroed) only if it was
 //     written or proven current in the current epoch; any other copy
 //     answers NOT_RECOVERED until recovery (internal/recovery) proves it
@@ -67,6 +69,9 @@ type EpochSource interface {
 	// WaitLease waits a bounded time for a lease, and says why there
 	// is none when it gives up.
 	WaitLease(ctx context.Context) error
+	// WaitActive waits a bounded time until writes in epoch may be
+	// admitted: no node serves an earlier epoch any more.
+	WaitActive(ctx context.Context, epoch uint64) error
 }
 
 // Replica serves this node's copies to gateways, its own and other
@@ -235,9 +240,21 @@ func (r *Replica) readAny(ctx context.Context, epoch, oid uint64, p []byte, offs
 	return stamp, r.stillServing(epoch)
 }
 
+// checkChange admits a change (write, zero) in epoch: Check, and the
+// epoch is active.
+func (r *Replica) checkChange(ctx context.Context, epoch uint64) error {
+	if err := r.Check(ctx, epoch); err != nil {
+		return err
+	}
+	if err := r.cluster.WaitActive(ctx, epoch); err != nil {
+		return fmt.Errorf("%w: %v", object.ErrUnavailable, err)
+	}
+	return nil
+}
+
 // Write serves a write to this node's copy.
 func (r *Replica) Write(ctx context.Context, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error {
-	if err := r.Check(ctx, epoch); err != nil {
+	if err := r.checkChange(ctx, epoch); err != nil {
 		return err
 	}
 	l := r.lock(oid)
@@ -251,7 +268,7 @@ func (r *Replica) Write(ctx context.Context, epoch, oid uint64, p []byte, offset
 
 // Zero serves TRIM and WRITE_ZEROES.
 func (r *Replica) Zero(ctx context.Context, epoch, oid uint64, offset, length uint32, flags object.Flags) error {
-	if err := r.Check(ctx, epoch); err != nil {
+	if err := r.checkChange(ctx, epoch); err != nil {
 		return err
 	}
 	l := r.lock(oid)
