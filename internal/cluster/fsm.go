@@ -222,12 +222,12 @@ var commands = map[commandType]applyFunc{
 // Readers use View; Apply, ApplyBatch, Snapshot and Restore are called by
 // raft only, from one goroutine.
 type FSM struct {
-	mu           sync.RWMutex // guards state and epochIndex
-	state        *State
+	mu    sync.RWMutex // guards state and epochIndex
+	state *State
 	// epochIndex is the log index of the entry that began the newest
 	// epoch (0: it came with a snapshot). Writes in an epoch wait until
 	// every node serving data has applied it (lease.go).
-	epochIndex uint64
+	epochIndex   uint64
 	onNodeChange func() // called (without mu) after node table changes
 	// onHalt is called once (without mu) when the FSM meets a command it
 	// cannot apply without diverging from other nodes (halted).
