@@ -325,6 +325,9 @@ func (m *LocalMember) HasQuorum() bool {
 // contact with the leader.
 func (m *LocalMember) LeaseValid() bool { return m.HasQuorum() }
 
+// LeaseValidMonotonic is LeaseValid.
+func (m *LocalMember) LeaseValidMonotonic() bool { return m.HasQuorum() }
+
 // WaitLease is LeaseValid's answer as an error.
 func (m *LocalMember) WaitLease(ctx context.Context) error {
 	if ok, detail := m.QuorumStatus(); !ok {

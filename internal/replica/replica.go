@@ -64,8 +64,11 @@ type EpochSource interface {
 	View() cluster.EpochView
 	WaitEpoch(ctx context.Context, after uint64) (cluster.EpochView, error)
 	// LeaseValid says whether this node holds a lease to serve data
-	// (asked on every request, and again after every read).
+	// (asked after every read, before it is answered).
 	LeaseValid() bool
+	// LeaseValidMonotonic is LeaseValid without a system call, blind to
+	// a host's suspension (asked to admit every request).
+	LeaseValidMonotonic() bool
 	// WaitLease waits a bounded time for a lease, and says why there
 	// is none when it gives up.
 	WaitLease(ctx context.Context) error
@@ -167,7 +170,7 @@ func New(c EpochSource, store ObjectStore) *Replica {
 
 // Check admits a request stamped with epoch.
 func (r *Replica) Check(ctx context.Context, epoch uint64) error {
-	if !r.cluster.LeaseValid() {
+	if !r.cluster.LeaseValidMonotonic() {
 		if err := r.cluster.WaitLease(ctx); err != nil {
 			return fmt.Errorf("%w: %v", object.ErrUnavailable, err)
 		}
