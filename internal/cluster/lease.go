@@ -124,15 +124,15 @@ func bootNow() int64 {
 
 // nodeLease is this node's lease.
 type nodeLease struct {
-	until  atomic.Int64  // bootNow() below it: valid
+	until atomic.Int64 // bootNow() below it: valid
 	// untilMono is the same end on the monotonic clock (monoNow), which
 	// is read without a system call but stands still while the host is
 	// suspended: it admits requests, and the exact check (valid) decides
 	// before a read is answered.
 	untilMono atomic.Int64
-	active atomic.Uint64 // the highest active index the leader answered
-	want   atomic.Uint64 // the active index a write waits for
-	kick   chan struct{}
+	active    atomic.Uint64 // the highest active index the leader answered
+	want      atomic.Uint64 // the active index a write waits for
+	kick      chan struct{}
 
 	mu      sync.Mutex
 	renewed chan struct{} // closed and replaced at every extension
