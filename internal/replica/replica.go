@@ -13,10 +13,12 @@
 //     admitted only once no node serves an earlier epoch (the epoch is
 //     active), so no read anywhere can miss an acknowledged change.
 //   - Fencing: a copy is served (read, written, zeroed) only if it was
-//     written or proven current in the current epoch; any other copy
+//     written or proven current in the current epoch; an older copy
 //     answers NOT_RECOVERED until recovery (internal/recovery) proves it
-//     current and restamps or replaces it. A missing copy may only be
-//     created by a write that says so (object.Flags.Create).
+//     current and restamps or replaces it, a newer one (stamped in an
+//     epoch after the request's) answers STALE_EPOCH with its stamp, and
+//     is not removed either: the requester is behind. A missing copy may
+//     only be created by a write that says so (object.Flags.Create).
 //   - Stamps never go back (the store refuses it) and a recovered copy is
 //     installed whole (store.Replace): a node's answer about its copy is
 //     always the truth about a complete copy, which the proof of
@@ -128,6 +130,17 @@ func (r *Replica) Exclusive(oid uint64, fn func(stamp uint64, found bool) error)
 // missed writes made while this node was not its replica (the paper's
 // Fig. 4), so it is not served until recovery proves it current. A
 // missing copy passes (object.ErrNotFound is the caller's to report).
+//
+// A copy stamped with a later epoch than the request's proves that the
+// cluster reached that epoch, so the requester is behind, and so is this
+// node, which admitted the request as from its own epoch (a node that
+// restarted and is still replaying its log, say). The copy may hold
+// writes that epoch placed; a write in the older epoch would have to
+// lower its stamp, which the store refuses (a lie to the proof of
+// currency), and a read would be served from an epoch the copy has left.
+// So it is refused as from a stale epoch, naming the copy's stamp as the
+// epoch to catch up to: the requester waits for a newer epoch and
+// retries there, as after any STALE_EPOCH.
 func (r *Replica) fence(oid, epoch uint64) error {
 	stamp, err := r.store.Epoch(oid)
 	if err != nil {
@@ -135,6 +148,15 @@ func (r *Replica) fence(oid, epoch uint64) error {
 	}
 	if stamp < epoch {
 		return fmt.Errorf("%w: object %016x on this node is from epoch %d, now %d", object.ErrNotRecovered, oid, stamp, epoch)
+	}
+	return behind(oid, stamp, epoch)
+}
+
+// behind refuses a request in epoch to a copy stamped in a later epoch
+// (see fence) with a *object.StaleEpochError naming the stamp.
+func behind(oid, stamp, epoch uint64) error {
+	if stamp > epoch {
+		return fmt.Errorf("object %016x on this node is stamped with epoch %d, after the request's %d: %w", oid, stamp, epoch, &object.StaleEpochError{Current: stamp})
 	}
 	return nil
 }
@@ -291,6 +313,12 @@ func (r *Replica) Remove(ctx context.Context, epoch, oid uint64) error {
 	l := r.lock(oid)
 	l.RLock()
 	defer l.RUnlock()
+	// A copy any older, or damaged, may go; a newer one is fenced.
+	if stamp, err := r.store.Epoch(oid); err == nil {
+		if err := behind(oid, stamp, epoch); err != nil {
+			return err
+		}
+	}
 	return r.store.Remove(oid)
 }
 

@@ -1,0 +1,153 @@
+package replica
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/peer"
+	"github.com/herd-storage/herd/internal/store"
+)
+
+// epochs is the cluster as a replica sees it: an epoch number the test
+// sets, and always the right to serve.
+type epochs struct {
+	mu      sync.Mutex
+	number  uint64
+	changed chan struct{}
+}
+
+func newEpochs(number uint64) *epochs { return &epochs{number: number, changed: make(chan struct{})} }
+
+// set moves the node to epoch number, backwards too: a node restarted
+// replays its log from an older epoch than its copies' stamps.
+func (e *epochs) set(number uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.number = number
+	close(e.changed)
+	e.changed = make(chan struct{})
+}
+
+func (e *epochs) Epoch() uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.number
+}
+
+func (e *epochs) View() cluster.EpochView { return cluster.EpochView{Number: e.Epoch()} }
+
+func (e *epochs) WaitEpoch(ctx context.Context, after uint64) (cluster.EpochView, error) {
+	for {
+		e.mu.Lock()
+		number, changed := e.number, e.changed
+		e.mu.Unlock()
+		if number > after {
+			return cluster.EpochView{Number: number}, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return cluster.EpochView{Number: number}, ctx.Err()
+		}
+	}
+}
+
+// The node always holds a lease and every epoch is active.
+func (e *epochs) LeaseValid() bool                                   { return true }
+func (e *epochs) LeaseValidMonotonic() bool                          { return true }
+func (e *epochs) WaitLease(ctx context.Context) error                { return nil }
+func (e *epochs) WaitActive(ctx context.Context, epoch uint64) error { return nil }
+
+func newTestReplica(t *testing.T, c *epochs) (*Replica, *store.Store) {
+	t.Helper()
+	s, err := store.Open(store.Options{Disks: []store.Disk{{Path: t.TempDir(), Weight: 1}}, ReserveBytes: -1, OpenFiles: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return New(c, LocalStore{Store: s}), s
+}
+
+// TestCopyStampedAheadIsStaleEpoch: a request in epoch 7 meets a copy
+// stamped 10 (written in 10, then the node restarted and replays its log
+// from 7, so it admits the request as from its own epoch). The requester
+// is behind: every change and every read is refused as from a stale
+// epoch naming 10, so that it catches up and retries; never an invalid
+// argument (which reached NBD clients as EIO), never served, and the copy
+// keeps its data and stamp.
+func TestCopyStampedAheadIsStaleEpoch(t *testing.T) {
+	c := newEpochs(10)
+	r, s := newTestReplica(t, c)
+	ctx := context.Background()
+	const oid = 0x0000000100000003
+	newer := bytes.Repeat([]byte{0x22}, 4096)
+	if err := r.Write(ctx, 10, oid, newer, 0, object.Flags{Create: true}); err != nil {
+		t.Fatal(err)
+	}
+	c.set(7)
+
+	stale := func(what string, err error) {
+		t.Helper()
+		var staleError *object.StaleEpochError
+		if !errors.Is(err, object.ErrStaleEpoch) || !errors.As(err, &staleError) || staleError.Current != 10 || errors.Is(err, object.ErrInvalid) {
+			t.Errorf("%s in epoch 7 of a copy stamped 10: %v; want a stale epoch error naming epoch 10", what, err)
+		}
+	}
+	stale("write", r.Write(ctx, 7, oid, bytes.Repeat([]byte{0x11}, 4096), 0, object.Flags{}))
+	stale("write with CREATE", r.Write(ctx, 7, oid, bytes.Repeat([]byte{0x11}, 4096), 0, object.Flags{Create: true, Fresh: true}))
+	stale("WRITE_ZEROES", r.Zero(ctx, 7, oid, 0, 4096, object.Flags{NoHole: true}))
+	stale("TRIM", r.Zero(ctx, 7, oid, 0, 4096, object.Flags{}))
+	stale("remove", r.Remove(ctx, 7, oid))
+	buffer := make([]byte, 4096)
+	_, err := r.Read(ctx, 7, oid, buffer, 0)
+	stale("read", err)
+
+	// Through the object protocol: STALE_EPOCH with the stamp as the
+	// epoch, which the requester's client turns back into the error.
+	response, _ := r.ServeObject(ctx, &peer.ObjectRequest{Opcode: peer.ObjectWrite, Epoch: 7, OID: oid, Length: 4096}, bytes.Repeat([]byte{0x11}, 4096))
+	if response.Status != peer.ObjectStatusStaleEpoch || response.Epoch != 10 {
+		t.Errorf("WRITE in epoch 7 over the object protocol: %+v; want STALE_EPOCH at epoch 10", response)
+	}
+
+	// The copy is untouched, and serves its epoch once the node is back.
+	if stamp, err := s.Epoch(oid); err != nil || stamp != 10 {
+		t.Fatalf("the copy's stamp after the refusals: %d, %v; want 10", stamp, err)
+	}
+	c.set(10)
+	if _, err := r.Read(ctx, 10, oid, buffer, 0); err != nil || !bytes.Equal(buffer, newer) {
+		t.Fatalf("read in epoch 10: %v, data changed: %v", err, !bytes.Equal(buffer, newer))
+	}
+	if err := r.Write(ctx, 10, oid, bytes.Repeat([]byte{0x33}, 4096), 0, object.Flags{}); err != nil {
+		t.Fatalf("write in epoch 10: %v", err)
+	}
+}
+
+// TestCopyStampedBehindIsNotRecovered: the other side of the fence, for
+// contrast: a copy from an older epoch answers NOT_RECOVERED, and may be
+// removed (by a gateway replacing a damaged or deleted object).
+func TestCopyStampedBehindIsNotRecovered(t *testing.T) {
+	c := newEpochs(7)
+	r, s := newTestReplica(t, c)
+	ctx := context.Background()
+	const oid = 0x0000000100000003
+	if err := r.Write(ctx, 7, oid, []byte{1}, 0, object.Flags{Create: true}); err != nil {
+		t.Fatal(err)
+	}
+	c.set(10)
+	if err := r.Write(ctx, 10, oid, []byte{2}, 0, object.Flags{}); !errors.Is(err, object.ErrNotRecovered) {
+		t.Errorf("write in epoch 10 of a copy stamped 7: %v; want not recovered", err)
+	}
+	if _, err := r.Read(ctx, 10, oid, make([]byte, 1), 0); !errors.Is(err, object.ErrNotRecovered) {
+		t.Errorf("read in epoch 10 of a copy stamped 7: %v; want not recovered", err)
+	}
+	if err := r.Remove(ctx, 10, oid); err != nil {
+		t.Errorf("remove in epoch 10 of a copy stamped 7: %v", err)
+	}
+	if _, err := s.Epoch(oid); !errors.Is(err, object.ErrNotFound) {
+		t.Errorf("after the remove: %v; want not found", err)
+	}
+}
