@@ -1,10 +1,14 @@
-// Package robustness runs herd under a nemesis (issue 5, "Must show"):
-// NBD clients write and read-verify on a 5-node cluster with 3 copies
-// while nodes are killed -9, paused, restarted and partitioned away, at
-// most copies-1 of them faulty at once. Every client records its history
-// of block writes and reads and checks each read against a model: a read
-// returns the last acknowledged write to that block, or a write whose
-// outcome the client does not know (it got an error). At the end every
+// Package robustness runs herd under a nemesis: NBD clients write and
+// read-verify on a 5-node cluster with 3 copies while nodes are killed
+// -9, stopped cleanly (SIGTERM) and restarted, paused and resumed, and
+// partitioned away, at most copies-1 of them faulty at once. Every client
+// records its history of block writes and reads and checks each read
+// against a model: a read returns the last acknowledged write to that
+// block, or a write whose outcome the client does not know (it got an
+// error). Readers of each VDI's read-only export go through the nodes
+// the nemesis faults (a reader whose node goes reconnects through the
+// next one), and every VDI's whole history, writer's and readers', is
+// checked for linearizability (internal/linearize). At the end every
 // block is read back, every object must have 3 identical replicas, and a
 // summary is printed.
 //
@@ -33,6 +37,7 @@ import (
 
 	"github.com/herd-storage/herd/internal/api"
 	"github.com/herd-storage/herd/internal/blockmodel"
+	"github.com/herd-storage/herd/internal/linearize"
 	"github.com/herd-storage/herd/internal/nbdclient"
 	"github.com/herd-storage/herd/internal/testcluster"
 )
@@ -76,12 +81,16 @@ func TestRobustness(t *testing.T) {
 	var wg sync.WaitGroup
 	workers := make([]*worker, clients)
 	for k := range workers {
-		w := &worker{id: uint32(k + 1), node: c.Node(k % 2), vdi: fmt.Sprintf("rob%d", k), random: rand.New(rand.NewPCG(seed, uint64(k))), acked: make([]uint64, blocks), uncertain: map[int][]uint64{}}
+		w := &worker{id: uint32(k + 1), node: c.Node(k % 2), vdi: fmt.Sprintf("rob%d", k), random: rand.New(rand.NewPCG(seed, uint64(k))), acked: make([]uint64, blocks), uncertain: map[int][]uint64{}, history: linearize.NewHistory()}
 		workers[k] = w
-		wg.Add(1)
+		wg.Add(2)
 		go func() {
 			defer wg.Done()
 			w.run(ctx)
+		}()
+		go func() {
+			defer wg.Done()
+			w.readThrough(ctx, c, rand.New(rand.NewPCG(seed, uint64(100+k))), k)
 		}()
 	}
 
@@ -123,9 +132,23 @@ func TestRobustness(t *testing.T) {
 	}
 	exact := waitExactCopies(t, c)
 
-	t.Logf("summary: %d operations (%d flushes) by %d clients in %v; faults injected: %s; client errors: %d; verification failures: %d; acknowledged writes lost: %d; %d objects with %d identical replicas each",
-		ops, flushes, clients, duration.Round(time.Second), nem.summary(), errs, verifyFailures, lost, exact, copies)
+	var readerOps, readerErrors int64
+	for _, w := range workers {
+		readerOps += w.readerOps.Load()
+		readerErrors += w.readerErrors.Load()
+	}
+	t.Logf("summary: %d operations (%d flushes) by %d clients in %v; %d reads (%d failed, dropped) through the faulted nodes; faults injected: %s; client errors: %d; verification failures: %d; acknowledged writes lost: %d; %d objects with %d identical replicas each",
+		ops, flushes, clients, duration.Round(time.Second), readerOps, readerErrors, nem.summary(), errs, verifyFailures, lost, exact, copies)
 	rec.report(t)
+	for _, w := range workers {
+		visualization := filepath.Join(os.TempDir(), fmt.Sprintf("herd-robustness-%d-client%d.html", seed, w.id))
+		if err := w.history.Check(2*time.Minute, visualization); err != nil {
+			t.Errorf("client %d (seed %d): %v", w.id, seed, err)
+		}
+	}
+	if readerOps == 0 {
+		t.Errorf("no read through the faulted nodes succeeded: the readers prove nothing")
+	}
 	if verifyFailures > 0 || lost > 0 {
 		for _, w := range workers {
 			for _, f := range w.failures() {
@@ -142,7 +165,7 @@ func TestRobustness(t *testing.T) {
 		}
 		t.Fatalf("clients saw %d I/O errors with at most %d of %d nodes faulty", errs, copies-1, nodes)
 	}
-	if injected := nem.counts["killed"] + nem.counts["paused"] + nem.counts["partitioned"]; injected == 0 {
+	if injected := nem.counts["killed"] + nem.counts["stopped"] + nem.counts["paused"] + nem.counts["partitioned"]; injected == 0 {
 		t.Fatalf("the nemesis injected no fault in %v: the run proves nothing", *duration)
 	}
 	if ops < 1000 {
@@ -165,8 +188,10 @@ type worker struct {
 	uncertain map[int][]uint64 // per block: writes that failed (outcome unknown)
 	problems  []string
 	errs      []string
+	history   *linearize.History // the writer's operations and its readers'
 
 	ops, errors, badReads, lost, flushes atomic.Int64
+	readerOps, readerErrors              atomic.Int64
 }
 
 // content and decode: the shared block model (internal/blockmodel).
@@ -278,7 +303,9 @@ func (w *worker) write(ctx context.Context, block int, fua bool) {
 	}
 	opCtx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
+	call := w.history.Invoke(0)
 	err = conn.WriteAt(opCtx, content(w.id, block, seq), uint64(block)*blockSize, flags)
+	w.history.Write(call, block, seq, err == nil)
 	w.ops.Add(1)
 	if err != nil {
 		w.mu.Lock()
@@ -313,6 +340,7 @@ func (w *worker) read(ctx context.Context, block int) {
 	p := make([]byte, blockSize)
 	opCtx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
+	call := w.history.Invoke(0)
 	err = conn.ReadAt(opCtx, p, uint64(block)*blockSize)
 	w.ops.Add(1)
 	if err != nil {
@@ -324,7 +352,69 @@ func (w *worker) read(ctx context.Context, block int) {
 		}
 		return
 	}
+	if seq, err := decode(w.id, block, p); err == nil {
+		w.history.Read(call, block, seq)
+	}
 	w.check(block, p, false)
+}
+
+// readerTimeout bounds a read through a faulted node: a paused node
+// answers nothing, and its reader moves on to the next node.
+const readerTimeout = 5 * time.Second
+
+// readThrough reads random blocks of w's VDI through the read-only
+// export of the nodes the nemesis faults, starting with targets[k%3],
+// and moves to the next one whenever its connection fails. Every read it
+// completes goes into w's history; a failed read returned nothing and is
+// dropped.
+func (w *worker) readThrough(ctx context.Context, c *testcluster.Cluster, random *rand.Rand, k int) {
+	next := k
+	var conn *nbdclient.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close()
+		}
+	}()
+	p := make([]byte, blockSize)
+	for ctx.Err() == nil {
+		if conn == nil {
+			node := c.Node(targets[next%len(targets)])
+			next++
+			if !node.Running() || node.Paused() {
+				continue
+			}
+			dial, cancel := context.WithTimeout(ctx, readerTimeout)
+			var err error
+			conn, err = nbdclient.Dial(dial, node.NBDSocket(), "ro/"+w.vdi)
+			cancel()
+			if err != nil {
+				w.readerErrors.Add(1)
+				conn = nil
+				continue
+			}
+		}
+		block := random.IntN(blocks)
+		opCtx, cancel := context.WithTimeout(ctx, readerTimeout)
+		call := w.history.Invoke(1)
+		err := conn.ReadAt(opCtx, p, uint64(block)*blockSize)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				w.readerErrors.Add(1)
+			}
+			conn.Close()
+			conn = nil
+			continue
+		}
+		seq, err := decode(w.id, block, p)
+		if err != nil {
+			w.badReads.Add(1)
+			w.problem("reader through another node: %v", err)
+			continue
+		}
+		w.history.Read(call, block, seq)
+		w.readerOps.Add(1)
+	}
 }
 
 // check compares a read of block with the model.
@@ -416,7 +506,7 @@ type nemesis struct {
 	t      *testing.T
 	c      *testcluster.Cluster
 	random *rand.Rand
-	state  map[int]string // faulty node -> "killed", "paused", "partitioned"
+	state  map[int]string // faulty node -> "killed", "stopped", "paused", "partitioned"
 	counts map[string]int
 }
 
@@ -436,16 +526,21 @@ func (n *nemesis) step() {
 		}
 	}
 	victim := healthy[n.random.IntN(len(healthy))]
-	kinds := []string{"kill", "pause", "partition"}
+	kinds := []string{"kill", "pause", "partition", "stop"}
 	for _, s := range n.state {
 		if s == "partitioned" {
-			kinds = kinds[:2] // one partition at a time
+			kinds = slices.DeleteFunc(kinds, func(k string) bool { return k == "partition" }) // one partition at a time
 		}
 	}
 	switch kind := kinds[n.random.IntN(len(kinds))]; kind {
 	case "kill":
 		n.c.Node(victim).Kill()
 		n.state[victim] = "killed"
+	case "stop":
+		// SIGTERM, as systemctl stop and docker stop send; Stop fails
+		// the test if the node does not exit in time.
+		n.c.Node(victim).Stop()
+		n.state[victim] = "stopped"
 	case "pause":
 		n.c.Node(victim).Pause()
 		n.state[victim] = "paused"
@@ -475,7 +570,7 @@ func (n *nemesis) faulty() []int {
 
 func (n *nemesis) heal(i int) {
 	switch n.state[i] {
-	case "killed":
+	case "killed", "stopped":
 		n.c.Node(i).Restart()
 	case "paused":
 		n.c.Node(i).Resume()
@@ -528,7 +623,7 @@ func (n *nemesis) healAll() {
 }
 
 func (n *nemesis) summary() string {
-	return fmt.Sprintf("%d kills, %d pauses, %d partitions, %d heals", n.counts["killed"], n.counts["paused"], n.counts["partitioned"], n.counts["healed"])
+	return fmt.Sprintf("%d kills, %d clean stops, %d pauses, %d partitions, %d heals", n.counts["killed"], n.counts["stopped"], n.counts["paused"], n.counts["partitioned"], n.counts["healed"])
 }
 
 func client(c *testcluster.Cluster, i int) *api.Client {
