@@ -33,6 +33,12 @@ var (
 	// ErrJoinRefused: the join handler refused; the error carries its
 	// reason (for instance a wrong join secret).
 	ErrJoinRefused = errors.New("peer: join refused")
+	// ErrJoinNotReady: the member cannot decide a join yet (it does not
+	// know the cluster's join secret: the cluster is starting, or the
+	// member has not caught up with the log). A join handler returns it
+	// (wrapped, with its reason); the joining node receives it, not
+	// ErrJoinRefused, and asks again later.
+	ErrJoinNotReady = errors.New("peer: the member cannot admit nodes yet")
 	// ErrNoCredentials: Listen or Dial without a certificate and CA.
 	ErrNoCredentials = errors.New("peer: no credentials")
 	// ErrListenerClose: the peer port or the protocol's sub-listener was

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/herd-storage/herd/internal/pki"
@@ -29,10 +30,13 @@ import (
 //	member -> joiner: status(1) length(4) body
 //	                  status 0: body = JSON JoinResponse
 //	                  status 1: body = why the handler refused, as text
+//	                  status 2: body = why the member cannot decide yet,
+//	                            as text (ErrJoinNotReady: ask again later)
 const (
 	maxJoinMessage = 64 << 10
 	joinAccepted   = 0
 	joinRefused    = 1
+	joinNotReady   = 2
 	// joinRequestTimeout bounds reading a request once the greeting is
 	// accepted, and writing the answer.
 	joinRequestTimeout = 5 * time.Second
@@ -67,7 +71,8 @@ type JoinResponse struct {
 
 // JoinHandler decides a join request from remote. Its error's text is
 // sent to the joining node (for instance "wrong join secret"), so it must
-// not hold secrets. Handlers run concurrently, one per request; ctx ends
+// not hold secrets. An error wrapping ErrJoinNotReady tells the joining
+// node to ask again later rather than that it was refused. Handlers run concurrently, one per request; ctx ends
 // when the listener closes or after 30 s.
 type JoinHandler func(ctx context.Context, request JoinRequest, remote net.Addr) (JoinResponse, error)
 
@@ -107,12 +112,19 @@ func (l *Listener) serveJoin(conn *tls.Conn) {
 	cancel()
 	conn.SetDeadline(time.Now().Add(joinRequestTimeout))
 	if err != nil {
-		l.logger.Warn("peer: refused a joining node", "from", remote.String(), "node", request.NodeID, "reason", err.Error())
-		reason := err.Error()
+		status := byte(joinRefused)
+		if errors.Is(err, ErrJoinNotReady) {
+			status = joinNotReady
+			l.logger.Info("peer: asked a joining node to retry", "from", remote.String(), "node", request.NodeID, "reason", err.Error())
+		} else {
+			l.logger.Warn("peer: refused a joining node", "from", remote.String(), "node", request.NodeID, "reason", err.Error())
+		}
+		// The joining node's error names ErrJoinNotReady itself.
+		reason := strings.TrimPrefix(err.Error(), ErrJoinNotReady.Error()+": ")
 		if len(reason) > maxJoinReason {
 			reason = reason[:maxJoinReason]
 		}
-		writeJoinAnswer(conn, joinRefused, []byte(reason))
+		writeJoinAnswer(conn, status, []byte(reason))
 		return
 	}
 	encoded, err := json.Marshal(response)
@@ -170,7 +182,8 @@ func parseJoinRequest(body []byte) (JoinRequest, error) {
 // then sends request with token's secret (request.Secret, if empty). A
 // member of another CA, or a machine in between without the CA's key,
 // fails the TLS handshake and receives nothing. The error of a refusal
-// wraps ErrJoinRefused and carries the member's reason.
+// wraps ErrJoinRefused and carries the member's reason; a member that
+// cannot decide yet answers an error wrapping ErrJoinNotReady instead.
 func RequestJoin(ctx context.Context, address string, token pki.JoinToken, request JoinRequest) (JoinResponse, error) {
 	if request.Secret == "" {
 		request.Secret = token.Secret
@@ -246,6 +259,8 @@ func RequestJoin(ctx context.Context, address string, token pki.JoinToken, reque
 		return response, nil
 	case joinRefused:
 		return JoinResponse{}, fmt.Errorf("%w by %s: %s", ErrJoinRefused, address, printableText(body))
+	case joinNotReady:
+		return JoinResponse{}, fmt.Errorf("%w (%s): %s", ErrJoinNotReady, address, printableText(body))
 	default:
 		return JoinResponse{}, fmt.Errorf("%w: %s answered the join with status %d", ErrNotHerd, address, status[0])
 	}

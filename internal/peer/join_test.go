@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -185,6 +186,24 @@ func TestJoinManInTheMiddle(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestJoinNotReady: a handler that cannot decide yet (ErrJoinNotReady)
+// reaches the joining node as ErrJoinNotReady with its reason, not as a
+// refusal, so that it asks again.
+func TestJoinNotReady(t *testing.T) {
+	member := startJoinMember(t)
+	member.SetJoinHandler(func(context.Context, JoinRequest, net.Addr) (JoinResponse, error) {
+		return JoinResponse{}, fmt.Errorf("%w: the cluster is starting", ErrJoinNotReady)
+	})
+	_, err := RequestJoin(t.Context(), member.address(), member.token, JoinRequest{NodeID: "n"})
+	if !errors.Is(err, ErrJoinNotReady) || errors.Is(err, ErrJoinRefused) || !strings.Contains(err.Error(), "the cluster is starting") {
+		t.Fatalf("join through a member not ready: %v, want ErrJoinNotReady (not ErrJoinRefused) with the reason", err)
+	}
+	if strings.Count(err.Error(), ErrJoinNotReady.Error()) != 1 {
+		t.Fatalf("join through a member not ready: %q names ErrJoinNotReady more than once", err)
+	}
+	member.waitLog(t, "asked a joining node to retry")
 }
 
 // TestJoinClosed: a port without a join handler says so.

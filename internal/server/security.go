@@ -194,6 +194,10 @@ func (cr *credentials) join(ctx context.Context, o Options, id string, ip net.IP
 		return fmt.Errorf("join token: %w", err)
 	}
 	request := peer.JoinRequest{NodeID: id, IPs: []string{ip.String()}, Secret: token.Secret}
+	// Every answer but a refusal is retried until --join-timeout: nodes
+	// started at the same moment (deploy/docker-compose.yml) reach the
+	// first node before it listens, and then before it has recorded its
+	// join secret in the log (peer.ErrJoinNotReady).
 	deadline := time.Now().Add(o.JoinTimeout)
 	var last error
 	for {
@@ -214,9 +218,13 @@ func (cr *credentials) join(ctx context.Context, o Options, id string, ip net.IP
 			}
 		}
 		if time.Now().After(deadline) {
-			return last
+			return fmt.Errorf("gave up joining after %v (--join-timeout): %w", o.JoinTimeout, last)
 		}
-		logger.Warn("cluster: join failed, retrying", "err", last)
+		if errors.Is(last, peer.ErrJoinNotReady) {
+			logger.Info("cluster: the cluster is starting, retrying the join", "err", last)
+		} else {
+			logger.Warn("cluster: join failed, retrying", "err", last)
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -334,13 +342,23 @@ func (cr *credentials) initSecurity(ctx context.Context, c *cluster.Cluster, log
 	}
 }
 
+// joinState is what the join handler reads from this node's copy of the
+// log (*cluster.Cluster); safe for concurrent use.
+type joinState interface {
+	// JoinHash is the join secret's hash, "" until the log has it.
+	JoinHash() string
+	NodeRemoved(nodeID string) bool
+}
+
 // joinHandler admits a node that presents the join secret: it receives a
 // node certificate, the CA and the gossip key.
-func (cr *credentials) joinHandler(c *cluster.Cluster, gossipAddr string, logger *slog.Logger) func(context.Context, peer.JoinRequest, net.Addr) (peer.JoinResponse, error) {
+func (cr *credentials) joinHandler(c joinState, gossipAddr string, logger *slog.Logger) func(context.Context, peer.JoinRequest, net.Addr) (peer.JoinResponse, error) {
 	return func(ctx context.Context, req peer.JoinRequest, remote net.Addr) (peer.JoinResponse, error) {
 		hash := c.JoinHash()
 		if hash == "" {
-			return peer.JoinResponse{}, errors.New("this node does not know the cluster's join secret yet (the cluster is starting); retry")
+			// Not a refusal: the joining node asks again (until its
+			// --join-timeout).
+			return peer.JoinResponse{}, fmt.Errorf("%w: this node does not know the cluster's join secret yet (the cluster is starting)", peer.ErrJoinNotReady)
 		}
 		if !pki.SecretMatches(hash, req.Secret) {
 			logger.Warn("refused a join: wrong join secret", "from", remote.String(), "node", req.NodeID)

@@ -102,6 +102,11 @@ type Options struct {
 	// StartTimeout bounds how long a node may take, after it was started,
 	// to answer GET /v1/health; 0 means 20 seconds.
 	StartTimeout time.Duration
+	// Together starts the joining nodes as soon as node 0 has written its
+	// join token, without waiting for node 0 (or each other) to be
+	// healthy, as a deployment that starts every node at the same moment
+	// does (deploy/docker-compose.yml); Start then waits for all of them.
+	Together bool
 
 	// binary, when not empty, replaces the binary built by Binary; the
 	// self-test uses it to run a fake herd.
@@ -133,7 +138,8 @@ type Cluster struct {
 // Start starts a cluster of options.Nodes nodes and returns once every node
 // answers GET /v1/health. Node 0 starts first, without --join, and creates
 // the cluster's CA and tokens; the others join node 0 with --join and the
-// join token in $HERD_JOIN_TOKEN.
+// join token in $HERD_JOIN_TOKEN. Each node is started once the one before
+// it is healthy, unless Options.Together is set.
 // Everything is torn down by t.Cleanup.
 func Start(t testing.TB, options Options) *Cluster {
 	t.Helper()
@@ -169,7 +175,14 @@ func Start(t testing.TB, options Options) *Cluster {
 	}
 	t.Cleanup(c.cleanup)
 
-	first := c.startNode(nil)
+	var first *Node
+	var starting []startedNode
+	if options.Together {
+		first = c.newNode(nil)
+		starting = append(starting, startedNode{first, first.spawn()})
+	} else {
+		first = c.startNode(nil)
+	}
 	for _, file := range []struct {
 		name string
 		into *string
@@ -188,9 +201,24 @@ func Start(t testing.TB, options Options) *Cluster {
 		})
 	}
 	for range options.Nodes - 1 {
-		c.startNode([]string{first.Address()})
+		if options.Together {
+			node := c.newNode([]string{first.Address()})
+			starting = append(starting, startedNode{node, node.spawn()})
+		} else {
+			c.startNode([]string{first.Address()})
+		}
+	}
+	for _, s := range starting {
+		s.node.waitHealthy(s.process)
 	}
 	return c
+}
+
+// startedNode is a node started by Start with Options.Together, not yet
+// known to be healthy.
+type startedNode struct {
+	node    *Node
+	process *process
 }
 
 // Node returns node index (0 is the first node started).
@@ -346,6 +374,15 @@ func (c *Cluster) HerdJSON(ctx context.Context, index int, v any, args ...string
 // empty, and waits until it is healthy.
 func (c *Cluster) startNode(join []string, extra ...string) *Node {
 	c.t.Helper()
+	node := c.newNode(join, extra...)
+	node.launch()
+	return node
+}
+
+// newNode creates the next node (address, data directory, arguments: with
+// --join when join is not empty) without starting it.
+func (c *Cluster) newNode(join []string, extra ...string) *Node {
+	c.t.Helper()
 	c.mu.Lock()
 	index := len(c.nodes)
 	c.mu.Unlock()
@@ -373,7 +410,6 @@ func (c *Cluster) startNode(join []string, extra ...string) *Node {
 	c.mu.Lock()
 	c.nodes = append(c.nodes, node)
 	c.mu.Unlock()
-	node.launch()
 	return node
 }
 
@@ -690,6 +726,12 @@ var healthClient = &http.Client{Transport: &http.Transport{Proxy: nil, DisableKe
 // the test (with the end of the node's log) if it exits or the start
 // timeout passes first.
 func (n *Node) launch() {
+	n.cluster.t.Helper()
+	n.waitHealthy(n.spawn())
+}
+
+// spawn starts the node's process and returns it without waiting.
+func (n *Node) spawn() *process {
 	t := n.cluster.t
 	t.Helper()
 	argv := append([]string{n.cluster.binary}, n.arguments...)
@@ -723,7 +765,15 @@ func (n *Node) launch() {
 		t.Errorf("testcluster: node %d (pid %d) had exited without being asked to before Restart: %s",
 			n.index, previous.pid(), exitStatusText(exitError))
 	}
+	return process
+}
 
+// waitHealthy waits until the node's process answers GET /v1/health,
+// failing the test (with the end of the node's log) if it exits or the
+// start timeout passes first.
+func (n *Node) waitHealthy(process *process) {
+	t := n.cluster.t
+	t.Helper()
 	timeout := n.cluster.options.StartTimeout
 	lastError, healthy := poll(t.Context(), timeout, func() (bool, error) {
 		if exitError, exited := process.exitStatus(); exited {
