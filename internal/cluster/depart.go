@@ -9,7 +9,7 @@ package cluster
 //     the node; the leader hears it within a gossip interval or two). The
 //     leader counts the node out of the healthy ones from then on, while
 //     its raft still answers (voters.go).
-//  2. Leadership: a leader hands it to another voter (raft's leadership
+//  2. Leadership: a leader hands it to a healthy voter (raft's leadership
 //     transfer, thesis 3.10). A leader that is the only voter has its own
 //     reconcile loop promote a reachable non-voter first.
 //  3. Voter role: the leader demotes the stopping voter; the node waits
@@ -18,7 +18,9 @@ package cluster
 //  4. Only then (Close): leave gossip, stop raft.
 //
 // Each step is bounded (departTimeout in all): a node cut off, or a
-// cluster without quorum, still stops. If the announcement is lost the
+// cluster without quorum, still stops; when every other node is down or
+// stopping too (the whole cluster shut down) there is no one to hand
+// over to and the node stops at once, a voter still. If the announcement is lost the
 // voter management is safe anyway (it never demotes a healthy voter
 // around a departing one), only slower: the stopped voter stays in the
 // configuration until its leave is committed.
@@ -51,15 +53,13 @@ func (c *Cluster) Depart() {
 }
 
 func (c *Cluster) depart() {
-	if c.raft == nil {
-		return
+	if c.raft == nil || c.gossip == nil {
+		return // Start failed: this node never took part
 	}
 	started := time.Now()
 	c.stopping.Store(true)
-	if c.gossip != nil {
-		if err := c.gossip.UpdateNode(announceTimeout); err != nil {
-			c.logger.Warn("cluster: stopping: announcing it in gossip", "err", err)
-		}
+	if err := c.gossip.UpdateNode(announceTimeout); err != nil {
+		c.logger.Warn("cluster: stopping: announcing it in gossip", "err", err)
 	}
 	c.poke()
 	if c.raft.State() != raft.Leader && !c.quorum() {
@@ -73,61 +73,64 @@ func (c *Cluster) depart() {
 	ticker := time.NewTicker(departPoll)
 	defer ticker.Stop()
 	for {
-		done, why := c.departed()
+		done, successor, why := c.departStep()
 		if done {
-			if why != "" {
-				c.logger.Info("cluster: stopping: "+why, "after", time.Since(started).Round(time.Millisecond))
-			}
+			c.logger.Info("cluster: stopping: "+why, "after", time.Since(started).Round(time.Millisecond))
 			return
 		}
-		if c.raft.State() == raft.Leader {
-			if err := c.raft.LeadershipTransfer().Error(); err == nil {
-				c.logger.Info("cluster: stopping: handed raft leadership over")
+		if successor != nil {
+			if err := c.raft.LeadershipTransferToServer(successor.ID, successor.Address).Error(); err == nil {
+				c.logger.Info("cluster: stopping: handed raft leadership over", "to", successor.ID)
 			}
 		}
 		if time.Now().After(deadline) {
-			c.logger.Warn("cluster: stopping while still a raft voter: the leader did not demote this node in time", "waited", departTimeout, "why", why)
+			c.logger.Warn("cluster: stopping while still a raft voter: the leader did not demote this node in time", "waited", departTimeout, "for", why)
 			return
 		}
 		<-ticker.C
 	}
 }
 
-// departed says whether Depart may return: this node is no raft voter,
-// or nothing can take its role over. why says which, or what it waits for.
-func (c *Cluster) departed() (bool, string) {
+// departStep says whether Depart is done: this node is no raft voter, or
+// no other node can take its role (every other one is down or stopping
+// too: the whole cluster is shutting down, and the configuration stays as
+// it is, voters.go). Otherwise it says what Depart waits for, and, on the
+// leader, the voter to hand leadership to: a healthy one (in gossip, not
+// stopping) that it reaches, or none while its own reconcile loop
+// promotes one.
+func (c *Cluster) departStep() (done bool, successor *raft.Server, why string) {
 	future := c.raft.GetConfiguration()
 	if err := future.Error(); err != nil {
-		return true, "" // raft is shut down
+		return true, nil, "raft is shut down"
 	}
+	members, stopping := c.gossipMembers(), c.gossipStopping()
+	leader := c.raft.State() == raft.Leader
 	self := raft.ServerID(c.cfg.NodeID)
-	voter, otherVoters, otherReached := false, 0, 0
+	voter, takers := false, 0
 	for _, s := range future.Configuration().Servers {
-		switch {
-		case s.ID == self:
+		if s.ID == self {
 			voter = s.Suffrage == raft.Voter
-		case s.Suffrage == raft.Voter:
-			otherVoters++
-			fallthrough
-		default:
-			if c.reachable(string(s.ID)) {
-				otherReached++
-			}
+			continue
+		}
+		if _, alive := members[string(s.ID)]; !alive || stopping[string(s.ID)] {
+			continue
+		}
+		takers++
+		if leader && successor == nil && s.Suffrage == raft.Voter && c.reachable(string(s.ID)) {
+			successor = &s
 		}
 	}
-	leader := c.raft.State() == raft.Leader
 	switch {
 	case !voter:
-		return true, "no longer a raft voter"
-	case leader && otherVoters == 0 && otherReached == 0:
-		// The only voter, and no server it reaches to promote.
-		return true, "the only raft voter, and no other node to hand over to"
-	case leader && otherVoters == 0:
-		return false, "a non-voter to be promoted"
+		return true, nil, "no longer a raft voter"
+	case takers == 0:
+		return true, nil, "no other node to hand the voter role to (every other one is down or stopping)"
+	case successor != nil:
+		return false, successor, "leadership to be handed over"
 	case leader:
-		return false, "leadership to be handed over"
+		return false, nil, "a non-voter to be promoted"
 	}
-	return false, "the leader to demote this node"
+	return false, nil, "the leader to demote this node"
 }
 
 // quorum is QuorumStatus without its detail.

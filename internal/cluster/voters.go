@@ -23,8 +23,9 @@ package cluster
 // every clean stop of one node of three). The rule: a healthy voter is
 // demoted only while every voter of the configuration is healthy and
 // reached. A voter that is not goes first: demoted if it announced it is
-// stopping (Depart), demoted if the leader does not reach it, removed once
-// the log records it dead; until then the others stay voters. Leaving a
+// stopping (Depart) and a healthy voter stays, demoted if the leader does
+// not reach it, removed once the log records it dead; until then the
+// others stay voters. Leaving a
 // departing voter in changes no majority of the living (3 voters, one
 // gone: 2 of 3), whereas shrinking the set around it does. The departing
 // node itself, announcing its stop, no longer counts as healthy: if the
@@ -163,16 +164,24 @@ func (p voterPlan) next() (*voterChange, []string) {
 		}
 	}
 	// A voter that announced its stop goes, whatever the target (its
-	// replacement, if one was wanted, was promoted above). The leader
-	// never demotes itself: it hands leadership over first (Close).
-	settled := true // every voter healthy and reached
+	// replacement, if one was wanted, was promoted above), as long as a
+	// healthy voter stays to take its role. The leader never demotes
+	// itself: it hands leadership over first (Depart). When every voter
+	// is stopping (the whole cluster shut down) the configuration stays
+	// as it is, so that any majority of it brings the cluster back.
+	settled, keepers := true, 0 // every voter healthy and reached; how many are
+	for _, s := range p.servers {
+		if id := string(s.ID); s.Suffrage == raft.Voter && healthy[id] && p.reachable(id) {
+			keepers++
+		}
+	}
 	for _, s := range p.servers {
 		id := string(s.ID)
 		if s.Suffrage != raft.Voter || (healthy[id] && p.reachable(id)) {
 			continue
 		}
 		settled = false
-		if p.stopping[id] && id != p.self {
+		if p.stopping[id] && id != p.self && keepers > 0 {
 			if ch := try(voterChange{kind: changeDemote, id: id, why: "stopping"}); ch != nil {
 				return ch, held
 			}

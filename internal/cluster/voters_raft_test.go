@@ -34,6 +34,7 @@ type raftNode struct {
 	trans *contactTransport
 	fsm   *FSM
 	raft  *raft.Raft
+	store *raft.InmemStore // log and stable store
 }
 
 func startRaftNodes(t *testing.T, ids ...string) []*raftNode {
@@ -59,6 +60,7 @@ func startRaftNodes(t *testing.T, ids ...string) []*raftNode {
 		rc.LeaderLeaseTimeout = 200 * time.Millisecond
 		rc.CommitTimeout = 5 * time.Millisecond
 		store := raft.NewInmemStore()
+		n.store = store
 		r, err := raft.NewRaft(rc, n.fsm, store, store, raft.NewInmemSnapshotStore(), n.trans)
 		if err != nil {
 			t.Fatal(err)
@@ -353,4 +355,66 @@ func TestCleanStopKeepsTheQuorum(t *testing.T) {
 			t.Logf("voters after the stop: %v; the leader commits", configVoters(t, nodes[l].raft))
 		})
 	}
+}
+
+// The only voter of two nodes stopping: it has the other promoted, hands
+// it leadership, and is demoted; the other leads alone and commits.
+func TestCleanStopOfTheOnlyVoter(t *testing.T) {
+	nodes, clusters := startGossipNodes(t, id0, id1)
+	waitUntil(t, 20*time.Second, "node 1 to join as a non-voter", func() bool {
+		future := nodes[0].raft.GetConfiguration()
+		return future.Error() == nil && len(future.Configuration().Servers) == 2
+	})
+	if got := configVoters(t, nodes[0].raft); !slices.Equal(got, []string{id0}) {
+		t.Fatalf("voters %v, want node 0 alone", got)
+	}
+	began := time.Now()
+	clusters[0].Close()
+	t.Logf("Close took %v", time.Since(began).Round(time.Millisecond))
+	cut(nodes[0], nodes)
+	if nodes[1].raft.State() != raft.Leader {
+		t.Fatalf("node 1 is %v once node 0 stopped, want leader (voters %v)", nodes[1].raft.State(), configVoters(t, nodes[1].raft))
+	}
+	if err := nodes[1].raft.Barrier(2 * time.Second).Error(); err != nil {
+		t.Fatalf("node 1 cannot commit: %v (voters %v)", err, configVoters(t, nodes[1].raft))
+	}
+}
+
+// Every node stopping at once (the whole cluster shut down): none waits
+// departTimeout for a hand-over no one can take. (Which voters remain
+// depends on the order in which the nodes hear of each other's stop: a
+// leader that hears of one before its own stop demotes it, as it would
+// one stopped a minute earlier; a leader stopping itself demotes no one.)
+func TestCleanStopOfEveryNode(t *testing.T) {
+	nodes, clusters := startGossipNodes(t, id0, id1, id2)
+	waitUntil(t, 20*time.Second, "three voters", func() bool {
+		l := leaderOf(nodes, []int{0, 1, 2})
+		return l >= 0 && len(configVoters(t, nodes[l].raft)) == 3
+	})
+	began := time.Now()
+	departed := make([]time.Duration, len(clusters))
+	var wg sync.WaitGroup
+	for i, c := range clusters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.Depart() // Close's first step, timed alone
+			departed[i] = time.Since(began)
+			c.Close()
+		}()
+	}
+	wg.Wait()
+	took := time.Since(began)
+	for i, d := range departed {
+		if d >= departTimeout {
+			t.Errorf("node %d departed after %v: it waited for a hand-over no one could take", i, d)
+		}
+	}
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(nodes[0].id)
+	configuration, err := raft.GetConfiguration(rc, newFSM(), nodes[0].store, nodes[0].store, raft.NewInmemSnapshotStore(), nodes[0].inmem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the nodes departed after %v, Close of every node took %v; configuration left: %v", departed, took.Round(time.Millisecond), configuration.Servers)
 }

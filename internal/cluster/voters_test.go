@@ -448,3 +448,26 @@ func TestVoterPlanCleanStopOfOneOfFive(t *testing.T) {
 		t.Fatalf("voters %v, want three, not node 3", got)
 	}
 }
+
+// Every node stopping at once (the whole cluster shut down): no voter is
+// demoted, so that any two of the three bring the cluster back. Two of
+// three stopping at once: the third, healthy, is left the only voter.
+func TestVoterPlanWhenEveryNodeStops(t *testing.T) {
+	f := newPlanFixture([]string{id0, id1, id2}, nil)
+	f.forget(id3, id4)
+	f.stopping[id0], f.stopping[id1], f.stopping[id2] = true, true, true
+	for _, self := range []string{id0, id1} { // before and after a hand-over
+		f.self = self
+		if ch, held := f.next(); ch != nil || len(held) != 0 {
+			t.Fatalf("every node stopping, %s leads: change %v, held %v; want none", self, ch, held)
+		}
+	}
+
+	f = newPlanFixture([]string{id0, id1, id2}, nil)
+	f.forget(id3, id4)
+	f.stopping[id1], f.stopping[id2] = true, true
+	f.settle(t)
+	if got, want := f.voters(), []string{id0}; !slices.Equal(got, want) {
+		t.Fatalf("nodes 1 and 2 stopping: voters %v, want %v", got, want)
+	}
+}

@@ -304,6 +304,10 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	logger.Info("stopping")
+	// A clean stop is a departure, not a failure: the node tells the
+	// cluster first and hands its raft roles over (at most a few seconds)
+	// while the NBD clients drain; Close waits for it.
+	go c.Depart()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	nbdServer.Shutdown(shutdownCtx)
