@@ -69,6 +69,18 @@ func (w *fakeWorld) gatewayWith(self string, logger *slog.Logger, options Option
 type selfCluster struct {
 	*fakeCluster
 	self string
+	// forwarded: lock refusals come back as the leader's refusal of a
+	// forwarded proposal does on a real follower, an error code and a
+	// message (cluster.RemoteError), not a cluster.LockHeldError.
+	forwarded bool
+}
+
+// refusal is err as this node sees it (see forwarded).
+func (c *selfCluster) refusal(err error) error {
+	if c.forwarded {
+		return cluster.ErrorFromCode(cluster.ErrorCode(err), err.Error())
+	}
+	return err
 }
 
 func (c *selfCluster) ID() string { return c.self }
@@ -78,7 +90,7 @@ func (c *selfCluster) AcquireLock(ctx context.Context, key, session string) (clu
 	defer c.mu.Unlock()
 	if l, ok := c.locks[key]; ok {
 		if l.Node != c.self || l.Session != session {
-			return cluster.Lock{}, &cluster.LockHeldError{Lock: l}
+			return cluster.Lock{}, c.refusal(&cluster.LockHeldError{Lock: l})
 		}
 		return l, nil
 	}
@@ -121,7 +133,7 @@ func (c *selfCluster) WantLock(ctx context.Context, key, session string) (cluste
 		return cluster.LockWant{Lock: l, Granted: true}, nil
 	}
 	if name, ok := strings.CutPrefix(key, "vdi/"); ok && c.vdis[name].Exclusive {
-		return cluster.LockWant{}, &cluster.LockHeldError{Lock: l}
+		return cluster.LockWant{}, c.refusal(&cluster.LockHeldError{Lock: l})
 	}
 	l.Wanted = &cluster.LockOwner{Node: c.self, Session: session}
 	c.locks[key] = l

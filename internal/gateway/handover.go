@@ -96,10 +96,12 @@ func (g *Gateway) ensureWriter(ctx context.Context, state *vdiState) error {
 			return fmt.Errorf("%w after %v: vdi %q: could not get its writer lock (other nodes want it too)", ErrTimeout, g.handoverTimeout(), name)
 		}
 		w, err := g.cluster.WantLock(ctx, key, g.session)
-		var lockHeld *cluster.LockHeldError
 		switch {
-		case errors.As(err, &lockHeld):
-			return fmt.Errorf("%w: vdi %q is exclusive and open for writing through node %s", ErrBusy, name, lockHeld.Lock.Node)
+		case errors.Is(err, cluster.ErrLockHeld):
+			// Refused on this node or by the leader (then an error
+			// code, not a cluster.LockHeldError): the VDI became
+			// exclusive since it was opened.
+			return fmt.Errorf("%w: vdi %q is exclusive and open for writing through %s", ErrBusy, name, g.lockHolder(ctx, name, err))
 		case err != nil && ctx.Err() == nil && time.Now().Before(deadline):
 			g.logger.Debug("gateway: asking for a writer lock failed; trying again", "vdi", name, "err", err)
 			if werr := sleepCtx(ctx, 100*time.Millisecond); werr != nil {

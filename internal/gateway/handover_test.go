@@ -5,10 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/layout"
 )
 
 // Two writers through two nodes alternate: the lock moves to whichever
@@ -193,5 +197,51 @@ func TestLostLockIsTakenAgain(t *testing.T) {
 	buf := make([]byte, 6)
 	if err := da.ReadAt(ctx, buf, 0); err != nil || string(buf) != "after!" {
 		t.Fatalf("read: %q %v", buf, err)
+	}
+}
+
+// A writable open through a node that had not yet applied another node's
+// grant of the lock is refused by the leader, and the refusal reaches it
+// as an error code, not a cluster.LockHeldError (two opens through two
+// nodes a few milliseconds apart). It is on standby all the same, and its
+// first request takes the lock over; an exclusive VDI refuses it, naming
+// the holder.
+func TestForwardedLockRefusal(t *testing.T) {
+	w := newWorld(t, 3, 3)
+	w.cluster.addVDI("disk", 1, objectSize)
+	w.cluster.addVDI("only", 1, objectSize)
+	w.cluster.setExclusive("only", true)
+	a := w.gateway("node00")
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	follower := &selfCluster{fakeCluster: w.cluster, self: "node01", forwarded: true}
+	b := New(follower, layout.NewHistory(follower, logger), w.replicas, logger, Options{})
+	ctx := context.Background()
+
+	da := open(t, a, "disk")
+	defer da.Close()
+	db, err := b.Open(ctx, "disk")
+	if err != nil {
+		t.Fatalf("second writer, refused by the leader: %v", err)
+	}
+	defer db.Close()
+	if opens := b.Opens(); len(opens) != 1 || !opens[0].Standby {
+		t.Fatalf("b's opens: %+v", opens)
+	}
+	if err := db.WriteAt(ctx, []byte("moved"), 0, false); err != nil {
+		t.Fatalf("the standby's first write: %v", err)
+	}
+	if l, _ := w.cluster.Lock(cluster.VDILockKey("disk")); l.Node != "node01" {
+		t.Fatalf("lock after the standby's write: %+v", l)
+	}
+	buf := make([]byte, 5)
+	if err := da.ReadAt(ctx, buf, 0); err != nil || string(buf) != "moved" {
+		t.Fatalf("the first writer reads %q %v", buf, err)
+	}
+
+	do := open(t, a, "only")
+	defer do.Close()
+	_, err = b.Open(ctx, "only")
+	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "node00") {
+		t.Fatalf("second writer of an exclusive vdi, refused by the leader: %v", err)
 	}
 }

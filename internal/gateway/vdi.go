@@ -95,8 +95,9 @@ func (g *Gateway) List() []cluster.VDI {
 }
 
 // Open opens a VDI by name. A writable open takes the VDI's cluster lock
-// (shared by every open through this node); a writer through another node
-// is refused (ErrBusy) with an error naming the holder. "ro/NAME" and
+// (shared by every open through this node); while a writer through another
+// node holds it, an exclusive VDI is refused (ErrBusy) with an error naming
+// the holder, and any other opens on standby (acquireWriter). "ro/NAME" and
 // snapshots "NAME@TAG" open read-only, any number at once.
 func (g *Gateway) Open(ctx context.Context, name string) (*Disk, error) {
 	readOnly := false
@@ -108,8 +109,14 @@ func (g *Gateway) Open(ctx context.Context, name string) (*Disk, error) {
 		return nil, fmt.Errorf("%w: %v", ErrNotReady, err)
 	}
 	vdi, err := g.cluster.LookupVDI(ctx, name)
-	if err != nil {
+	switch {
+	case errors.Is(err, cluster.ErrNotFound):
 		return nil, fmt.Errorf("%w: %v", ErrUnknownVDI, err)
+	case err != nil:
+		// The lookup could not tell (this node misses the name and has
+		// no leader to ask): the VDI may exist, so the open is not
+		// refused as unknown.
+		return nil, fmt.Errorf("%w: %w", ErrNotReady, err)
 	}
 	if vdi.Snapshot {
 		readOnly = true
@@ -189,23 +196,24 @@ func (g *Gateway) acquireWriter(ctx context.Context, state *vdiState) error {
 		} else {
 			l, err = g.cluster.AcquireLock(ctx, cluster.VDILockKey(name), g.session)
 		}
-		var lockHeld *cluster.LockHeldError
 		switch {
 		case err == nil:
 			if err := g.take(ctx, state, l); err != nil {
 				return err
 			}
-		case errors.As(err, &lockHeld) && !vdi.Exclusive:
-			// Standby: the holder hands the lock over on our first change.
-		case errors.As(err, &lockHeld):
-			holder := lockHeld.Lock.Node
-			if n, ok := g.cluster.Node(holder); ok {
-				holder = fmt.Sprintf("%s (%s)", n.ID, n.Address)
-			}
-			return fmt.Errorf("%w: vdi %q is exclusive and open for writing through node %s; open it read-only as %q, or close it there first (`herd vdi set %s --exclusive=false` lets a second writer take it over, as live migration needs)",
-				ErrBusy, name, holder, ReadOnlyPrefix+name, name)
+		case errors.Is(err, cluster.ErrLockHeld) && !vdi.Exclusive:
+			// Standby: the holder hands the lock over on our first
+			// change. The refusal is not always a cluster.LockHeldError:
+			// an acquire that this node sent to the leader because it
+			// had not applied another node's grant yet (two opens
+			// through two nodes a few milliseconds apart) is refused
+			// there, and the refusal comes back as an error code. It
+			// is the same refusal: the lock is held, and that holder's
+			// watcher hands it over once it has taken it (it sees a
+			// wish recorded before it started).
 		case errors.Is(err, cluster.ErrLockHeld):
-			return fmt.Errorf("%w: %v", ErrBusy, err)
+			return fmt.Errorf("%w: vdi %q is exclusive and open for writing through %s; open it read-only as %q, or close it there first (`herd vdi set %s --exclusive=false` lets a second writer take it over, as live migration needs)",
+				ErrBusy, name, g.lockHolder(ctx, name, err), ReadOnlyPrefix+name, name)
 		default:
 			return fmt.Errorf("%w: cannot lock vdi %q: %v", ErrNotReady, name, err)
 		}
@@ -214,6 +222,40 @@ func (g *Gateway) acquireWriter(ctx context.Context, state *vdiState) error {
 	state.writers++
 	state.mu.Unlock()
 	return nil
+}
+
+// lockHolderWait bounds how long lockHolder waits for this node to apply
+// the grant that the leader refused an acquire for.
+const lockHolderWait = time.Second
+
+// lockHolder names the node that holds VDI name's writer lock, for an
+// error that refused it (cluster.ErrLockHeld), as "node ID (ADDRESS)".
+// A refusal made on this node carries the lock (cluster.LockHeldError);
+// one the leader made, for an acquire or want this node forwarded, comes
+// back as an error code and a message, and this node's applied state
+// names the holder once it has applied the grant (waited for up to
+// lockHolderWait).
+func (g *Gateway) lockHolder(ctx context.Context, name string, err error) string {
+	var lockHeld *cluster.LockHeldError
+	holder := ""
+	if errors.As(err, &lockHeld) {
+		holder = lockHeld.Lock.Node
+	} else {
+		self := g.cluster.ID()
+		wait, cancel := context.WithTimeout(ctx, lockHolderWait)
+		l, held, werr := g.cluster.WaitLock(wait, cluster.VDILockKey(name), func(l cluster.Lock, held bool) bool {
+			return held && (l.Node != self || l.Session != g.session)
+		})
+		cancel()
+		if werr != nil || !held {
+			return "another node"
+		}
+		holder = l.Node
+	}
+	if n, ok := g.cluster.Node(holder); ok {
+		return fmt.Sprintf("node %s (%s)", n.ID, n.Address)
+	}
+	return "node " + holder
 }
 
 // openKind says which open release undoes.
