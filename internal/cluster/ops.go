@@ -143,13 +143,19 @@ func (c *Cluster) SyncForRead(ctx context.Context) {
 }
 
 // LookupVDI is VDI after making sure a miss is not just this node lagging
-// behind the leader.
+// behind the leader. A miss the leader cannot confirm (none is known, it
+// does not answer, ctx ends first) is not ErrNotFound but the reason,
+// ErrNoQuorum mostly: the VDI may have been created through another node
+// a moment ago, and only the log can tell.
 func (c *Cluster) LookupVDI(ctx context.Context, name string) (VDI, error) {
 	v, err := c.VDI(name)
-	if errors.Is(err, ErrNotFound) && c.Sync(ctx) == nil {
-		v, err = c.VDI(name)
+	if !errors.Is(err, ErrNotFound) {
+		return v, err
 	}
-	return v, err
+	if err := c.Sync(ctx); err != nil {
+		return VDI{}, fmt.Errorf("vdi %q is not in this node's copy of the log, and the leader's cannot be asked: %w", name, err)
+	}
+	return c.VDI(name)
 }
 
 func (c *Cluster) proposeIndex(ctx context.Context, data []byte) (json.RawMessage, uint64, error) {

@@ -11,6 +11,11 @@
 // (a replica failing, no current copy reachable, the cluster not
 // answering in time) EIO. Open errors become the handshake's replies:
 // unknown export, busy (naming the holder), not ready, permission denied.
+// An open the cluster cannot serve yet (no leader for a few seconds after
+// the leader died) waits for it within the handshake's time, then is
+// refused as not ready, never as an unknown export: a VDI in this node's
+// copy of the log, or one it cannot rule out, exists as far as a client
+// can tell.
 //
 // Authorisation (Backend.Authorize) is by VDI: a client allowed a VDI may
 // list and open it, its snapshots (NAME@TAG) and its read-only name
@@ -267,7 +272,7 @@ func (b Backend) Open(ctx context.Context, name string, session nbd.Session) (nb
 	if (access.ReadOnly || session.InfoOnly) && !readOnlyName {
 		openName = gateway.ReadOnlyPrefix + name
 	}
-	disk, err := b.Gateway.Open(gateway.WithClient(ctx, session.RemoteAddress), openName)
+	disk, err := b.openWaiting(gateway.WithClient(ctx, session.RemoteAddress), openName)
 	switch {
 	case err == nil:
 		e := &export{disk: disk}
@@ -284,6 +289,50 @@ func (b Backend) Open(ctx context.Context, name string, session nbd.Session) (nb
 		return nil, fmt.Errorf("%w: %v", nbd.ErrExportBusy, err)
 	default:
 		return nil, fmt.Errorf("%w: %v", nbd.ErrNotReady, err)
+	}
+}
+
+// Waiting for the cluster in Open.
+const (
+	// openRetryInterval is the pause between two attempts of an open the
+	// cluster could not serve yet.
+	openRetryInterval = 200 * time.Millisecond
+	// openReplyMargin is the part of the handshake's time an open leaves
+	// for its refusal to reach the client: the connection's deadline is
+	// the same as ctx's.
+	openReplyMargin = time.Second
+)
+
+// openWaiting is Gateway.Open, tried again while the cluster cannot serve
+// the VDI yet (gateway.ErrNotReady: for a few seconds after the leader
+// died this node has none, and a writer lock, a repair or a name this
+// node misses needs the log), until ctx's deadline less openReplyMargin.
+// An open waits for the cluster within the NBD handshake's time rather
+// than fail while an election is under way; a context without a deadline,
+// or with too little time left to wait, gets one attempt.
+func (b Backend) openWaiting(ctx context.Context, name string) (*gateway.Disk, error) {
+	deadline, bounded := ctx.Deadline()
+	if !bounded || time.Until(deadline) < 2*openReplyMargin {
+		return b.Gateway.Open(ctx, name)
+	}
+	started := time.Now()
+	attemptContext, cancel := context.WithDeadline(ctx, deadline.Add(-openReplyMargin))
+	defer cancel()
+	for {
+		disk, err := b.Gateway.Open(attemptContext, name)
+		if err == nil || !errors.Is(err, gateway.ErrNotReady) {
+			return disk, err
+		}
+		if time.Until(deadline) < openReplyMargin+openRetryInterval {
+			return nil, fmt.Errorf("%w (waited %v for the cluster)", err, time.Since(started).Round(time.Millisecond))
+		}
+		timer := time.NewTimer(openRetryInterval)
+		select {
+		case <-attemptContext.Done():
+			timer.Stop()
+			return nil, fmt.Errorf("%w (waited %v for the cluster)", err, time.Since(started).Round(time.Millisecond))
+		case <-timer.C:
+		}
 	}
 }
 

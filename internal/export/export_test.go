@@ -26,6 +26,22 @@ type fakeCluster struct {
 	locks   map[string]string // key -> node holding it
 	lookups int
 	locking int
+	// leaderless: the next this many lock acquisitions and lookups of a
+	// missing name find no leader (ErrNoQuorum), as right after the
+	// leader died; below zero, all of them do.
+	leaderless int
+}
+
+// noLeader reports whether the next call that needs the leader finds
+// none, counting it. c.mu must be held.
+func (c *fakeCluster) noLeader() bool {
+	if c.leaderless == 0 {
+		return false
+	}
+	if c.leaderless > 0 {
+		c.leaderless--
+	}
+	return true
 }
 
 var self = cluster.Node{ID: "node1", Address: "node1", Capacity: 1 << 40, State: cluster.NodeAlive}
@@ -57,8 +73,16 @@ func (c *fakeCluster) VDI(full string) (cluster.VDI, error) {
 	return cluster.VDI{}, fmt.Errorf("vdi %q %w", full, cluster.ErrNotFound)
 }
 
+// LookupVDI is cluster.Cluster's: a miss the leader cannot confirm is
+// ErrNoQuorum.
 func (c *fakeCluster) LookupVDI(ctx context.Context, name string) (cluster.VDI, error) {
-	return c.VDI(name)
+	v, err := c.VDI(name)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if errors.Is(err, cluster.ErrNotFound) && c.noLeader() {
+		return cluster.VDI{}, fmt.Errorf("vdi %q is not in this node's copy of the log, and the leader's cannot be asked: %w: no leader is known to this node", name, cluster.ErrNoQuorum)
+	}
+	return v, err
 }
 
 func (c *fakeCluster) Tree() []cluster.VDI {
@@ -93,6 +117,9 @@ func (c *fakeCluster) AcquireLock(ctx context.Context, key, session string) (clu
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.locking++
+	if c.noLeader() {
+		return cluster.Lock{}, fmt.Errorf("%w: leader at node0:7000 unreachable", cluster.ErrNoQuorum)
+	}
 	if holder, held := c.locks[key]; held && holder != self.ID {
 		return cluster.Lock{}, &cluster.LockHeldError{Lock: cluster.Lock{Key: key, Node: holder}}
 	}

@@ -34,7 +34,7 @@ type Backend interface {
 	//
 	// ErrUnknownExport (NBD_REP_ERR_UNKNOWN), ErrExportBusy with a message
 	// naming the holder (NBD_REP_ERR_POLICY), ErrNotReady
-	// (NBD_REP_ERR_UNKNOWN), ErrPermission (NBD_REP_ERR_POLICY), ErrInvalid
+	// (NBD_REP_ERR_POLICY), ErrPermission (NBD_REP_ERR_POLICY), ErrInvalid
 	// (NBD_REP_ERR_INVALID), ErrShutdown (NBD_REP_ERR_SHUTDOWN). Any other
 	// error is reported as NBD_REP_ERR_UNKNOWN.
 	Open(ctx context.Context, name string, session Session) (Export, error)

@@ -100,12 +100,16 @@ func errnoFor(err error) wire.Errno {
 // option reply type sent to the client (spec, "Option reply types").
 func optionReplyFor(err error) uint32 {
 	switch {
-	case errors.Is(err, ErrUnknownExport), errors.Is(err, ErrNotReady):
+	case errors.Is(err, ErrUnknownExport):
 		return wire.RepErrUnknown
-	case errors.Is(err, ErrExportBusy), errors.Is(err, ErrPermission), errors.Is(err, ErrReadOnly):
+	case errors.Is(err, ErrExportBusy), errors.Is(err, ErrPermission), errors.Is(err, ErrReadOnly),
+		errors.Is(err, ErrNotReady):
 		// NBD_REP_ERR_POLICY: "known ... and syntactically valid, but
 		// server-side policy forbids the server to allow the option"; one
-		// writer per VDI is such a policy.
+		// writer per VDI is such a policy, and so is serving an export
+		// only while the cluster can. Not NBD_REP_ERR_UNKNOWN for an
+		// export that is not ready: clients report that as "no export
+		// named" (libnbd: ENOENT), and the export exists.
 		return wire.RepErrPolicy
 	case errors.Is(err, ErrInvalid):
 		return wire.RepErrInvalid

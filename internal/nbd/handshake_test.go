@@ -191,7 +191,8 @@ func TestOpenErrorsMapToOptionReplies(t *testing.T) {
 		message   string
 	}{
 		{"locked", wire.RepErrPolicy, "held by connection"},
-		{"sleepy", wire.RepErrUnknown, "no quorum"},
+		// Not NBD_REP_ERR_UNKNOWN: the export exists.
+		{"sleepy", wire.RepErrPolicy, "no quorum"},
 		{"denied", wire.RepErrPolicy, "permission denied"},
 		{"broken", wire.RepErrUnknown, "something unexpected"},
 	} {
