@@ -11,6 +11,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/herd-storage/herd/internal/peer"
@@ -140,6 +141,9 @@ type forwardConn struct {
 	nextID  uint64
 	err     error
 	done    chan struct{}
+	// replies counts the responses read: a request that times out
+	// while none arrived since it was sent finds the connection silent.
+	replies atomic.Uint64
 }
 
 type forwardRequest struct {
@@ -153,6 +157,7 @@ func (f *forwarder) send(ctx context.Context, address string, command []byte) (j
 		return nil, 0, err
 	}
 	reply := make(chan forwardResult, 1)
+	repliesBefore := conn.replies.Load()
 	conn.mu.Lock()
 	if conn.err != nil {
 		conn.mu.Unlock()
@@ -177,6 +182,14 @@ func (f *forwarder) send(ctx context.Context, address string, command []byte) (j
 		return nil, 0, conn.failure()
 	case <-ctx.Done():
 		conn.forget(id)
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && conn.replies.Load() == repliesBefore {
+			// Nothing came back on the connection since this request
+			// was sent: the leader may be cut off, or the path to it
+			// was and TCP backs off its retransmissions for minutes
+			// after the cut heals. Dial afresh next time rather than
+			// queue every later request behind it.
+			conn.close(fmt.Errorf("%w: no answer from the leader", errForwardClosed))
+		}
 		return nil, 0, ctx.Err()
 	}
 }
@@ -282,6 +295,7 @@ func (c *forwardConn) readLoop() {
 			c.close(fmt.Errorf("cluster: leader connection: %w", err))
 			return
 		}
+		c.replies.Add(1)
 		c.mu.Lock()
 		reply, ok := c.pending[id]
 		delete(c.pending, id)

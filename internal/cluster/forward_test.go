@@ -1,7 +1,9 @@
 package cluster
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -276,5 +278,60 @@ func TestServeForwardRefusesBadLength(t *testing.T) {
 		if !strings.Contains(log.String(), "refused a forwarding connection") || !strings.Contains(log.String(), fmt.Sprintf("length %d", length)) {
 			t.Errorf("length %d: logged %q", length, log.String())
 		}
+	}
+}
+
+// A request that times out while nothing at all came back on the
+// connection closes it, so the next request dials afresh: after a
+// partition heals, TCP may take minutes to retransmit on the old one
+// (seen in TestPartitionMinorityRefusesMajorityContinues: every request
+// through a former minority node timed out after the heal). A timeout on
+// a connection that answers other requests keeps it.
+func TestForwardDropsASilentConnection(t *testing.T) {
+	open := func() (*forwarder, *forwardConn, net.Conn) {
+		follower, leader := net.Pipe()
+		t.Cleanup(func() { leader.Close() })
+		c := &forwardConn{net: follower, queue: make(chan forwardRequest, 8), pending: map[uint64]chan forwardResult{}, done: make(chan struct{})}
+		go c.writeLoop()
+		go c.readLoop()
+		return &forwarder{conn: c, address: "leader"}, c, leader
+	}
+	timeout := func() context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		t.Cleanup(cancel)
+		return ctx
+	}
+
+	f, c, leader := open()
+	go io.Copy(io.Discard, leader) // reads every request, answers none
+	if _, _, err := f.send(timeout(), "leader", []byte{barrierRequest}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("send to a silent leader: %v", err)
+	}
+	select {
+	case <-c.done:
+	default:
+		t.Fatal("a connection that answered nothing was kept")
+	}
+
+	f, c, leader = open()
+	go func() {
+		r := bufio.NewReader(leader)
+		for {
+			frame, err := readForwardFrame(r, minForwardRequest)
+			if err != nil {
+				return
+			}
+			// Answer another request, not this one: the connection is alive.
+			id := binary.BigEndian.Uint64(frame)
+			leader.Write(appendForwardResponse(nil, id+100, 1, json.RawMessage("null"), nil))
+		}
+	}()
+	if _, _, err := f.send(timeout(), "leader", []byte{barrierRequest}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("send: %v", err)
+	}
+	select {
+	case <-c.done:
+		t.Fatalf("a connection that was answering was closed: %v", c.failure())
+	default:
 	}
 }
