@@ -611,10 +611,13 @@ func (g *Gateway) recoverOn(ctx context.Context, node cluster.Node, rv *layout.E
 // (the newest may be on nodes that are down) the read fails rather than
 // return older data.
 func (g *Gateway) read(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error {
-	if served, err := g.readLagging(ctx, oid, p, offset); served || err != nil {
+	// A suspect object is repaired first, even with far parts pending:
+	// the near copies that acknowledged them may lack an earlier one
+	// that failed (lag.go, rule 6).
+	if err := g.repairSuspect(ctx, oid, copies); err != nil {
 		return err
 	}
-	if err := g.repairSuspect(ctx, oid, copies); err != nil {
+	if served, err := g.readLagging(ctx, oid, p, offset); served || err != nil {
 		return err
 	}
 	return g.readReplicas(ctx, oid, copies, p, offset)

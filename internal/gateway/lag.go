@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -27,8 +28,8 @@ import (
 //     until every far part acknowledged before them has landed (drain),
 //     so a FLUSH still means "on stable storage on every replica". A far
 //     part that failed makes its object suspect (suspect.go), and the
-//     FLUSH first makes its replicas identical from the near copies, or
-//     fails.
+//     FLUSH first makes its replicas identical, the write included
+//     (rule 6), or fails.
 //  2. Far parts land in the order their writes were acknowledged wherever
 //     they overlap (a part waits for the pending parts of its object
 //     whose ranges overlap it; a CREATE covers the whole object), and a
@@ -43,7 +44,30 @@ import (
 //     overlap it follow it again), and reads wait for it meanwhile.
 //  5. The bytes of far parts pending on this node are bounded
 //     (Options.LagBytes): beyond it a write waits, so the far zones are
-//     never more than that behind.
+//     never more than that behind. The far parts kept for a repair
+//     (rule 6) are bounded too: while they reach the bound, writes go to
+//     every replica, so they never exceed twice it.
+//  6. A far part that failed is kept, with its data, until its object is
+//     repaired, and so is every part of the object that finishes after
+//     it and overlaps a kept one; the repair (repairSuspect) reads the
+//     object from one replica, writes the kept parts and the pending
+//     ones over it in the order they were acknowledged, and writes the
+//     result to every replica. The near copies are not enough: until the
+//     far part lands, the far copies miss the write under the same
+//     stamp, and after an epoch change recovery, which takes copies of
+//     one stamp for identical, may restamp a far copy first and then
+//     make the near ones current from it (fetch it, newer now), so the
+//     copy the repair reads can lack the write. What holds: every write
+//     acknowledged in this zone is, at all times, on every replica of
+//     some epoch (landed) or in this table (pending, or kept); a copy
+//     made current in a later epoch holds every landed write (the
+//     paper's Fig. 4, as for a write acknowledged by every replica), and
+//     the repair writes every kept and pending one over it, later over
+//     earlier wherever they overlap (rule 2 orders their finishing).
+//     Parts acknowledged under a writer lock this node no longer holds
+//     are dropped, not written (the VDI is unclean: its next writer
+//     repairs it), and a remove of the object drops its kept parts (it
+//     follows them).
 //
 // What is given up, and only until the next FLUSH: if this node dies
 // with far parts pending, its zone's copies hold writes the other zones
@@ -73,9 +97,20 @@ type lagOp struct {
 	data       []byte
 	flags      object.Flags
 	copies     int
+	fence      *fenceCheck   // the writer lock it was acknowledged under (nil: none)
 	deps       []*lagOp      // the parts it lands after
 	done       chan struct{} // closed when it has landed or failed
 	err        error         // why it failed; set before done closes
+	// settled: a repair wrote it to every replica, or dropped it
+	// (guarded by lagTable.mu): it is never kept afterwards.
+	settled bool
+}
+
+// lagFailure is an object whose far part failed and that no repair has
+// made whole since (rule 6).
+type lagFailure struct {
+	copies int
+	ops    []*lagOp // kept, in the order they finished
 }
 
 // lagTable tracks the far parts pending on this gateway.
@@ -83,16 +118,20 @@ type lagTable struct {
 	bytes    *semaphore
 	count    atomic.Int64 // pending parts
 	inFlight atomic.Int64 // their bytes
+	kept     atomic.Int64 // the bytes of the parts kept in failed
 
+	// mu guards pending, failed and every part's settled; it is taken
+	// before Gateway.suspectMu (settle clears a suspect under it).
 	mu      sync.Mutex
 	pending map[uint64][]*lagOp // by object, in the order acknowledged
-	// failed are objects whose far part failed since the last FLUSH,
-	// with their copies: the FLUSH repairs them first.
-	failed map[uint64]int
+	// failed are objects whose far part failed, with the parts kept for
+	// their repair (rule 6): the next FLUSH repairs them, if nothing
+	// did before.
+	failed map[uint64]*lagFailure
 }
 
 func newLagTable(limit int64) *lagTable {
-	return &lagTable{bytes: newSemaphore("zone lag", "bytes", limit), pending: map[uint64][]*lagOp{}, failed: map[uint64]int{}}
+	return &lagTable{bytes: newSemaphore("zone lag", "bytes", limit), pending: map[uint64][]*lagOp{}, failed: map[uint64]*lagFailure{}}
 }
 
 func overlaps(a, b *lagOp) bool { return a.start < b.end && b.start < a.end }
@@ -115,8 +154,12 @@ func (t *lagTable) add(op *lagOp, after *lagOp) {
 	t.inFlight.Add(int64(len(op.data)))
 }
 
-// finish takes op out of the table once it has landed or failed.
-func (t *lagTable) finish(op *lagOp) {
+// finish takes op out of the pending parts once it has landed or
+// failed, and keeps it for its object's repair if it failed, or if it
+// overlaps a part kept before (rule 6). A part kept marks its object
+// suspect (suspect, if not nil) before done closes: a repair that waited
+// for it then finds the object to repair.
+func (t *lagTable) finish(op *lagOp, suspect func(oid uint64, err error)) {
 	t.mu.Lock()
 	ops := t.pending[op.oid]
 	if i := slices.Index(ops, op); i >= 0 {
@@ -127,14 +170,93 @@ func (t *lagTable) finish(op *lagOp) {
 	} else {
 		t.pending[op.oid] = ops
 	}
-	if op.err != nil {
-		t.failed[op.oid] = op.copies
+	f := t.failed[op.oid]
+	keep := !op.settled && (op.err != nil || f != nil && slices.ContainsFunc(f.ops, func(p *lagOp) bool { return overlaps(p, op) }))
+	if keep {
+		if f == nil {
+			f = &lagFailure{copies: op.copies}
+			t.failed[op.oid] = f
+		}
+		f.ops = append(f.ops, op)
+		t.kept.Add(int64(len(op.data)))
 	}
 	t.mu.Unlock()
 	t.count.Add(-1)
 	t.inFlight.Add(-int64(len(op.data)))
 	t.bytes.release(int64(len(op.data)))
+	if keep && suspect != nil {
+		err := op.err
+		if err == nil {
+			err = errors.New("gateway: landed after a far part of its object that failed, and overlaps it")
+		}
+		suspect(op.oid, err)
+	}
 	close(op.done)
+}
+
+// hasFailed says whether parts of oid are kept for its repair.
+func (t *lagTable) hasFailed(oid uint64) bool {
+	if t.kept.Load() == 0 {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.failed[oid] != nil
+}
+
+// repairOps returns what a repair of oid writes over the copy it read:
+// the parts kept (in the order they finished), then the pending ones (in
+// the order acknowledged). Called under the object's exclusive lock, so
+// no part of oid lands meanwhile: every part that is in neither landed
+// before, and is in the copy read.
+func (t *lagTable) repairOps(oid uint64) []*lagOp {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var ops []*lagOp
+	if f := t.failed[oid]; f != nil {
+		ops = append(ops, f.ops...)
+	}
+	return append(ops, t.pending[oid]...)
+}
+
+// settle records that a repair of oid wrote (or dropped) ops on every
+// replica: they are no longer kept, nor kept when they finish. If no
+// part of oid is kept any more, clear runs, under t.mu, so that a part
+// kept concurrently always leaves its object suspect.
+func (t *lagTable) settle(oid uint64, ops []*lagOp, clear func()) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, op := range ops {
+		op.settled = true
+	}
+	if f := t.failed[oid]; f != nil {
+		f.ops = slices.DeleteFunc(f.ops, func(op *lagOp) bool {
+			if slices.Contains(ops, op) {
+				t.kept.Add(-int64(len(op.data)))
+				return true
+			}
+			return false
+		})
+		if len(f.ops) > 0 {
+			return
+		}
+		delete(t.failed, oid)
+	}
+	clear()
+}
+
+// forget drops the parts of oid kept for its repair: the object was
+// removed from every replica, after all of them (remove waits for them).
+func (t *lagTable) forget(oid uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if f := t.failed[oid]; f != nil {
+		for _, op := range f.ops {
+			op.settled = true
+			t.kept.Add(-int64(len(op.data)))
+		}
+		delete(t.failed, oid)
+	}
 }
 
 // of returns the parts of oid pending now (nil: none).
@@ -183,28 +305,53 @@ func (g *Gateway) waitLag(ctx context.Context, oid uint64) error {
 	return await(ctx, g.lag.of(oid))
 }
 
-// drainLag waits for every far part pending now, then makes the replicas
-// of every object whose far part failed identical from its near copies
-// (rule 1). FLUSH, handover, snapshot and close call it first.
+// drainLag waits for every far part pending now, then repairs every
+// object whose far part failed, writing the failed parts again (rules 1
+// and 6). FLUSH, handover, snapshot and close call it first.
 func (g *Gateway) drainLag(ctx context.Context) error {
 	if err := await(ctx, g.lag.all()); err != nil {
 		return err
 	}
 	g.lag.mu.Lock()
 	failed := make(map[uint64]int, len(g.lag.failed))
-	for oid, copies := range g.lag.failed {
-		failed[oid] = copies
+	for oid, f := range g.lag.failed {
+		failed[oid] = f.copies
 	}
 	g.lag.mu.Unlock()
 	for oid, copies := range failed {
+		// It settles what it wrote (lagTable.settle); a part that
+		// failed meanwhile stays for the next FLUSH.
 		if err := g.repairSuspect(ctx, oid, copies); err != nil {
 			return fmt.Errorf("a write acknowledged in this zone did not reach the other zones, and repairing its object failed: %w", err)
 		}
-		g.lag.mu.Lock()
-		delete(g.lag.failed, oid)
-		g.lag.mu.Unlock()
 	}
 	return nil
+}
+
+// lagRepair returns the parts of oid that a repair writes over the copy
+// it read (rule 6), and those it settles: these, and the parts
+// acknowledged under a writer lock this node no longer holds, dropped
+// (their VDI is unclean; its next writer repairs it). Called under the
+// object's exclusive lock.
+func (g *Gateway) lagRepair(ctx context.Context, oid uint64) (apply, settle []*lagOp) {
+	settle = g.lag.repairOps(oid)
+	for _, op := range settle {
+		if op.fence != nil && g.checkFence(context.WithValue(ctx, fenceKey{}, *op.fence)) != nil {
+			continue
+		}
+		apply = append(apply, op)
+	}
+	return apply, settle
+}
+
+// applyLag writes ops over data, a whole copy of their object, in order.
+func applyLag(data []byte, ops []*lagOp) {
+	for _, op := range ops {
+		if op.flags.Fresh {
+			clear(data) // a fresh create starts the copy anew
+		}
+		copy(data[op.offset:], op.data)
+	}
 }
 
 // nearPick splits a round's targets: the replicas in this node's zone,
@@ -235,7 +382,9 @@ func (g *Gateway) writeNear(ctx context.Context, oid uint64, copies int, p []byt
 	if err != nil {
 		return nil, err
 	}
-	if _, split := g.nearPick(rv, rv.ReplicasOf(oid, copies)); !split {
+	// While the parts kept for repairs reach the bound, writes go to
+	// every replica (rule 5): no more parts are started to fail.
+	if _, split := g.nearPick(rv, rv.ReplicasOf(oid, copies)); !split || g.lag.kept.Load() >= g.options.LagBytes {
 		if after != nil {
 			if err := await(ctx, []*lagOp{after}); err != nil {
 				return nil, err
@@ -271,13 +420,15 @@ func (g *Gateway) writeNear(ctx context.Context, oid uint64, copies int, p []byt
 		return nil, nil
 	}
 	op.data = bytes.Clone(p)
-	g.lag.add(op, after)
 	// The far part outlives the request: it ends with the gateway, and
-	// keeps the request's fence (a writer lock taken away stops it).
+	// keeps the request's fence (a writer lock taken away stops it, and
+	// a repair drops it then: rule 6).
 	far := g.ctx
 	if f, ok := ctx.Value(fenceKey{}).(fenceCheck); ok {
 		far = context.WithValue(far, fenceKey{}, f)
+		op.fence = &f
 	}
+	g.lag.add(op, after)
 	go g.landFar(far, op)
 	return op, nil
 }
@@ -286,7 +437,7 @@ func (g *Gateway) writeNear(ctx context.Context, oid uint64, copies int, p []byt
 // replicas that did not acknowledge its near part, or on every replica
 // if the epoch changed meanwhile (rule 4).
 func (g *Gateway) landFar(ctx context.Context, op *lagOp) {
-	defer g.lag.finish(op)
+	defer g.lag.finish(op, g.suspect)
 	if err := await(ctx, op.deps); err != nil {
 		op.err = err
 		g.suspect(op.oid, err)
@@ -314,7 +465,7 @@ func (g *Gateway) landFar(ctx context.Context, op *lagOp) {
 	}})
 	if op.err != nil {
 		g.suspect(op.oid, op.err)
-		g.logger.Warn("gateway: a write acknowledged in this zone did not reach the other zones; its object is repaired from this zone's copies before its next use or FLUSH",
+		g.logger.Warn("gateway: a write acknowledged in this zone did not reach the other zones; it is kept, and written to every replica again before its object's next use or FLUSH",
 			"object", fmt.Sprintf("%016x", op.oid), "err", op.err)
 	}
 }

@@ -27,7 +27,10 @@ import (
 // (repairSuspect): under the object's exclusive lock, so that no change
 // of this gateway (the VDI's only writer) runs meanwhile, it reads the
 // whole object from one replica and writes it to every replica of the
-// current epoch. A gateway that gives up a VDI with suspect objects left
+// current epoch. A write acknowledged in this zone whose far part failed
+// was not reported failed: the copy read may lack it (lag.go, rule 6),
+// so the repair writes it over that copy first. A gateway that gives up
+// a VDI with suspect objects left
 // (they could not be repaired either) marks it unclean in the cluster
 // log before releasing its lock, and the next writer repairs the whole
 // VDI (maintenance.RepairUnclean), as it does when a writer's node dies.
@@ -94,10 +97,18 @@ func (g *Gateway) objectSize(oid uint64) (uint64, error) {
 	return 0, fmt.Errorf("object %016x: no vdi %d in the cluster log", oid, id)
 }
 
+// needsRepair says whether oid is suspect or has far parts kept for its
+// repair (lag.go, rule 6; a kept part leaves its object suspect, so this
+// is the same, checked twice); otherwise it costs two atomic loads.
+func (g *Gateway) needsRepair(oid uint64) bool {
+	return g.isSuspect(oid) || g.lag.hasFailed(oid)
+}
+
 // repairSuspect makes the replicas of oid identical if a failed change
-// left it suspect (see above); otherwise it costs an atomic load.
+// left it suspect (see above), with every write acknowledged in this
+// zone that the copy it reads may lack; otherwise it costs atomic loads.
 func (g *Gateway) repairSuspect(ctx context.Context, oid uint64, copies int) error {
-	if !g.isSuspect(oid) {
+	if !g.needsRepair(oid) {
 		return nil
 	}
 	// The repair rewrites every replica: the writes still on their way
@@ -108,7 +119,7 @@ func (g *Gateway) repairSuspect(ctx context.Context, oid uint64, copies int) err
 	lock := g.objectLock(oid)
 	lock.Lock()
 	defer lock.Unlock()
-	if !g.isSuspect(oid) {
+	if !g.needsRepair(oid) {
 		return nil // repaired by a request that held the lock before us
 	}
 	started := time.Now()
@@ -118,15 +129,32 @@ func (g *Gateway) repairSuspect(ctx context.Context, oid uint64, copies int) err
 	}
 	data := make([]byte, size)
 	err = g.readReplicas(ctx, oid, copies, data, 0)
+	// The writes acknowledged in this zone that the copy read may lack:
+	// its far parts that failed, and those still pending (lag.go, rule 6).
+	apply, settle := g.lagRepair(ctx, oid)
+	clearSuspect := func() { g.clearSuspect(oid) }
 	if errors.Is(err, object.ErrNoObject) {
-		// No node holds it: the change never created it anywhere, or
-		// a failed remove reached every replica. Nothing can differ.
-		g.clearSuspect(oid)
-		return nil
+		if len(apply) == 0 {
+			// No node holds it: the change never created it anywhere,
+			// or a failed remove reached every replica. Nothing can
+			// differ.
+			g.lag.settle(oid, settle, clearSuspect)
+			return nil
+		}
+		// No copy left, but writes acknowledged in this zone: they are
+		// all of the object if the first starts it afresh, or if it is
+		// a map object (absent, it reads as zeros). Otherwise the rest
+		// of a data object is lost, and zeros must not stand for it.
+		if !apply[0].flags.Fresh && object.Type(oid) != object.TypeMap {
+			return fmt.Errorf("object %016x: writes acknowledged in this zone did not reach the other zones, and no copy of the object is left to write them on: %w", oid, err)
+		}
+		clear(data)
+		err = nil
 	}
 	if err != nil {
 		return fmt.Errorf("object %016x: a failed change may have reached some of its replicas only, and reading it to make them identical failed: %w", oid, err)
 	}
+	applyLag(data, apply)
 	flags := object.Flags{Create: true, Sync: true}
 	err = g.replicate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
 		err := g.replicas.Write(ctx, node, rv.Number, oid, data, 0, flags)
@@ -144,8 +172,8 @@ func (g *Gateway) repairSuspect(ctx context.Context, oid uint64, copies int) err
 	if err != nil {
 		return fmt.Errorf("object %016x: a failed change may have reached some of its replicas only, and making them identical failed: %w", oid, err)
 	}
-	g.clearSuspect(oid)
-	g.logger.Info("gateway: made the replicas of a suspect object identical", "object", fmt.Sprintf("%016x", oid), "took", time.Since(started).Round(time.Millisecond))
+	g.lag.settle(oid, settle, clearSuspect)
+	g.logger.Info("gateway: made the replicas of a suspect object identical", "object", fmt.Sprintf("%016x", oid), "writes_acknowledged_in_this_zone", len(apply), "took", time.Since(started).Round(time.Millisecond))
 	return nil
 }
 

@@ -517,7 +517,10 @@ func (g *Gateway) remove(ctx context.Context, oid uint64, copies int) error {
 	if err != nil {
 		g.suspect(oid, err)
 	} else {
-		g.clearSuspect(oid) // gone everywhere: nothing can differ
+		// Gone everywhere: nothing can differ, and the far parts kept
+		// for its repair, all older, are void (lag.go, rule 6).
+		g.lag.forget(oid)
+		g.clearSuspect(oid)
 	}
 	return err
 }
