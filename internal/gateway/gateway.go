@@ -515,10 +515,23 @@ func (g *Gateway) mutateOn(ctx context.Context, oid uint64, copies int, pick pic
 		return err
 	}
 	err := g.mutateReplicas(ctx, oid, copies, pick, op)
-	if err != nil {
+	if err != nil && !reachedNoReplica(err) {
 		g.suspect(oid, err)
 	}
 	return err
+}
+
+// reachedNoReplica says whether a failed change certainly reached none of
+// its object's replicas, so its replicas cannot differ because of it.
+// That is so of object.ErrNoObject: mutateReplicas asks a replica that
+// lacks the object to recover it, and recovery answers ErrNoObject only
+// when no reachable node holds it and no node that is down can; a replica
+// that had applied the change would hold it, and had just answered. It is
+// the first write of a map object (putEntry: without CREATE, then with it
+// once the object is found nowhere), on every new VDI, clone or restore:
+// not a failure worth a warning, nor a repair that reads every replica.
+func reachedNoReplica(err error) bool {
+	return errors.Is(err, object.ErrNoObject)
 }
 
 func (g *Gateway) mutateReplicas(ctx context.Context, oid uint64, copies int, pick pickFunc, op replicaOp) error {
