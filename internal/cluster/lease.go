@@ -334,6 +334,10 @@ type leaseGrants struct {
 	ready   bool              // the term's Barrier was applied: CommitIndex covers every earlier term's entries
 	last    map[string]int64  // node id -> bootNow of its last grant
 	floor   map[string]uint64 // node id -> the highest applied index it reported
+	// granted are each node's grants whose leases may still run, oldest
+	// first: a node uses a lease only once it applied the grant's commit
+	// index, so the oldest one's is a floor too.
+	granted map[string][]grant
 	changed chan struct{}     // closed and replaced at every grant
 }
 
@@ -341,11 +345,55 @@ type leaseGrants struct {
 func (g *leaseGrants) begin(term uint64) {
 	if g.term != term || g.last == nil {
 		g.term, g.since, g.ready = term, bootNow(), false
-		g.last, g.floor = map[string]int64{}, map[string]uint64{}
+		g.last, g.floor, g.granted = map[string]int64{}, map[string]uint64{}, map[string][]grant{}
 	}
 	if g.changed == nil {
 		g.changed = make(chan struct{})
 	}
+}
+
+// grant is one lease granted: when, and the commit index it carried.
+type grant struct {
+	at     int64
+	commit uint64
+}
+
+// record notes a grant to node at now with commit, the node having
+// reported applied.
+func (g *leaseGrants) record(node string, now int64, applied, commit uint64) {
+	if g.last == nil {
+		g.last = map[string]int64{}
+	}
+	if g.floor == nil {
+		g.floor = map[string]uint64{}
+	}
+	if g.granted == nil {
+		g.granted = map[string][]grant{}
+	}
+	g.last[node] = now
+	g.floor[node] = max(g.floor[node], applied)
+	g.granted[node] = append(g.granted[node], grant{at: now, commit: commit})
+}
+
+// floorLocked is the index below which node serves nothing at now: what
+// it reported applying, or, once no predecessor's lease can run any
+// more, the commit index of its oldest grant that may still run (a node
+// catching up, whose report is low, serves nothing until it applied its
+// grant's index).
+func (g *leaseGrants) floorLocked(node string, now int64) uint64 {
+	floor := g.floor[node]
+	hold := int64(leaseDuration + leaseMargin)
+	list := g.granted[node]
+	for len(list) > 0 && now >= list[0].at+hold {
+		list = list[1:]
+	}
+	if g.granted != nil {
+		g.granted[node] = list
+	}
+	if len(list) > 0 && now >= g.since+hold {
+		floor = max(floor, list[0].commit)
+	}
+	return floor
 }
 
 // activeLocked is the active index at now (g.mu held): the lowest floor
@@ -358,7 +406,7 @@ func (g *leaseGrants) activeLocked(now int64, commit uint64, alive []string) uin
 	hold := int64(leaseDuration + leaseMargin)
 	for node, last := range g.last {
 		if now < last+hold {
-			active = min(active, g.floor[node])
+			active = min(active, g.floorLocked(node, now))
 		}
 	}
 	if now < g.since+hold {
@@ -406,8 +454,7 @@ func (c *Cluster) grantLease(node string, applied, want uint64) (commit, active 
 	if c.grants.term != term {
 		return 0, 0, fmt.Errorf("%w: this node is no longer the leader", ErrNoQuorum)
 	}
-	c.grants.last[node] = bootNow()
-	c.grants.floor[node] = max(c.grants.floor[node], applied)
+	c.grants.record(node, bootNow(), applied, commit)
 	close(c.grants.changed)
 	c.grants.changed = make(chan struct{})
 	for {

@@ -49,33 +49,48 @@ func TestActiveIndexWaitsForEveryServingNode(t *testing.T) {
 	g := leaseGrants{}
 	g.begin(1)
 	start := g.since
-	g.last["a"], g.floor["a"] = start, 90
-	g.last["b"], g.floor["b"] = start, 120
+	g.record("a", start, 90, 95)
+	g.record("b", start, 120, 125)
 	alive := []string{"a", "b", "c"}
 	if got := g.activeLocked(start+1, 150, alive); got != 0 {
 		t.Fatalf("with c alive and not heard from in the term's first lease period: active %d, want 0", got)
 	}
-	g.last["c"], g.floor["c"] = start, 130
+	g.record("c", start, 130, 135)
 	if got := g.activeLocked(start+1, 150, alive); got != 90 {
 		t.Fatalf("active %d, want a's floor 90", got)
 	}
 	// a renews with a higher floor; b's report is the lowest now.
-	g.last["a"], g.floor["a"] = start+hold/2, 140
+	g.record("a", start+hold/2, 140, 145)
 	if got := g.activeLocked(start+hold/2, 150, alive); got != 120 {
 		t.Fatalf("active %d, want b's floor 120", got)
 	}
 	// b and c stop renewing: once their leases may have run out, only a
-	// counts.
-	if got := g.activeLocked(start+hold+1, 150, alive); got != 140 {
-		t.Fatalf("after b's and c's leases ran out: active %d, want a's floor 140", got)
+	// counts, and a serves nothing below its unexpired grant's 145.
+	if got := g.activeLocked(start+hold+1, 150, alive); got != 145 {
+		t.Fatalf("after b's and c's leases ran out: active %d, want a's floor 145", got)
 	}
 	// No lease may run at all: everything committed is active.
 	if got := g.activeLocked(start+2*hold, 150, alive); got != 150 {
 		t.Fatalf("with no lease running: active %d, want the commit index 150", got)
 	}
+	// A node catching up reports a low applied index, but serves nothing
+	// until it applied its grant's commit index: once no predecessor's
+	// lease can run, the grant's index is its floor.
+	late := start + 2*hold
+	g.record("a", late, 200, 300)
+	g.record("d", late, 5, 290)
+	if got := g.activeLocked(late, 310, alive); got != 290 {
+		t.Fatalf("with a catching-up node granted at 290: active %d, want 290", got)
+	}
+	// In the term's first lease period its report alone counts: it may
+	// still hold its predecessor's lease.
+	g.since = late
+	if got := g.activeLocked(late, 310, alive); got != 5 {
+		t.Fatalf("in the term's first lease period: active %d, want the reported 5", got)
+	}
 	// A new term forgets the grants of the old one.
 	g.begin(2)
-	if len(g.last) != 0 || len(g.floor) != 0 {
+	if len(g.last) != 0 || len(g.floor) != 0 || len(g.granted) != 0 {
 		t.Fatal("a new term kept the previous term's grants")
 	}
 }
