@@ -64,6 +64,14 @@ func (s *Server) health(ctx context.Context) Health {
 	defer cancel()
 	for _, n := range s.nodes(ctx) {
 		switch {
+		case n.State != cluster.NodeAlive && n.Stopped && n.InMaintenance(time.Now()):
+			h.add(HealthWarn, "node %s (%s) is stopped: down, not out, until %s (--down-out-interval): its objects have one copy fewer and are re-replicated only if it has not returned by then",
+				n.ID, n.Address, n.MaintenanceUntil.UTC().Format(time.RFC3339))
+			continue
+		case n.State != cluster.NodeAlive && n.Stopped:
+			h.add(HealthWarn, "node %s (%s) is stopped and marked out since %s: its objects are re-replicated on the others",
+				n.ID, n.Address, n.MaintenanceUntil.UTC().Format(time.RFC3339))
+			continue
 		case n.State != cluster.NodeAlive && n.InMaintenance(time.Now()):
 			h.add(HealthWarn, "node %s (%s) is down in its maintenance window (until %s): its objects have one copy fewer and are not re-replicated meanwhile",
 				n.ID, n.Address, n.MaintenanceUntil.UTC().Format(time.RFC3339))

@@ -231,7 +231,12 @@ func nodeCommand(g *globals) *cobra.Command {
 							state += ", draining"
 						}
 					}
-					if n.InMaintenance(time.Now()) {
+					switch now := time.Now(); {
+					case n.Stopped && n.State != "alive" && n.InMaintenance(now):
+						state += ", stopped: marked out at " + n.MaintenanceUntil.Local().Format(time.DateTime) + " unless back first"
+					case n.Stopped && n.State != "alive":
+						state += ", stopped: out since " + n.MaintenanceUntil.Local().Format(time.DateTime)
+					case n.InMaintenance(now):
 						state += ", maintenance until " + n.MaintenanceUntil.Local().Format(time.DateTime)
 					}
 					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.Address, zone, size.Format(n.Capacity), used, free, objects, bad, repaired, n.Role, state)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/gateway"
 	"github.com/herd-storage/herd/internal/logging"
 	"github.com/herd-storage/herd/internal/server"
@@ -57,6 +58,9 @@ hypervisor.`,
 			}
 			if o.ScrubInterval <= 0 {
 				return fmt.Errorf("--scrub-interval %v: must be a positive duration (such as 168h)", o.ScrubInterval)
+			}
+			if o.DownOutInterval < 0 || o.DownOutInterval > cluster.MaxMaintenance {
+				return fmt.Errorf("--down-out-interval %v: between 0 (recover a stopped node's objects elsewhere at once) and %v", o.DownOutInterval, cluster.MaxMaintenance)
 			}
 			if cpus < 0 {
 				return fmt.Errorf("--cpus %d: a number of cores, at least 1 (0: every core the host or its cgroup allows)", cpus)
@@ -148,6 +152,7 @@ hypervisor.`,
 	f.IntVar(&o.ScrubDeepEvery, "scrub-deep-every", 4, "every Nth scrub pass also compares each object's replicas across nodes")
 	f.StringVar(&scrubRate, "scrub-max-rate", "50MiB/s", "bytes per second a scrub pass reads (herd scrub --max-rate changes it live)")
 	f.DurationVar(&o.JoinTimeout, "join-timeout", 30*time.Second, "how long a new node keeps trying --join before giving up")
+	f.DurationVar(&o.DownOutInterval, "down-out-interval", 10*time.Minute, "stopped cleanly (SIGTERM), this node is down but not out for this long: its objects are re-replicated elsewhere only if it has not returned by then (0: at once)")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json (one stream: raft's and gossip's lines too)")
 	return cmd

@@ -60,6 +60,11 @@ type Config struct {
 	// ObserveApply, if set, is told how long each entry this node
 	// proposed took to be applied here (metrics).
 	ObserveApply func(time.Duration)
+	// DownOutInterval is how long this node, stopped cleanly, stays down
+	// but not out: the maintenance window it opens for itself as it
+	// departs (depart.go). 0: none, its objects are recovered elsewhere
+	// at once.
+	DownOutInterval time.Duration
 }
 
 // Cluster is the local node's view of and handle on the cluster.

@@ -9,6 +9,12 @@ package cluster
 //     the node; the leader hears it within a gossip interval or two). The
 //     leader counts the node out of the healthy ones from then on, while
 //     its raft still answers (voters.go).
+//  1b. Down, not out: the node commits a maintenance window for itself
+//     until --down-out-interval from now (openStopWindow), before its
+//     leave can be: no node copies its objects elsewhere while it is
+//     away inside it (maintenance.go). Not when the interval is 0, a
+//     longer window is open, it is draining (its objects leave anyway)
+//     or no other node stays (the whole cluster stopping).
 //  2. Leadership: a leader hands it to a healthy voter (raft's leadership
 //     transfer, thesis 3.10). A leader that is the only voter has its own
 //     reconcile loop promote a reachable non-voter first.
@@ -26,6 +32,7 @@ package cluster
 // configuration until its leave is committed.
 
 import (
+	"context"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -40,6 +47,9 @@ const (
 	departPoll = 20 * time.Millisecond
 	// announceTimeout bounds the wait for the stop's gossip broadcast.
 	announceTimeout = time.Second
+	// stopWindowTimeout bounds the commit of the stop's maintenance
+	// window (one forwarded entry, milliseconds with a leader).
+	stopWindowTimeout = 2 * time.Second
 )
 
 // Depart announces that this node is stopping and waits, for at most
@@ -69,6 +79,7 @@ func (c *Cluster) depart() {
 		c.logger.Info("cluster: stopping without quorum: no leader to hand the voter role over to")
 		return
 	}
+	c.openStopWindow()
 	deadline := started.Add(departTimeout)
 	ticker := time.NewTicker(departPoll)
 	defer ticker.Stop()
@@ -137,4 +148,49 @@ func (c *Cluster) departStep() (done bool, successor *raft.Server, why string) {
 func (c *Cluster) quorum() bool {
 	ok, _ := c.QuorumStatus()
 	return ok
+}
+
+// openStopWindow commits a maintenance window for this node until
+// DownOutInterval from now, marked as its own stop's (Stopped): until
+// then its objects are not re-replicated in the background, and when it
+// returns first, recovery restamps its unchanged copies and fetches only
+// what changed (maintenance.go). It commits nothing when the interval is
+// 0, when a window at least as long is open, when the node is draining,
+// or when no other node stays (every other one is down or stopping: the
+// whole cluster is shutting down, and no recovery can run anyway). Its
+// commit precedes this node's leave, which the leader commits only once
+// this node has left gossip (Close, after Depart).
+func (c *Cluster) openStopWindow() {
+	interval := c.cfg.DownOutInterval
+	if interval <= 0 {
+		return
+	}
+	self, ok := c.Node(c.cfg.NodeID)
+	if !ok || self.State != NodeAlive || self.Draining {
+		return
+	}
+	members, stopping := c.gossipMembers(), c.gossipStopping()
+	staying := 0
+	for id := range members {
+		if id != c.cfg.NodeID && !stopping[id] {
+			staying++
+		}
+	}
+	if staying == 0 {
+		c.logger.Info("cluster: stopping with every other node down or stopping: no down-out window (nothing to recover meanwhile)")
+		return
+	}
+	now := time.Now().UTC()
+	until := now.Add(min(interval, MaxMaintenance))
+	if !self.MaintenanceUntil.Before(until) {
+		c.logger.Info("cluster: stopping inside a maintenance window longer than --down-out-interval", "until", self.MaintenanceUntil)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), stopWindowTimeout)
+	defer cancel()
+	if _, err := c.propose(ctx, commandNodeMaintenance, nodeMaintenanceCommand{ID: c.cfg.NodeID, Until: until, Time: now, Stop: true}); err != nil {
+		c.logger.Warn("cluster: stopping: the down-out window could not be committed: this node's objects are recovered elsewhere at once", "err", err)
+		return
+	}
+	c.logger.Info("cluster: stopping: down, not out, until the down-out interval passes", "until", until, "down_out_interval", interval)
 }

@@ -575,7 +575,7 @@ func applyNodeJoin(s *State, data []byte) (any, error) {
 	wasAlive := existed && old.State == NodeAlive
 	if existed {
 		n.Full = old.Full // the node clears it itself, with a new epoch
-		n.MaintenanceUntil = old.MaintenanceUntil
+		n.MaintenanceUntil, n.Stopped = old.MaintenanceUntil, old.Stopped
 		n.Draining = old.Draining
 		if old.SetCapacity {
 			n.Capacity, n.SetCapacity = old.Capacity, true
@@ -590,6 +590,9 @@ func applyNodeJoin(s *State, data []byte) (any, error) {
 		n.Since = old.Since
 	}
 	s.Nodes[n.ID] = &n
+	if existed && old.Incarnation != n.Incarnation {
+		endStopWindow(s, &n, c.Time)
+	}
 	switch {
 	case !wasAlive:
 		newEpoch(s, c.Time, "node "+n.ID+" joined")

@@ -18,6 +18,14 @@ import (
 // demand. When it returns, the next epoch's recovery restamps its
 // unchanged copies and fetches only what changed; when the window closes
 // first, the background pass copies the rest as after any failure.
+//
+// Down, not out (as Ceph's mon_osd_down_out_interval): a node stopped
+// cleanly opens such a window for itself on its way out (depart.go,
+// openStopWindow), until --down-out-interval from then, so a restart
+// (an upgrade, a reboot) costs a catch-up, not a copy of its share. The
+// window is marked Stopped: the node's return ends it, and `node list`,
+// the health and the events say the node is stopped and when it is
+// marked out.
 
 const (
 	commandNodeMaintenance commandType = 23
@@ -32,6 +40,9 @@ type nodeMaintenanceCommand struct {
 	ID    string    `json:"id"`
 	Until time.Time `json:"until"` // zero: end the window now
 	Time  time.Time `json:"time"`
+	// Stop: the node opens the window itself as it stops cleanly
+	// (openStopWindow). It never shortens a window already open.
+	Stop bool `json:"stop,omitempty"`
 }
 
 func (c nodeMaintenanceCommand) check() error { return checkLength("node id", c.ID, MaxOwnerLength) }
@@ -202,7 +213,18 @@ func applyNodeMaintenance(s *State, data []byte) (any, error) {
 	if !c.Until.IsZero() && c.Until.Sub(c.Time) > MaxMaintenance {
 		return nil, fmt.Errorf("%w: a maintenance window is at most %s", ErrInvalid, MaxMaintenance)
 	}
-	n.MaintenanceUntil = c.Until
+	if c.Stop {
+		// The stopping node checked this before proposing; an operator's
+		// window committed in between wins the same way.
+		if !n.MaintenanceUntil.Before(c.Until) || !c.Until.After(c.Time) {
+			return *n, nil
+		}
+		n.MaintenanceUntil, n.Stopped = c.Until, true
+		s.note("node", "node %s (%s) is stopping cleanly: down, not out, until %s (its --down-out-interval, %s): unless it returns first, its objects are re-replicated only from then",
+			n.ID, n.Address, c.Until.UTC().Format(time.RFC3339), c.Until.Sub(c.Time).Round(time.Second))
+		return *n, nil
+	}
+	n.MaintenanceUntil, n.Stopped = c.Until, false
 	if c.Until.IsZero() || !c.Until.After(c.Time) {
 		n.MaintenanceUntil = time.Time{}
 		s.note("node", "node %s (%s): maintenance ended", n.ID, n.Address)
@@ -211,6 +233,22 @@ func applyNodeMaintenance(s *State, data []byte) (any, error) {
 			n.ID, n.Address, c.Until.UTC().Format(time.RFC3339))
 	}
 	return *n, nil
+}
+
+// endStopWindow ends the window node n opened as it stopped (Stopped),
+// now that a new process of it joined at: it is back, so a crash from
+// now on is recovered as any other. The window's end stays recorded
+// (never zero again), so recovery still treats the node as one back from
+// maintenance (recovery.returningFromMaintenance).
+func endStopWindow(s *State, n *Node, at time.Time) {
+	if !n.Stopped {
+		return
+	}
+	n.Stopped = false
+	if n.InMaintenance(at) {
+		n.MaintenanceUntil = at
+		s.note("node", "node %s (%s) is back before it was marked out: recovery restamps its unchanged copies and fetches only what changed", n.ID, n.Address)
+	}
 }
 
 // SetMaintenance opens a maintenance window of length d for node id (0

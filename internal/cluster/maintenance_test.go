@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -96,5 +97,96 @@ func TestNodeSetIsAnEpochAndOutlivesRestarts(t *testing.T) {
 	h.join("c", "", "3")
 	if n := h.state().Nodes["c"]; n.Capacity != 0 || n.SetCapacity || h.state().Epoch() != 5 {
 		t.Fatalf("after a reset and a restart: %+v, epoch %d", n, h.state().Epoch())
+	}
+}
+
+// Down, not out: the window a node opens as it stops cleanly holds its
+// objects' recovery while it is away, never shortens a longer window,
+// ends when a new process of the node joins (its end kept, in the past),
+// is replaced by an operator's window, and the events say when the node
+// is marked out.
+func TestStopWindow(t *testing.T) {
+	h := newHarness(t)
+	for _, id := range []string{"a", "b", "c"} {
+		h.join(id, "", "1")
+	}
+	stop := func(id string, at time.Time, interval time.Duration) Node {
+		t.Helper()
+		out, err := h.apply(commandNodeMaintenance, nodeMaintenanceCommand{ID: id, Until: at.Add(interval), Time: at, Stop: true})
+		if err != nil {
+			t.Fatalf("stop window of %s: %v", id, err)
+		}
+		return out.(Node)
+	}
+	rejoin := func(id, incarnation string, at time.Time) {
+		t.Helper()
+		if _, err := h.apply(commandNodeJoin, nodeJoinCommand{Node: Node{ID: id, Address: id, Incarnation: incarnation}, Time: at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leave := func(id string, at time.Time) {
+		t.Helper()
+		if _, err := h.apply(commandNodeLeave, nodeLeaveCommand{ID: id, Reason: "stopped", Time: at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &applied{fsm: h.fsm}
+
+	// c stops at t0 with a 10-minute interval, leaves, and returns after 5.
+	if n := stop("c", t0, 10*time.Minute); !n.Stopped || !n.MaintenanceUntil.Equal(t0.Add(10*time.Minute)) {
+		t.Fatalf("c after its stop window: %+v", n)
+	}
+	events := h.state().Events
+	if last := events[len(events)-1].Text; !strings.Contains(last, "down, not out, until 2026-11-21T12:10:00Z") {
+		t.Errorf("the stop's event: %q", last)
+	}
+	leave("c", t0)
+	if until, nodes := c.MaintenanceHold(t0.Add(time.Minute)); !slices.Equal(nodes, []string{"c"}) || !until.Equal(t0.Add(10*time.Minute)) {
+		t.Fatalf("hold while c is stopped: %v %v", until, nodes)
+	}
+	rejoin("c", "1", t0.Add(time.Minute)) // the same process (a partition healed): still stopped
+	if n := h.state().Nodes["c"]; !n.Stopped {
+		t.Fatalf("c rejoined with its old incarnation: %+v", n)
+	}
+	leave("c", t0.Add(time.Minute))
+	rejoin("c", "2", t0.Add(5*time.Minute))
+	if n := h.state().Nodes["c"]; n.Stopped || !n.MaintenanceUntil.Equal(t0.Add(5*time.Minute)) {
+		t.Fatalf("c back inside its window: %+v; want the window ended at its return", n)
+	}
+	if _, nodes := c.MaintenanceHold(t0.Add(6 * time.Minute)); len(nodes) != 0 {
+		t.Fatalf("hold after c returned: %v", nodes)
+	}
+	events = h.state().Events
+	if !slices.ContainsFunc(events, func(e Event) bool { return strings.Contains(e.Text, "node c (c) is back before it was marked out") }) {
+		t.Errorf("no event says c came back before it was marked out")
+	}
+
+	// b is in an operator's window of an hour: its stop does not shorten it.
+	if _, err := h.apply(commandNodeMaintenance, nodeMaintenanceCommand{ID: "b", Until: t0.Add(time.Hour), Time: t0}); err != nil {
+		t.Fatal(err)
+	}
+	if n := stop("b", t0, 10*time.Minute); n.Stopped || !n.MaintenanceUntil.Equal(t0.Add(time.Hour)) {
+		t.Fatalf("b's stop inside a longer window: %+v", n)
+	}
+
+	// a stops, stays away past its window, then returns: marked out in
+	// between; its window's end is kept.
+	stop("a", t0, 10*time.Minute)
+	leave("a", t0)
+	if _, nodes := c.MaintenanceHold(t0.Add(11 * time.Minute)); len(nodes) != 0 {
+		t.Fatalf("hold after a's window closed: %v", nodes)
+	}
+	rejoin("a", "2", t0.Add(20*time.Minute))
+	if n := h.state().Nodes["a"]; n.Stopped || !n.MaintenanceUntil.Equal(t0.Add(10*time.Minute)) {
+		t.Fatalf("a back after its window: %+v", n)
+	}
+
+	// An operator's window replaces a stop window.
+	stop("a", t0.Add(30*time.Minute), 10*time.Minute)
+	if _, err := h.apply(commandNodeMaintenance, nodeMaintenanceCommand{ID: "a", Until: t0.Add(3 * time.Hour), Time: t0.Add(30 * time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	if n := h.state().Nodes["a"]; n.Stopped || !n.MaintenanceUntil.Equal(t0.Add(3*time.Hour)) {
+		t.Fatalf("a after an operator's window: %+v", n)
 	}
 }

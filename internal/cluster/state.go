@@ -41,6 +41,13 @@ type Node struct {
 	// clients use are, on demand), so a reboot does not move its data out
 	// and back (maintenance.go).
 	MaintenanceUntil time.Time `json:"maintenance_until,omitzero"`
+	// Stopped: the node stopped cleanly (SIGTERM) and, on its way out,
+	// opened its own window until MaintenanceUntil (its
+	// --down-out-interval): it is down, not out, until then, and marked
+	// out (its objects re-replicated in the background) if the window
+	// closes before it returns. Its return ends the window; an
+	// operator's `node maintenance` replaces it (maintenance.go).
+	Stopped bool `json:"stopped,omitempty"`
 	// Draining: an operator asked for the node's data to move to the
 	// others (`herd node drain`). The placement treats it as full: it
 	// takes no objects and its copies are deleted once replaced, so full

@@ -251,12 +251,13 @@ func (e *heldError) Error() string {
 }
 
 // returnGrace is how long a pass leaves the objects it shares with a
-// node back from maintenance, so that node's own pass lists them first.
+// node back from maintenance (this node itself included), so that every
+// holder's pass lists them before any restamps them.
 const returnGrace = 5 * time.Second
 
-// returningFromMaintenance names the other nodes of rv that were not in
-// the epoch before it and have had a maintenance window: nodes coming
-// back from one.
+// returningFromMaintenance names the nodes of rv, this one included, that
+// were not in the epoch before it and have had a maintenance window
+// (an operator's, or their own clean stop's): nodes coming back from one.
 func (r *Recovery) returningFromMaintenance(rv *layout.Epoch) map[string]bool {
 	var before map[string]bool
 	for _, e := range r.cluster.Epochs() {
@@ -272,7 +273,7 @@ func (r *Recovery) returningFromMaintenance(rv *layout.Epoch) map[string]bool {
 		return out
 	}
 	for id, n := range rv.Nodes {
-		if id != r.self && !before[id] && !n.MaintenanceUntil.IsZero() {
+		if !before[id] && !n.MaintenanceUntil.IsZero() {
 			out[id] = true
 		}
 	}
@@ -344,8 +345,12 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 	// come last, after a grace: restamped here first, they would look
 	// newer than that node's unchanged copies when its own pass lists
 	// them (a restamp in this epoch cannot be told from a write in it), and
-	// it would fetch them all. Using this listing's stamps for them later
-	// is what the pass does for every object anyway.
+	// it would fetch them all. The node back waits the same grace before
+	// restamping its own, or the others, listing after it, would fetch
+	// every object they share with it (seen: 8 of 24 objects copied
+	// whole by a peer of a node back from its clean stop). Using this
+	// listing's stamps for them later is what the pass does for every
+	// object anyway.
 	returning := r.returningFromMaintenance(rv)
 	var mine []uint64
 	later := map[uint64]bool{}

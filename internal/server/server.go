@@ -72,6 +72,9 @@ type Options struct {
 	// Gateway bounds the data path's work per request and per node.
 	Gateway     gateway.Options
 	JoinTimeout time.Duration
+	// DownOutInterval: stopped cleanly, this node is down but not out
+	// for this long (cluster.Config.DownOutInterval); 0: none.
+	DownOutInterval time.Duration
 	// ScrubInterval is the time between two scrub passes' starts;
 	// ScrubMaxRate bounds the bytes a pass reads per second.
 	ScrubInterval time.Duration
@@ -212,6 +215,7 @@ func Run(ctx context.Context, o Options) error {
 		Peer:            peerListener,
 		PeerCredentials: credentials.peer,
 		InsecureNBD:     o.InsecureNBD,
+		DownOutInterval: o.DownOutInterval,
 		ObserveApply:    func(d time.Duration) { meters.RaftApply.Observe(d.Seconds()) },
 	})
 	if err != nil {

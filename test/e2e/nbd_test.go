@@ -24,7 +24,14 @@ import (
 // dataCluster starts a formatted cluster with one VDI.
 func dataCluster(t *testing.T, nodes, copies int, vdi, size string, formatArgs ...string) *testcluster.Cluster {
 	t.Helper()
-	c := testcluster.Start(t, testcluster.Options{Nodes: nodes})
+	return dataClusterWith(t, testcluster.Options{Nodes: nodes}, copies, vdi, size, formatArgs...)
+}
+
+// dataClusterWith is dataCluster with the cluster's options.
+func dataClusterWith(t *testing.T, options testcluster.Options, copies int, vdi, size string, formatArgs ...string) *testcluster.Cluster {
+	t.Helper()
+	c := testcluster.Start(t, options)
+	nodes := options.Nodes
 	var all []int
 	for i := 0; i < nodes; i++ {
 		all = append(all, i)
