@@ -106,7 +106,41 @@ func (c *connection) serve(ctx context.Context) {
 		"structured_replies", transmission.structuredReplies)
 	c.active.Store(transmission)
 	err = transmission.serve(ctx)
+	if c.wasInterrupted() {
+		c.closeGracefully()
+	}
 	c.logEnd("nbd: connection ended", err)
+}
+
+// lingerTimeout bounds how long a connection ended by a graceful server
+// shutdown waits for the client to close its end (closeGracefully).
+const lingerTimeout = time.Second
+
+// closeGracefully ends a connection whose transmission a graceful server
+// shutdown ended, every request it read answered: it closes the sending
+// side (TLS close_notify, then a TCP FIN), so that the client reads every
+// reply and then the end of the stream, and discards what the client
+// still sends until it closes its end too, or lingerTimeout passes.
+// Closing at once would lose replies: the client's requests the server
+// stopped reading sit unread in the socket, and closing a socket with
+// unread data makes the kernel reset the connection, dropping whatever
+// replies it had not sent yet. Those unread requests are never answered
+// (not with NBD_ESHUTDOWN either: QEMU reports a server's error reply to
+// the guest as a failed request, while a connection that closes makes it
+// reconnect, with reconnect-delay, and send them again). Shutdown's
+// deadline still bounds it: it closes every connection when it passes.
+func (c *connection) closeGracefully() {
+	if c.tlsConn != nil {
+		c.tlsConn.CloseWrite()
+	}
+	half, ok := c.netConn.(interface{ CloseWrite() error })
+	if !ok || half.CloseWrite() != nil {
+		return
+	}
+	c.deadlineMutex.Lock()
+	c.netConn.SetReadDeadline(time.Now().Add(lingerTimeout))
+	c.deadlineMutex.Unlock()
+	io.Copy(io.Discard, c.reader)
 }
 
 // logEnd logs why a connection ended, loudly only for the unusual reasons.

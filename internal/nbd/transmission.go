@@ -80,6 +80,11 @@ type transmission struct {
 	// counts the requests whose reply is not yet queued there.
 	replies replyQueue
 	serving atomic.Int64
+
+	// wrote is set once a request that changes the export (WRITE, TRIM,
+	// WRITE_ZEROES) is served: a graceful server shutdown flushes the
+	// export before it closes the connection (shutdownFlush).
+	wrote atomic.Bool
 }
 
 func (c *connection) newTransmission(export Export, info ExportInfo, flags uint16, name string) *transmission {
@@ -146,6 +151,9 @@ func (t *transmission) serve(ctx context.Context) error {
 		t.connection.hardClose()
 	}
 	t.inFlight.Wait()
+	if graceful && t.connection.wasInterrupted() {
+		t.shutdownFlush()
+	}
 	t.cancel()
 	if err := t.export.Close(); err != nil {
 		t.connection.logger.Warn("nbd: closing export", "export", t.exportName, "error", err)
@@ -154,6 +162,25 @@ func (t *transmission) serve(ctx context.Context) error {
 		panic(fmt.Sprintf("nbd: %d budget bytes still held after the last request", used))
 	}
 	return err
+}
+
+// shutdownFlush makes the writes this connection acknowledged durable
+// before a graceful server shutdown closes it: every request read was
+// answered, but a client that wrote without FUA had no chance to send
+// the FLUSH it may have meant to send next, and after the close it may
+// reconnect to another server, or to this one restarted, and find its
+// acknowledged writes there only if they were flushed. The client never
+// learns the outcome (its connection is ending); a failure is logged. It
+// runs under the connection's context, which a Shutdown whose deadline
+// passes cancels.
+func (t *transmission) shutdownFlush() {
+	if !t.wrote.Load() || t.flags&wire.FlagSendFlush == 0 {
+		return
+	}
+	if err := t.export.Flush(t.ctx); err != nil {
+		t.connection.logger.Warn("nbd: flushing the export at shutdown failed: writes acknowledged without FUA may not be durable",
+			"export", t.exportName, "error", err)
+	}
 }
 
 // readRequests reads requests until NBD_CMD_DISC (nil) or an error.
@@ -436,6 +463,7 @@ func (t *transmission) handle(j job) {
 	case wire.CmdWrite:
 		var err error
 		if length > 0 {
+			t.wrote.Store(true)
 			err = t.export.WriteAt(t.ctx, payload.Bytes, r.Offset, fua)
 		}
 		t.replyStatus(&a, r, err)
@@ -444,6 +472,7 @@ func (t *transmission) handle(j job) {
 	case wire.CmdTrim:
 		var err error
 		if length > 0 {
+			t.wrote.Store(true)
 			err = t.export.Trim(t.ctx, r.Offset, length, fua)
 		}
 		t.replyStatus(&a, r, err)
@@ -462,6 +491,7 @@ func (t *transmission) handle(j job) {
 		}
 		var err error
 		if length > 0 {
+			t.wrote.Store(true)
 			err = t.export.WriteZeroes(t.ctx, r.Offset, length, r.Flags&wire.CmdFlagNoHole != 0, fua)
 		}
 		t.replyStatus(&a, r, err)

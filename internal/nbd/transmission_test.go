@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -599,6 +600,56 @@ func TestShutdownIsGraceful(t *testing.T) {
 	c.expectClosed()
 	if err := <-closed; err != nil {
 		t.Fatalf("Close: %v", err)
+	}
+}
+
+// A graceful shutdown answers the requests it read, flushes the export
+// the connection wrote to, then closes the sending side: the client reads
+// every reply and then the end of the stream (not a reset, which a close
+// with the client's unread requests in the socket would send, losing
+// replies not yet sent). A request sent after the shutdown began is never
+// read: not served, not answered (a reconnecting client sends it again).
+func TestShutdownAnswersFlushesAndClosesCleanly(t *testing.T) {
+	disk := newMemoryDisk("disk", 1<<20)
+	entered := make(chan struct{}, 1)
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var operations []string
+	disk.gate = func(ctx context.Context, operation string) error {
+		mu.Lock()
+		operations = append(operations, operation)
+		first := len(operations) == 1
+		mu.Unlock()
+		if first {
+			entered <- struct{}{}
+			<-release
+		}
+		return nil
+	}
+	server := startServer(t, newMemoryBackend(disk))
+	c, _, _ := connect(t, server.address, "disk", connectOptions{structured: true})
+	c.sendRequest(0, wire.CmdWrite, 5, 0, 4, []byte{1, 2, 3, 4})
+	<-entered
+	closed := make(chan error, 1)
+	go func() { closed <- server.Close() }()
+	// Once the server is shutting down, its connections read no more.
+	waitFor(t, "the shutdown to begin", server.isShuttingDown)
+	c.sendRequest(0, wire.CmdWrite, 6, 4096, 4, []byte{5, 6, 7, 8})
+	close(release)
+	if r := c.readReply(); r.cookie != 5 || r.errno != wire.NoError {
+		t.Fatalf("reply to the write in flight: %v", r)
+	}
+	if n, err := c.reader.Read(make([]byte, 1)); n != 0 || !errors.Is(err, io.EOF) {
+		t.Fatalf("after the last reply: read %d bytes, %v; want the end of the stream", n, err)
+	}
+	c.conn.Close()
+	if err := <-closed; err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(operations, []string{"write", "flush"}) {
+		t.Fatalf("the export saw %v; want the write in flight, then a flush, and not the request sent after the shutdown began", operations)
 	}
 }
 

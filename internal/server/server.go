@@ -17,6 +17,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -307,20 +308,45 @@ func Run(ctx context.Context, o Options) error {
 		c.Close()
 		return err
 	}
+	stopping := time.Now()
 	logger.Info("stopping")
 	// A clean stop is a departure, not a failure: the node tells the
 	// cluster first and hands its raft roles over (at most a few seconds)
 	// while the NBD clients drain; Close waits for it.
 	go c.Depart()
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	// The NBD clients of both servers at once: each connection stops
+	// reading requests, those it read are answered, the export is
+	// flushed, and the connection closes its end first (nbd.Server
+	// Shutdown), so that a client with reconnect-delay sends the rest
+	// again once this node is back. Those still running after
+	// nbdDrainTimeout are cut.
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), nbdDrainTimeout)
 	defer cancel()
-	nbdServer.Shutdown(shutdownCtx)
-	if localNBD != nil {
-		localNBD.Shutdown(shutdownCtx)
+	var drained sync.WaitGroup
+	for _, s := range []*nbd.Server{nbdServer, localNBD} {
+		if s == nil {
+			continue
+		}
+		drained.Add(1)
+		go func() {
+			defer drained.Done()
+			if err := s.Shutdown(shutdownCtx); err != nil {
+				logger.Warn("stopping: NBD requests still in flight were cut", "after", nbdDrainTimeout, "err", err)
+			}
+		}()
 	}
+	drained.Wait()
 	apiServer.Shutdown(shutdownCtx)
-	return c.Close()
+	err = c.Close()
+	logger.Info("stopped", "after", time.Since(stopping).Round(time.Millisecond))
+	return err
 }
+
+// nbdDrainTimeout bounds how long a stopping node waits for the NBD
+// requests in flight to be answered (a write's replicas answer in
+// milliseconds; one waiting for an unreachable replica is retried for
+// the gateway's RetryTimeout).
+const nbdDrainTimeout = 5 * time.Second
 
 func loadOrCreateID(dir string) (string, error) {
 	path := filepath.Join(dir, "node.json")
