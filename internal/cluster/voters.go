@@ -36,6 +36,7 @@ package cluster
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -156,6 +157,28 @@ func (p voterPlan) next() (*voterChange, []string) {
 	}
 	target := targetVoters(len(healthyIDs))
 	zoneOf := func(id string) string { return p.nodes[id].Zone }
+	// An unreachable voter is demoted before a non-voter is promoted in
+	// its place. Promoting first grows the configuration around a dead
+	// voter, and a second failure at the same moment (the non-voter was
+	// killed with it, still counted reachable for a second) leaves two of
+	// four voters: no majority until one returns. Demoted first, the same
+	// second failure leaves two of three. Only while every other voter
+	// is healthy and reached: with a voter dead in the log or departing
+	// too, a promotion first is what lets that one go (the removal of a
+	// dead voter held back above needs the reachable majority a
+	// promotion gives).
+	others := 0
+	for _, s := range p.servers {
+		if id := string(s.ID); s.Suffrage == raft.Voter && !slices.Contains(unreachable, id) && !(healthy[id] && p.reachable(id)) {
+			others++
+		}
+	}
+	if len(unreachable) > 0 && others == 0 && len(live) < target && len(candidates) > 0 {
+		why := fmt.Sprintf("not reached by the leader; demoted before a replacement is promoted (%d reachable voters of %d wanted)", len(live), target)
+		if ch := try(voterChange{kind: changeDemote, id: unreachable[0], why: why}); ch != nil {
+			return ch, held
+		}
+	}
 	if len(live) < target && len(candidates) > 0 {
 		id := pickByZone(candidates, live, zoneOf, false)
 		why := fmt.Sprintf("%d reachable voters of %d wanted", len(live), target)

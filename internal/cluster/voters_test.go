@@ -471,3 +471,36 @@ func TestVoterPlanWhenEveryNodeStops(t *testing.T) {
 		t.Fatalf("nodes 1 and 2 stopping: voters %v, want %v", got, want)
 	}
 }
+
+// A voter and the non-voter that would replace it killed at the same
+// moment (seen in an e2e test with four nodes): the non-voter still
+// counts as reached for a second. Promoted first, it made four voters
+// with two dead: no majority until one returned. The unreachable voter
+// is demoted first, so the second death leaves two of three.
+func TestVoterPlanDemotesTheUnreachableBeforePromoting(t *testing.T) {
+	f := newPlanFixture([]string{id0, id1, id2}, []string{id3})
+	f.forget(id4)
+	f.reachable[id2] = false // killed; gossip has not noticed
+	ch, _ := f.next()
+	if ch == nil || ch.kind != changeDemote || ch.id != id2 {
+		t.Fatalf("change %v; want demote %s before any promotion", ch, id2)
+	}
+	f.apply(t, *ch)
+	ch, _ = f.next()
+	if ch == nil || ch.kind != changeAddVoter || ch.id != id3 {
+		t.Fatalf("change %v; want add voter %s", ch, id3)
+	}
+	f.apply(t, *ch)
+	// id3 was killed too: the voters the leader reaches are still a
+	// majority.
+	f.reachable[id3] = false
+	reached := 0
+	for _, v := range f.voters() {
+		if v == id0 || f.reachable[v] {
+			reached++
+		}
+	}
+	if voters := len(f.voters()); 2*reached <= voters {
+		t.Fatalf("voters %v, %d reached: no majority", f.voters(), reached)
+	}
+}
