@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -23,8 +24,19 @@ import (
 // reaches the majority) applies each new entry after its lag and may
 // commit; a member that is not keeps the prefix it has, so it lags behind
 // while it is paused or cut off, and catches up when it is connected
-// again. Like a raft follower without leader contact, a disconnected
-// member reports no quorum once quorumContactTimeout has passed.
+// again, after its catch-up delay (SetCatchUp: the heartbeat that
+// reconnects it comes before the entries it missed). Like a raft
+// follower without leader contact, a disconnected member reports no
+// quorum once quorumContactTimeout has passed.
+//
+// Leases are the real runtime's (lease.go), on the simulation's clock: a
+// member serves data only while it holds a lease it renewed through
+// Local (renewal at t0 while connected, the leader's commit index
+// applied, valid until t0 + leaseDuration), writes in an epoch wait until
+// the epoch is active (the leader's own code, leaseGrants.record and
+// activeLocked, on the grants and the floors the members reported), and
+// Local commits no NodeLeave of a node until any lease it granted that
+// node has run out.
 //
 // Local itself stands for the leader: its state is the committed one
 // (the reads of applied), and its Format, NodeJoin, NodeLeave and
@@ -38,12 +50,24 @@ type Local struct {
 	entries [][]byte
 	changed chan struct{} // closed and replaced on every commit
 	members map[*LocalMember]bool
+
+	// grants is the leader's record of the leases it granted, its times
+	// in nanoseconds since origin on the simulation's clock (the real
+	// leader's are CLOCK_BOOTTIME's). Local leads from its creation on,
+	// one term: grants.since is 0.
+	origin time.Time
+	grants leaseGrants
 }
 
 // NewLocal returns an empty log.
 func NewLocal() *Local {
-	return &Local{applied: applied{fsm: newFSM()}, changed: make(chan struct{}), members: map[*LocalMember]bool{}}
+	l := &Local{applied: applied{fsm: newFSM()}, changed: make(chan struct{}), members: map[*LocalMember]bool{}, origin: time.Now()}
+	l.grants.changed = make(chan struct{}) // the maps are made by leaseGrants.record
+	return l
 }
+
+// now is the leader's clock for grants: nanoseconds since origin.
+func (l *Local) now() int64 { return int64(time.Since(l.origin)) }
 
 // commit appends an encoded command and returns the result the leader's
 // FSM computed for it (as raft's ApplyFuture does) and its index. An entry
@@ -108,8 +132,14 @@ func (l *Local) NodeJoin(n Node) (uint64, error) {
 }
 
 // NodeLeave commits a node as gone, as the leader does when gossip
-// declares it dead; it returns the epoch.
+// declares it dead; it returns the epoch. As the real leader does
+// (Cluster.awaitDrop), it first waits until any lease granted to the node
+// has run out: leaseDuration + leaseMargin after the last grant, or after
+// the leader began to lead.
 func (l *Local) NodeLeave(id, reason string) (uint64, error) {
+	if wait := l.dropWait(id); wait > 0 {
+		time.Sleep(wait)
+	}
 	var epoch uint64
 	err := l.commitCommand(commandNodeLeave, nodeLeaveCommand{ID: id, Reason: reason, Time: time.Now().UTC()}, &epoch)
 	return epoch, err
@@ -142,6 +172,62 @@ func (l *Local) CreateVDIWith(name string, size uint64, exclusive bool) (VDI, er
 	return v, err
 }
 
+// grantLease answers a member's lease request, as Cluster.grantLease
+// does: it records the grant (its time, its commit index, the member's
+// applied index: leaseGrants.record) and answers the commit index, which
+// the member must apply before it holds the lease, and the active index,
+// waiting up to activeWait for it to reach want. The leader needs no barrier or
+// VerifyLeader here: a member is connected only on the majority's side.
+func (l *Local) grantLease(node string, applied, want uint64) (commit, active uint64) {
+	commit = l.Len()
+	var alive []string
+	l.fsm.View(func(s *State) {
+		for id, n := range s.Nodes {
+			if n.State == NodeAlive {
+				alive = append(alive, id)
+			}
+		}
+	})
+	deadline := time.Now().Add(activeWait)
+	g := &l.grants
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.record(node, l.now(), applied, commit)
+	close(g.changed)
+	g.changed = make(chan struct{})
+	for {
+		active = g.activeLocked(l.now(), commit, alive)
+		if active >= want || !time.Now().Before(deadline) {
+			return commit, active
+		}
+		// Wait for other members' reports (or leases running out).
+		changed := g.changed
+		g.mu.Unlock()
+		timer := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-changed:
+		case <-timer.C:
+		}
+		timer.Stop()
+		g.mu.Lock()
+	}
+}
+
+// dropWait is how long the leader must still wait before it commits an
+// entry that takes node out (Cluster.dropWait): until any lease it
+// granted the node, or a predecessor did before it began to lead, has
+// run out.
+func (l *Local) dropWait(node string) time.Duration {
+	g := &l.grants
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	from := g.since
+	if last, ok := g.last[node]; ok && last > from {
+		from = last
+	}
+	return max(time.Duration(from+int64(leaseDuration+leaseMargin)-l.now()), 0)
+}
+
 // Close stops every member.
 func (l *Local) Close() {
 	l.mu.Lock()
@@ -157,34 +243,49 @@ func (l *Local) Close() {
 
 // LocalMember is one node process's handle on a Local log: the
 // simulation's counterpart of Cluster, satisfying what the gateway and
-// the replica side need of it. It starts disconnected.
+// the replica side need of it. It starts disconnected and without a
+// lease.
 type LocalMember struct {
 	applied
 	log         *Local
 	id          string
 	incarnation string
 
-	mu          sync.Mutex // guards connected, lostContact, lag, stopped
-	connected   bool
-	lostContact time.Time
-	lag         time.Duration
-	stopped     bool
+	mu           sync.Mutex // guards the fields below
+	connected    bool
+	lostContact  time.Time
+	lag          time.Duration
+	catchUp      time.Duration
+	catchUpUntil time.Time // applies nothing before: reconnected, its entries not arrived yet
+	stopped      bool
+	leaseUntil   time.Time     // the lease is valid before it
+	active       uint64        // the highest active index the leader answered
+	want         uint64        // the active index a write waits for
+	renewed      chan struct{} // closed and replaced at every extension
+	lastErr      error         // why the last renewal failed (nil: it did not)
 
-	wake chan struct{} // nudges the applier after a change of the above
-	done chan struct{} // closed by Stop
+	wake   chan struct{}   // nudges the applier after a change of the above
+	kick   chan struct{}   // asks for a renewal now
+	done   chan struct{}   // closed by Stop
+	ctx    context.Context // ends with Stop
+	cancel context.CancelFunc
 }
 
 // Member starts the member of node id's process incarnation, which has
 // already applied the first `from` entries (a restarted node replays the
 // log it kept on its disk before it hears from the leader). Stop it, or
-// Close the log, when done: it runs a goroutine that applies entries.
+// Close the log, when done: it runs goroutines that apply entries and
+// renew its lease.
 func (l *Local) Member(id, incarnation string, from uint64) *LocalMember {
-	m := &LocalMember{applied: applied{fsm: newFSM()}, log: l, id: id, incarnation: incarnation, lostContact: time.Now(), wake: make(chan struct{}, 1), done: make(chan struct{})}
+	m := &LocalMember{applied: applied{fsm: newFSM()}, log: l, id: id, incarnation: incarnation, lostContact: time.Now(),
+		renewed: make(chan struct{}), wake: make(chan struct{}, 1), kick: make(chan struct{}, 1), done: make(chan struct{})}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.apply(from)
 	l.mu.Lock()
 	l.members[m] = true
 	l.mu.Unlock()
 	go m.run()
+	go m.leaseLoop()
 	return m
 }
 
@@ -198,11 +299,17 @@ func (m *LocalMember) Incarnation() string { return m.incarnation }
 func (m *LocalMember) Applied() uint64 { return m.fsm.Applied() }
 
 // SetConnected says whether the member's process reaches the majority
-// (the leader): a connected member applies new entries and may commit.
+// (the leader): a connected member applies new entries, renews its lease
+// and may commit. A member connected again has contact at once (a
+// heartbeat, one held in its socket across a pause too) but applies what
+// it missed only after its catch-up delay (SetCatchUp).
 func (m *LocalMember) SetConnected(connected bool) {
 	m.mu.Lock()
 	if m.connected && !connected {
 		m.lostContact = time.Now()
+	}
+	if !m.connected && connected {
+		m.catchUpUntil = time.Now().Add(m.catchUp)
 	}
 	m.connected = connected
 	m.mu.Unlock()
@@ -218,8 +325,21 @@ func (m *LocalMember) SetLag(lag time.Duration) {
 	m.nudge()
 }
 
+// SetCatchUp sets how long the member, when it is connected again after
+// a pause or a partition, takes before it applies the entries it missed.
+// Raft's heartbeats and its entries travel apart: a follower that stopped
+// answering gets a heartbeat (or reads one that waited in its socket while
+// it was stopped) before the leader, which backs off replication to a
+// follower that failed, sends it what it missed. Meanwhile the member has
+// contact with the leader, so quorum, and still applies the old epochs.
+func (m *LocalMember) SetCatchUp(d time.Duration) {
+	m.mu.Lock()
+	m.catchUp = d
+	m.mu.Unlock()
+}
+
 // Stop ends the member: its process died. It applies nothing more, has no
-// quorum and commits nothing.
+// quorum, no lease, and commits nothing.
 func (m *LocalMember) Stop() {
 	m.mu.Lock()
 	if m.stopped {
@@ -229,6 +349,7 @@ func (m *LocalMember) Stop() {
 	m.stopped = true
 	m.mu.Unlock()
 	close(m.done)
+	m.cancel()
 	m.log.mu.Lock()
 	delete(m.log.members, m)
 	m.log.mu.Unlock()
@@ -257,21 +378,22 @@ func (m *LocalMember) apply(to uint64) {
 }
 
 // run applies committed entries while the member is connected, each
-// batch after the member's lag, until Stop.
+// batch after the member's lag (the first after a reconnection after its
+// catch-up delay too), until Stop.
 func (m *LocalMember) run() {
 	for {
 		m.log.mu.Lock()
 		changed, committed := m.log.changed, uint64(len(m.log.entries))
 		m.log.mu.Unlock()
 		m.mu.Lock()
-		connected, lag, stopped := m.connected, m.lag, m.stopped
+		connected, wait, stopped := m.connected, max(m.lag, time.Until(m.catchUpUntil)), m.stopped
 		m.mu.Unlock()
 		if stopped {
 			return
 		}
 		if connected && committed > m.fsm.Applied() {
-			if lag > 0 {
-				timer := time.NewTimer(lag)
+			if wait > 0 {
+				timer := time.NewTimer(wait)
 				select {
 				case <-timer.C:
 				case <-m.done:
@@ -280,7 +402,7 @@ func (m *LocalMember) run() {
 				}
 			}
 			m.mu.Lock()
-			connected = m.connected && !m.stopped
+			connected = m.connected && !m.stopped && !time.Now().Before(m.catchUpUntil)
 			m.mu.Unlock()
 			if connected {
 				m.apply(^uint64(0))
@@ -298,7 +420,9 @@ func (m *LocalMember) run() {
 
 // QuorumStatus tells whether this member can currently commit to the log
 // (as Cluster.QuorumStatus: a follower keeps saying yes for
-// quorumContactTimeout after it last heard from the leader).
+// quorumContactTimeout after it last heard from the leader). It is
+// contact, not a lease: a member connected again has quorum at once,
+// before it applied what it missed.
 func (m *LocalMember) QuorumStatus() (ok bool, detail string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -321,26 +445,156 @@ func (m *LocalMember) HasQuorum() bool {
 	return ok
 }
 
-// LeaseValid is HasQuorum: the simulator models a node's lease by its
-// contact with the leader.
-func (m *LocalMember) LeaseValid() bool { return m.HasQuorum() }
-
-// LeaseValidMonotonic is LeaseValid.
-func (m *LocalMember) LeaseValidMonotonic() bool { return m.HasQuorum() }
-
-// WaitLease is LeaseValid's answer as an error.
-func (m *LocalMember) WaitLease(ctx context.Context) error {
-	if ok, detail := m.QuorumStatus(); !ok {
-		return fmt.Errorf("%w: %s", ErrNoQuorum, detail)
-	}
-	return nil
+// LeaseValid says whether this member may serve data now (as
+// Cluster.LeaseValid, on the simulation's clock).
+func (m *LocalMember) LeaseValid() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return !m.stopped && time.Now().Before(m.leaseUntil)
 }
 
-// WaitActive admits every write: the simulator models neither leases nor
-// activation (a member's lease is its contact with the leader); the real
-// runtime's are tested on real processes (test/e2e
-// TestPausedNodeServesNoStaleRead).
-func (m *LocalMember) WaitActive(ctx context.Context, epoch uint64) error { return nil }
+// LeaseValidMonotonic is LeaseValid: the simulation has one clock, and no
+// host is suspended.
+func (m *LocalMember) LeaseValidMonotonic() bool { return m.LeaseValid() }
+
+func (m *LocalMember) askRenewal() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// WaitLease returns nil once this member holds a valid lease, or an
+// error saying why it has none after leaseWait (as Cluster.WaitLease).
+func (m *LocalMember) WaitLease(ctx context.Context) error {
+	timer := time.NewTimer(leaseWait)
+	defer timer.Stop()
+	for {
+		m.mu.Lock()
+		renewed, lastErr, valid := m.renewed, m.lastErr, !m.stopped && time.Now().Before(m.leaseUntil)
+		m.mu.Unlock()
+		if valid {
+			return nil
+		}
+		m.askRenewal()
+		select {
+		case <-renewed:
+		case <-timer.C:
+			if lastErr == nil {
+				lastErr = errors.New("no renewal answered in time")
+			}
+			return fmt.Errorf("%w: node %s holds no lease from the leader: %v", ErrNoQuorum, m.id, lastErr)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.done:
+			return fmt.Errorf("%w: this process has stopped", ErrNoQuorum)
+		}
+	}
+}
+
+// WaitActive returns nil once writes in epoch may be admitted: no member
+// serves an epoch before it any more (as Cluster.WaitActive).
+func (m *LocalMember) WaitActive(ctx context.Context, epoch uint64) error {
+	current, index := m.fsm.epochStart()
+	if current != epoch {
+		return nil
+	}
+	if index == 0 {
+		index = m.fsm.Applied()
+	}
+	m.mu.Lock()
+	if m.active >= index {
+		m.mu.Unlock()
+		return nil
+	}
+	m.want = max(m.want, index)
+	m.mu.Unlock()
+	timer := time.NewTimer(leaseWait)
+	defer timer.Stop()
+	for {
+		m.mu.Lock()
+		renewed, lastErr, active := m.renewed, m.lastErr, m.active
+		m.mu.Unlock()
+		if active >= index {
+			return nil
+		}
+		m.askRenewal()
+		select {
+		case <-renewed:
+		case <-timer.C:
+			detail := fmt.Sprintf("nodes that may still serve an earlier epoch have not reported epoch %d (entry %d) yet", epoch, index)
+			if lastErr != nil {
+				detail += "; " + lastErr.Error()
+			}
+			return fmt.Errorf("%w: %s", ErrNoQuorum, detail)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.done:
+			return fmt.Errorf("%w: this process has stopped", ErrNoQuorum)
+		}
+	}
+}
+
+// leaseLoop renews the member's lease every leaseRenewEvery, at once when
+// a request found none or waits for a higher active index, and when the
+// member applies a new epoch (as Cluster.leaseLoop), until Stop. A paused
+// process's timers still fire in the simulation: its renewals fail, as
+// they find the leader unreachable.
+func (m *LocalMember) leaseLoop() {
+	ticker := time.NewTicker(leaseRenewEvery)
+	defer ticker.Stop()
+	for {
+		m.fsm.epochMu.Lock()
+		epochChanged := m.fsm.epochChanged
+		m.fsm.epochMu.Unlock()
+		if err := m.renewLease(); err != nil {
+			m.mu.Lock()
+			m.lastErr = err
+			m.mu.Unlock()
+		}
+		select {
+		case <-m.done:
+			return
+		case <-ticker.C:
+		case <-m.kick:
+		case <-epochChanged:
+		}
+	}
+}
+
+// renewLease asks the leader for a lease at t0 (as Cluster.renewLease):
+// the request carries the member's applied index and the active index it
+// waits for; the member applies the log up to the answered commit index,
+// and then holds the lease until t0 + leaseDuration. An answer applied
+// later than that extends nothing.
+func (m *LocalMember) renewLease() error {
+	t0 := time.Now()
+	m.mu.Lock()
+	connected, stopped, want := m.connected, m.stopped, m.want
+	m.mu.Unlock()
+	if stopped {
+		return nil
+	}
+	if !connected {
+		return fmt.Errorf("the leader is unreachable from node %s", m.id)
+	}
+	commit, active := m.log.grantLease(m.id, m.fsm.Applied(), want)
+	ctx, cancel := context.WithDeadline(m.ctx, t0.Add(leaseDuration))
+	defer cancel()
+	if err := m.fsm.WaitApplied(ctx, commit); err != nil {
+		return fmt.Errorf("node %s did not apply the log up to index %d in time", m.id, commit)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.active = max(m.active, active)
+	if until := t0.Add(leaseDuration); until.After(m.leaseUntil) {
+		m.leaseUntil = until
+	}
+	m.lastErr = nil
+	close(m.renewed)
+	m.renewed = make(chan struct{})
+	return nil
+}
 
 // propose commits a command through the leader and waits until this
 // member has applied it too, as Cluster.propose does.
@@ -366,23 +620,25 @@ func (m *LocalMember) propose(ctx context.Context, t commandType, payload any) (
 }
 
 // LookupVDI is VDI after catching up with the log on a miss (Cluster's
-// read barrier).
+// read barrier); a miss it cannot confirm (cut off from the log) is
+// ErrNoQuorum, as Cluster's.
 func (m *LocalMember) LookupVDI(ctx context.Context, name string) (VDI, error) {
 	v, err := m.VDI(name)
-	if err == nil {
-		return v, nil
+	if !errors.Is(err, ErrNotFound) {
+		return v, err
 	}
 	m.mu.Lock()
 	connected := m.connected
 	m.mu.Unlock()
-	if connected {
-		wait, cancel := context.WithTimeout(ctx, applyTimeout)
-		defer cancel()
-		if m.fsm.WaitApplied(wait, m.log.Len()) == nil {
-			v, err = m.VDI(name)
-		}
+	if !connected {
+		return VDI{}, fmt.Errorf("vdi %q is not in this node's copy of the log, and the leader's cannot be asked: %w: cut off from the log", name, ErrNoQuorum)
 	}
-	return v, err
+	wait, cancel := context.WithTimeout(ctx, applyTimeout)
+	defer cancel()
+	if err := m.fsm.WaitApplied(wait, m.log.Len()); err != nil {
+		return VDI{}, fmt.Errorf("vdi %q is not in this node's copy of the log, and it did not catch up: %w", name, err)
+	}
+	return m.VDI(name)
 }
 
 // SnapshotVDI is Cluster.SnapshotVDI.

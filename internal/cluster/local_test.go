@@ -97,3 +97,149 @@ func TestLocalMemberLocks(t *testing.T) {
 		}
 	})
 }
+
+// A member's lease is the real one on the simulation's clock: a member
+// holds none until it renewed through the leader; cut off, it keeps it
+// until t0 + leaseDuration of its last renewal and not a moment longer;
+// connected again with a catch-up delay, it has quorum at once (a
+// heartbeat) but a lease only once it applied what it missed.
+func TestLocalMemberLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := NewLocal()
+		defer l.Close()
+		a := l.Member("a", "a.1", 0)
+		b := l.Member("b", "b.1", 0)
+		if a.LeaseValid() {
+			t.Fatal("a member holds a lease before it ever reached the leader")
+		}
+		a.SetConnected(true)
+		b.SetConnected(true)
+		for _, id := range []string{"a", "b", "c"} {
+			if _, err := l.NodeJoin(Node{ID: id, Incarnation: id + ".1"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := a.WaitLease(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+
+		// b is paused: its last renewal began at most leaseRenewEvery ago.
+		b.SetCatchUp(time.Second)
+		b.SetConnected(false)
+		cut := time.Now()
+		time.Sleep(leaseDuration - leaseRenewEvery - time.Millisecond)
+		if !b.LeaseValid() {
+			t.Fatal("b's lease ended before leaseDuration - leaseRenewEvery")
+		}
+		time.Sleep(leaseRenewEvery + 2*time.Millisecond)
+		if b.LeaseValid() {
+			t.Fatalf("b still holds a lease %v after it was cut off", time.Since(cut))
+		}
+		// The leader drops b only once any lease it granted b ran out.
+		if _, err := l.NodeLeave("b", "test"); err != nil {
+			t.Fatal(err)
+		}
+		if b.LeaseValid() {
+			t.Fatal("b was dropped while it held a lease")
+		}
+
+		// b resumes: quorum at once, the old epoch still applied, no
+		// lease until it caught up.
+		b.SetConnected(true)
+		if !b.HasQuorum() || b.Epoch() != 3 {
+			t.Fatalf("resumed b: quorum %v, epoch %d; want quorum in epoch 3", b.HasQuorum(), b.Epoch())
+		}
+		time.Sleep(time.Second - time.Millisecond)
+		if b.LeaseValid() || b.Epoch() != 3 {
+			t.Fatalf("b holds a lease (%v) or applied epoch %d before its catch-up delay ended", b.LeaseValid(), b.Epoch())
+		}
+		if err := b.WaitLease(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if b.Epoch() != 4 {
+			t.Fatalf("b holds a lease in epoch %d; the leader's epoch is 4", b.Epoch())
+		}
+	})
+}
+
+// A write in a new epoch waits until every member that may still hold a
+// lease reported the entry that began it, or its lease ran out.
+func TestLocalMemberWaitActive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := NewLocal()
+		defer l.Close()
+		a := l.Member("a", "a.1", 0)
+		b := l.Member("b", "b.1", 0)
+		a.SetConnected(true)
+		b.SetConnected(true)
+		l.NodeJoin(Node{ID: "a", Incarnation: "a.1"})
+		l.NodeJoin(Node{ID: "b", Incarnation: "b.1"})
+		time.Sleep(leaseDuration + leaseMargin) // the leader's first term period
+		ctx := context.Background()
+		if err := a.WaitActive(ctx, a.Epoch()); err != nil {
+			t.Fatal(err)
+		}
+
+		// b applies late: a write in the new epoch waits for it.
+		b.SetLag(300 * time.Millisecond)
+		epoch, _ := l.NodeJoin(Node{ID: "c", Incarnation: "c.1"})
+		synctest.Wait()
+		started := time.Now()
+		if err := a.WaitActive(ctx, epoch); err != nil {
+			t.Fatal(err)
+		}
+		if waited := time.Since(started); waited < 300*time.Millisecond || b.Epoch() != epoch {
+			t.Fatalf("a write in epoch %d was admitted after %v, b at epoch %d", epoch, waited, b.Epoch())
+		}
+
+		// b is cut off with a valid lease: writes wait for it to run out.
+		b.SetConnected(false)
+		epoch, _ = l.NodeJoin(Node{ID: "d", Incarnation: "d.1"})
+		synctest.Wait()
+		started = time.Now()
+		err := a.WaitActive(ctx, epoch)
+		for errors.Is(err, ErrNoQuorum) && time.Since(started) < 2*leaseDuration {
+			err = a.WaitActive(ctx, epoch) // the gateway retries
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waited := time.Since(started); waited < leaseDuration-leaseRenewEvery {
+			t.Fatalf("a write in epoch %d was admitted %v after it began, while cut-off b could still serve epoch %d", epoch, waited, b.Epoch())
+		}
+	})
+}
+
+// The leader commits a NodeLeave only once any lease it granted the node
+// has run out, as Cluster.awaitDrop does.
+func TestLocalNodeLeaveWaitsForLease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := NewLocal()
+		defer l.Close()
+		a := l.Member("a", "a.1", 0)
+		a.SetConnected(true)
+		l.NodeJoin(Node{ID: "a", Incarnation: "a.1"})
+		l.NodeJoin(Node{ID: "b", Incarnation: "b.1"})
+		time.Sleep(leaseDuration + leaseMargin) // past the leader's first term period
+		if !a.LeaseValid() {
+			t.Fatal("a connected member holds no lease")
+		}
+		a.SetConnected(false)
+		started := time.Now()
+		if _, err := l.NodeLeave("a", "test"); err != nil {
+			t.Fatal(err)
+		}
+		if waited := time.Since(started); waited < leaseDuration+leaseMargin-leaseRenewEvery || a.LeaseValid() {
+			t.Fatalf("a was dropped %v after it was cut off, its lease valid: %v", waited, a.LeaseValid())
+		}
+		// A node never granted a lease is dropped at once.
+		started = time.Now()
+		if _, err := l.NodeLeave("b", "test"); err != nil {
+			t.Fatal(err)
+		}
+		if waited := time.Since(started); waited != 0 {
+			t.Fatalf("dropping b, which never held a lease, waited %v", waited)
+		}
+	})
+}

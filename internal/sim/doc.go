@@ -22,11 +22,29 @@
 //   - Raft and gossip. The log is the committed history; a member applies
 //     it while its process runs and reaches the majority, lags while it is
 //     paused or cut off, and says it has no quorum 3 s after losing the
-//     majority (as Cluster.QuorumStatus). The failure detector is the
-//     leader's reconcile loop reduced to its timing: a node the majority
-//     has not reached for 2.5-4.5 s (per node, from the seed) is committed
-//     as gone, a node (or a new process of it) reachable again for 0.8 s
-//     is committed as alive. Without a majority nothing is committed.
+//     majority (as Cluster.QuorumStatus). A node that returns (resumed,
+//     healed, restarted) has contact with the leader at once, as a
+//     heartbeat held in its socket across a pause gives it, but applies
+//     the entries it missed only after a catch-up delay drawn from the
+//     seed (0, 50 ms, 300 ms or 1 s: raft sends heartbeats apart from
+//     entries, and backs off replication to a follower that failed), so
+//     for that long it has contact and applies epochs the cluster left.
+//     The failure detector is the leader's reconcile loop reduced to its
+//     timing: a node the majority has not reached for 2.5-4.5 s (per
+//     node, from the seed) is committed as gone, a node (or a new process
+//     of it) reachable again for 0.8 s is committed as alive. Without a
+//     majority nothing is committed.
+//   - Leases (cluster/lease.go) are modelled by cluster.Local as the real
+//     runtime has them, on the fake clock: a member renews every 500 ms,
+//     and at once on a new epoch or a request without a lease, only while
+//     it reaches the majority; its lease runs from the renewal's start
+//     t0, once it applied the log up to the leader's commit index, until
+//     t0 + 2 s. Writes in an epoch wait until every member whose lease
+//     may still run reported the entry that began it (the leader's rule,
+//     the same code), and the leader commits a node's leave only 2.5 s
+//     after its last grant to it. The replica side is the real one
+//     (replica.Replica: admission under a lease, the check after every
+//     read, activation before writes).
 //   - The network (transport.go): gateway.Replicas and recovery's Lister,
 //     done by calling the target process's *replica.Replica directly, as
 //     PeerReplicas does over the peer protocol, including its shortcut to
@@ -49,6 +67,14 @@
 //     operations in flight on distinct blocks, with test/robustness's model
 //     of every block. A VM whose node is killed starts again on the next
 //     node that runs.
+//   - Readers (reader.go): on every node, one reader of the clients' VDIs
+//     through its read-only export (ro/NAME) beside the writers, with two
+//     lanes: one gives a read up after 1 s (so it reads again while its
+//     node is paused or cut off, after writes acknowledged meanwhile), one
+//     after 8 s (past the gateway's 5 s failover from a silent replica).
+//     Reads so go through nodes that are paused, on the minority side of
+//     a partition, resumed and catching up, restarted or lagging, not only
+//     through the writer's node.
 //   - Time: each seed runs in a testing/synctest bubble, so every timeout
 //     of herd (30 s retries, 5 s reads, 2 s catch-up, recovery back-off)
 //     passes in fake time, and a minute of cluster life costs a fraction of
@@ -59,8 +85,9 @@
 // A seed determines the cluster (4-5 nodes, 2-3 copies, at most copies-1
 // or copies nodes faulty at once, 64 KiB objects, 1 MiB VDIs), the faults
 // (kill, restart, pause, resume, partition, heal, message drops and delays,
-// apply lag; often nodes that return are followed at once by others that
-// fail) over 15-30 fake seconds, and a check every fake second. Each event
+// apply lag, the catch-up delay of each node that returns; often nodes
+// that return are followed at once by others that fail) over 15-30 fake
+// seconds, and a check every fake second. Each event
 // is a step: it is applied, synctest.Wait lets the world settle (every
 // goroutine blocked), and the invariants are checked while nothing moves.
 // Then every fault heals, the clients finish, every block is read back
@@ -70,7 +97,10 @@
 //
 //	(a) No stale read: every read a client completes returns the block's
 //	    last acknowledged write or a write whose outcome it does not know
-//	    (test/robustness's model); at the end, every block reads back so.
+//	    (test/robustness's model); every read a reader completes returns
+//	    the write acknowledged before the read began, a later one begun
+//	    before it ended, or one of unknown outcome (never anything
+//	    older); at the end, every block reads back so.
 //	(b) No acknowledged write lost, no copy deleted before its
 //	    replacement exists: after every step, every acknowledged block is
 //	    held by some copy of its object on some node's disk (killed nodes
@@ -96,25 +126,32 @@
 // # Determinism
 //
 // The schedule is a pure function of the seed: the configuration, every
-// fault and its fake time, every client operation (kind, block, pause
-// before it), the failure detector's timing, and the fate of each message
+// fault and its fake time, every client's and reader's operation (kind,
+// block, pause before it), the failure detector's timing, and the fate of each message
 // (a hash of the seed, the message and the fake time, not a shared stream
 // consumed in scheduling order). Goroutine interleavings within one fake
 // instant are Go's, and herd iterates maps in random order, so a replay
 // follows the same schedule but not necessarily the same interleaving: a
-// bug that depends on the schedule (the seeded bug below: 5 of 5 replays
+// bug that depends on the schedule (the seeded bugs below: 8 of 8 replays
 // fail again) reproduces reliably, one that depends on a race between two
 // goroutines at the same instant may need a few replays.
 //
 // # Seeded bugs
 //
-// With the build tag simbugs, recovery.SetSeededBug reintroduces old bugs
-// of docs/TESTING.md's table ("every-node-witnesses": background recovery
-// counting every node as a witness in the proof of currency), and
-// TestSimulatorFindsSeededBug shows the simulator finds it and replays it:
+// With the build tag simbugs, old bugs of docs/TESTING.md's table can be
+// switched on again (-sim.bug, setSeededBug): recovery's
+// "every-node-witnesses" (background recovery counting every node as a
+// witness in the proof of currency: recovery.SetSeededBug), and the
+// simulator's own "lease-by-contact" (bugs.go: the replica side served
+// data while its node had contact with the leader, with no lease and no
+// activation, as before cluster/lease.go, so a node that returned served
+// its own copies in the epoch it left until it caught up). For each,
+// a TestSimulatorFindsSeededBug test shows the simulator finds it and
+// replays it (and TestScenario*FindsSeededBug a hand-written schedule):
 //
-//	go test -tags simbugs ./internal/sim -run TestSimulatorFindsSeededBug -v
-//	go test -tags simbugs ./internal/sim -run TestSimulate -sim.bug=every-node-witnesses -sim.seed=39 -v
+//	go test -tags simbugs ./internal/sim -run FindsSeededBug -v
+//	go test -tags simbugs ./internal/sim -run TestSimulate -sim.bug=every-node-witnesses -sim.seed=2 -v
+//	go test -tags simbugs ./internal/sim -run TestSimulate -sim.bug=lease-by-contact -sim.seed=16 -v
 //
 // # Deviations from the design
 //

@@ -33,8 +33,12 @@ type Result struct {
 	Errors   int64    // operations that failed (allowed: a fault may cause them)
 	Held     int      // steps at which a node's recovery waited for a maintenance window
 	Notes    []string // the step log
-	Clients  []string // each client's first errors
+	Clients  []string // each client's first errors, then each reader's
 	Err      error    // a *Failure, or nil
+
+	// ReaderReads are the reads the readers (reader.go) completed and
+	// checked; ReaderErrors those that failed (allowed).
+	ReaderReads, ReaderErrors int64
 }
 
 // Failure is a broken invariant (or a cluster that did not recover),
@@ -49,7 +53,7 @@ type Failure struct {
 	Problems  []string
 	Notes     []string // the step log up to the failure
 	Logs      []string // the nodes' last log lines
-	Clients   []string // each client's first errors
+	Clients   []string // each client's first errors, then each reader's
 }
 
 // ReplayCommand is how to run one seed again. A run with a seeded bug
@@ -122,11 +126,7 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 		w.notesMu.Lock()
 		f.Notes = append(f.Notes, w.notes...)
 		w.notesMu.Unlock()
-		for _, c := range w.clients {
-			c.mu.Lock()
-			f.Clients = append(f.Clients, c.errs...)
-			c.mu.Unlock()
-		}
+		f.Clients = w.firstErrors()
 		r.Err = f
 		return r
 	}
@@ -145,6 +145,9 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 		c.vdiID = v.ID
 		w.clients = append(w.clients, c)
 	}
+	for i := range w.nodes {
+		w.readers = append(w.readers, newReader(w, i))
+	}
 	defer func() {
 		r.Steps, r.FakeTime, r.Epoch, r.Faults = step, w.elapsed(), w.log.Epoch(), w.counts
 		for _, c := range w.clients {
@@ -153,14 +156,14 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 			r.Writes += c.writes.Load()
 			r.Errors += c.failures.Load()
 		}
+		for _, rd := range w.readers {
+			r.ReaderReads += rd.reads.Load()
+			r.ReaderErrors += rd.failures.Load()
+		}
 		w.notesMu.Lock()
 		r.Notes = append(r.Notes, w.notes...)
 		w.notesMu.Unlock()
-		for _, c := range w.clients {
-			c.mu.Lock()
-			r.Clients = append(r.Clients, c.errs...)
-			c.mu.Unlock()
-		}
+		r.Clients = w.firstErrors()
 	}()
 
 	// check settles the world and checks every invariant: the reads the
@@ -192,6 +195,22 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 				c.lane(lane, stop)
 			}()
 		}
+	}
+	for _, rd := range w.readers {
+		var readerLanes sync.WaitGroup
+		for lane, timeout := range readerTimeouts {
+			readerLanes.Add(1)
+			go func() {
+				defer readerLanes.Done()
+				rd.lane(lane, timeout, stop)
+			}()
+		}
+		lanes.Add(1)
+		go func() {
+			defer lanes.Done()
+			readerLanes.Wait()
+			rd.close()
+		}()
 	}
 	begin := w.elapsed()
 	for _, e := range schedule.Events {
@@ -273,6 +292,22 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 	}
 	w.note("converged: every object has %d identical copies stamped %d", w.cfg.Copies, w.log.Epoch())
 	return r
+}
+
+// firstErrors are each client's first errors, then each reader's.
+func (w *World) firstErrors() []string {
+	var out []string
+	for _, c := range w.clients {
+		c.mu.Lock()
+		out = append(out, c.errs...)
+		c.mu.Unlock()
+	}
+	for _, rd := range w.readers {
+		rd.mu.Lock()
+		out = append(out, rd.errs...)
+		rd.mu.Unlock()
+	}
+	return out
 }
 
 // waitFor waits until done closes, checking the invariants every second;

@@ -56,11 +56,24 @@ type Event struct {
 	DelayMax     time.Duration
 	Lag          time.Duration
 	Window       time.Duration // Maintenance
+	// CatchUp (Resume, Heal, Restart): how long the nodes this event
+	// connects to the majority again take before they apply the log
+	// entries they missed, while they have contact with the leader
+	// already (cluster.LocalMember.SetCatchUp).
+	CatchUp time.Duration
 }
 
 func (e Event) String() string {
+	catchUp := ""
+	if e.CatchUp > 0 {
+		catchUp = fmt.Sprintf(" (catching up on the log after %v)", e.CatchUp)
+	}
 	switch e.Kind {
-	case Kill, Restart, Pause, Resume:
+	case Restart, Resume:
+		return fmt.Sprintf("%s n%d%s", e.Kind, e.Node, catchUp)
+	case Heal:
+		return e.Kind.String() + catchUp
+	case Kill, Pause:
 		return fmt.Sprintf("%s n%d", e.Kind, e.Node)
 	case Partition:
 		var ids []string
@@ -245,6 +258,15 @@ func NewSchedule(seed uint64) Schedule {
 		withWindows = append(withWindows, e)
 	}
 	faults = withWindows
+	// Nodes that return (resumed, healed, restarted) catch up on the log
+	// late: a heartbeat reaches them before the entries they missed. From
+	// a stream of their own too.
+	u := rand.New(rand.NewPCG(seed, 0x63617463))
+	for i, e := range faults {
+		if e.Kind == Resume || e.Kind == Heal || e.Kind == Restart {
+			faults[i].CatchUp = []time.Duration{0, 50 * time.Millisecond, 300 * time.Millisecond, time.Second}[u.IntN(4)]
+		}
+	}
 	// Checks every second between the faults.
 	for at := checkInterval; at < cfg.Faults; at += checkInterval {
 		faults = append(faults, Event{At: at, Kind: Check})

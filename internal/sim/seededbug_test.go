@@ -7,21 +7,20 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
-
-	"github.com/herd-storage/herd/internal/recovery"
 )
 
 var (
-	bugFlag      = flag.String("sim.bug", "", "switch this seeded bug on for TestSimulate (see recovery.SeededBugs)")
+	bugFlag      = flag.String("sim.bug", "", "switch this seeded bug on for TestSimulate (see seededBugs: the simulator's and recovery.SeededBugs)")
 	bugSeedsFlag = flag.Int("sim.bugseeds", 400, "how many seeds TestSimulatorFindsSeededBug tries before it gives up")
 )
 
 func TestMain(m *testing.M) {
 	flag.Parse()
 	if *bugFlag != "" {
-		if err := recovery.SetSeededBug(*bugFlag, true); err != nil {
+		if err := setSeededBug(*bugFlag, true); err != nil {
 			panic(err)
 		}
 		seededBug = *bugFlag
@@ -36,14 +35,31 @@ func TestMain(m *testing.M) {
 // that seed and expects it to fail again (searching on if it does not).
 // Built only with -tags simbugs.
 func TestSimulatorFindsSeededBug(t *testing.T) {
-	const bug = "every-node-witnesses"
-	if err := recovery.SetSeededBug(bug, true); err != nil {
+	findSeededBug(t, "every-node-witnesses", "")
+}
+
+// TestSimulatorFindsSeededBugLeaseByContact: with a node's lease its
+// contact with the leader again, as before cluster/lease.go, a reader on
+// a node that returns (resumed, healed or restarted) and catches up on
+// the log late reads the node's own copy in the epoch it left. The
+// normal build passes the seeds that find it
+// (TestReturningNodesServeNoStaleRead).
+func TestSimulatorFindsSeededBugLeaseByContact(t *testing.T) {
+	findSeededBug(t, "lease-by-contact", "(stale read)")
+}
+
+// findSeededBug switches bug on, runs seeds until one fails (with a
+// problem that contains want, if want is not empty), then replays that
+// seed and expects it to fail again (searching on if it does not).
+func findSeededBug(t *testing.T, bug, want string) {
+	if err := setSeededBug(bug, true); err != nil {
 		t.Fatal(err)
 	}
-	defer recovery.SetSeededBug(bug, seededBug == bug)
+	defer setSeededBug(bug, seededBug == bug)
 	saved := seededBug
 	seededBug = bug
 	defer func() { seededBug = saved }()
+	fails := func(r Result) bool { return r.Err != nil && strings.Contains(problems(r.Err), want) }
 	dir := scratch(t)
 	started := time.Now()
 	tried := 0
@@ -70,7 +86,7 @@ func TestSimulatorFindsSeededBug(t *testing.T) {
 			})
 			tried += batch
 			for i := range results {
-				if results[i].Err != nil {
+				if fails(results[i]) {
 					found = &results[i]
 					break
 				}
@@ -79,7 +95,7 @@ func TestSimulatorFindsSeededBug(t *testing.T) {
 		if found == nil {
 			break
 		}
-		t.Logf("found the seeded bug with seed %d (%d seeds tried in %v):\n%v", found.Seed, tried, time.Since(started).Round(time.Millisecond), found.Err)
+		t.Logf("found the seeded bug %s with seed %d (%d seeds tried in %v):\n%v", bug, found.Seed, tried, time.Since(started).Round(time.Millisecond), found.Err)
 		// The replays run in parallel too, as the search did.
 		const replays = batch
 		outcomes := make([]Result, replays)
@@ -93,7 +109,7 @@ func TestSimulatorFindsSeededBug(t *testing.T) {
 		})
 		failures := 0
 		for i, r := range outcomes {
-			if r.Err != nil {
+			if fails(r) {
 				failures++
 				t.Logf("replay %d of seed %d failed again: %s", i+1, found.Seed, problems(r.Err))
 			}
@@ -104,17 +120,17 @@ func TestSimulatorFindsSeededBug(t *testing.T) {
 		}
 		t.Logf("seed %d failed once but none of %d replays failed; searching on", found.Seed, replays)
 	}
-	t.Fatalf("no seed of %d from %d failed in a way its replays repeat (the seeded bug was not found, or not reproducibly)", tried, *startFlag)
+	t.Fatalf("no seed of %d from %d failed in a way its replays repeat (the seeded bug %s was not found, or not reproducibly)", tried, *startFlag, bug)
 }
 
 // TestScenarioFigure4FindsSeededBug: the Fig. 4 scenario, which passes on
 // the real code (TestScenarioFigure4), fails with the seeded bug.
 func TestScenarioFigure4FindsSeededBug(t *testing.T) {
 	const bug = "every-node-witnesses"
-	if err := recovery.SetSeededBug(bug, true); err != nil {
+	if err := setSeededBug(bug, true); err != nil {
 		t.Fatal(err)
 	}
-	defer recovery.SetSeededBug(bug, seededBug == bug)
+	defer setSeededBug(bug, seededBug == bug)
 	saved := seededBug
 	seededBug = bug
 	defer func() { seededBug = saved }()
@@ -128,4 +144,32 @@ func TestScenarioFigure4FindsSeededBug(t *testing.T) {
 		t.Logf("seed %d passed", seed)
 	}
 	t.Fatal("the Fig. 4 scenario did not find the seeded bug in 5 seeds")
+}
+
+// TestScenarioResumedNodeFindsSeededBug: the resumed-node scenario, which
+// passes on the real code (TestScenarioResumedNode), fails with the
+// seeded bug lease-by-contact: a stale read by a reader on a returning
+// node.
+func TestScenarioResumedNodeFindsSeededBug(t *testing.T) {
+	const bug = "lease-by-contact"
+	if err := setSeededBug(bug, true); err != nil {
+		t.Fatal(err)
+	}
+	defer setSeededBug(bug, seededBug == bug)
+	saved := seededBug
+	seededBug = bug
+	defer func() { seededBug = saved }()
+	dir := scratch(t)
+	for seed := uint64(1); seed <= 5; seed++ {
+		r := runScenario(t, resumed(seed), filepath.Join(dir, "s"+itoa(seed)))
+		if r.Err != nil && strings.Contains(problems(r.Err), "(stale read)") {
+			t.Logf("seed %d fails with the seeded bug, as it must: %s", seed, problems(r.Err))
+			return
+		}
+		if r.Err != nil {
+			t.Fatalf("seed %d failed otherwise than by a stale read: %v", seed, r.Err)
+		}
+		t.Logf("seed %d passed", seed)
+	}
+	t.Fatal("the resumed-node scenario did not find the seeded bug in 5 seeds")
 }

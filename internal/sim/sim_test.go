@@ -93,7 +93,7 @@ func TestSimulate(t *testing.T) {
 	started := time.Now()
 	var failed atomic.Int64
 	var mu sync.Mutex
-	var ops, faults, held int64
+	var ops, faults, held, readerReads int64
 	t.Run("seeds", func(t *testing.T) {
 		for i := 0; i < seeds; i++ {
 			seed := *startFlag + uint64(i)
@@ -105,6 +105,7 @@ func TestSimulate(t *testing.T) {
 				mu.Lock()
 				ops += r.Ops
 				held += int64(r.Held)
+				readerReads += r.ReaderReads
 				for _, n := range r.Faults {
 					faults += int64(n)
 				}
@@ -122,14 +123,19 @@ func TestSimulate(t *testing.T) {
 	if seeds >= 100 && held == 0 {
 		t.Errorf("in %d seeds no node's recovery ever waited for a maintenance window", seeds)
 	}
+	// Readers through other nodes than the writers' must read something,
+	// or they check nothing.
+	if seeds >= 10 && readerReads == 0 {
+		t.Errorf("in %d seeds no reader through another node completed a read", seeds)
+	}
 	elapsed := time.Since(started)
-	t.Logf("%d seeds from %d in %v (%v per seed, %.1f seeds/s on %d cores): %d client operations, %d scheduled events, %d steps with copies held for a maintenance window; %d failed",
-		seeds, *startFlag, elapsed.Round(time.Millisecond), (elapsed / time.Duration(max(seeds, 1))).Round(time.Microsecond), float64(seeds)/elapsed.Seconds(), parallelism(), ops, faults, held, failed.Load())
+	t.Logf("%d seeds from %d in %v (%v per seed, %.1f seeds/s on %d cores): %d client operations, %d reads by readers on every node, %d scheduled events, %d steps with copies held for a maintenance window; %d failed",
+		seeds, *startFlag, elapsed.Round(time.Millisecond), (elapsed / time.Duration(max(seeds, 1))).Round(time.Microsecond), float64(seeds)/elapsed.Seconds(), parallelism(), ops, readerReads, faults, held, failed.Load())
 }
 
 func logResult(t *testing.T, r Result) {
-	t.Logf("seed %d: %+v; %d steps, %v of fake time, final epoch %d, events %v, %d operations (%d reads, %d writes), %d failed (allowed under faults)",
-		r.Seed, r.Config, r.Steps, r.FakeTime.Round(time.Millisecond), r.Epoch, r.Faults, r.Ops, r.Reads, r.Writes, r.Errors)
+	t.Logf("seed %d: %+v; %d steps, %v of fake time, final epoch %d, events %v, %d operations (%d reads, %d writes), %d failed (allowed under faults); readers on every node: %d reads, %d failed",
+		r.Seed, r.Config, r.Steps, r.FakeTime.Round(time.Millisecond), r.Epoch, r.Faults, r.Ops, r.Reads, r.Writes, r.Errors, r.ReaderReads, r.ReaderErrors)
 }
 
 // TestSimulateExclusive runs seeds with the clients' VDIs exclusive (vdi

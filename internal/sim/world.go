@@ -51,6 +51,9 @@ type World struct {
 	cut          map[int]bool // nodes cut off from the others
 	dropPerMille int
 	delayMax     time.Duration
+	// catchUp is the catch-up delay of the nodes the event being applied
+	// connects again (Event.CatchUp).
+	catchUp time.Duration
 
 	wg sync.WaitGroup // background goroutines: recovery runs, failure detector
 
@@ -59,6 +62,7 @@ type World struct {
 	violations []string   // found since the last check
 
 	clients []*client
+	readers []*reader
 	stamps  map[stampKey]uint64 // invariant (c); only the step loop uses it
 	oids    []uint64            // every object the clients' VDIs can have
 	counts  map[string]int      // faults injected, by kind
@@ -224,7 +228,7 @@ func (w *World) startProcess(n *node) error {
 	p.ctx, p.cancel = context.WithCancel(w.ctx)
 	p.member = w.log.Member(n.id, p.incarnation, from)
 	p.member.SetLag(n.lag)
-	p.replica = replica.New(p.member, replica.LocalStore{Store: st})
+	p.replica = replica.New(epochSource(p.member), replica.LocalStore{Store: st})
 	tr := &transport{w: w, from: p}
 	layouts := layout.NewHistory(p.member, logger)
 	p.gateway = gateway.New(p.member, layouts, tr, logger, gateway.Options{})
@@ -256,6 +260,7 @@ func (w *World) updateLocked() {
 		if connected != n.reachable {
 			n.reachable, n.since = connected, now
 		}
+		n.proc.member.SetCatchUp(w.catchUp)
 		n.proc.member.SetConnected(connected)
 	}
 	close(w.changed)
@@ -332,6 +337,14 @@ func errText(err error) string {
 // apply carries out one scheduled event.
 func (w *World) apply(e Event) error {
 	w.counts[e.Kind.String()]++
+	w.mu.Lock()
+	w.catchUp = e.CatchUp
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.catchUp = 0
+		w.mu.Unlock()
+	}()
 	switch e.Kind {
 	case Check:
 	case Kill:

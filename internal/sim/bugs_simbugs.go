@@ -1,0 +1,32 @@
+//go:build simbugs
+
+package sim
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/herd-storage/herd/internal/recovery"
+)
+
+// The seeded bugs of bugs.go, switchable: this file is compiled only with
+// the build tag simbugs, for the tests that show the simulator finds them.
+var bugLeaseByContact = false
+
+// seededBugs lists the names setSeededBug accepts: the simulator's own and
+// recovery's.
+var seededBugs = append([]string{"lease-by-contact"}, recovery.SeededBugs...)
+
+// setSeededBug turns a seeded bug on or off. Call it before a run starts
+// (it is not synchronised).
+func setSeededBug(name string, on bool) error {
+	switch {
+	case name == "lease-by-contact":
+		bugLeaseByContact = on
+	case slices.Contains(recovery.SeededBugs, name):
+		return recovery.SetSeededBug(name, on)
+	default:
+		return fmt.Errorf("sim: no seeded bug %q (known: %v)", name, seededBugs)
+	}
+	return nil
+}
