@@ -328,17 +328,17 @@ func (c *Cluster) renewLease() error {
 // leaseGrants is the leader's record of the leases it granted in its
 // current term.
 type leaseGrants struct {
-	mu      sync.Mutex
-	term    uint64
-	since   int64             // bootNow when this node began to act as the term's leader
-	ready   bool              // the term's Barrier was applied: CommitIndex covers every earlier term's entries
-	last    map[string]int64  // node id -> bootNow of its last grant
-	floor   map[string]uint64 // node id -> the highest applied index it reported
+	mu    sync.Mutex
+	term  uint64
+	since int64             // bootNow when this node began to act as the term's leader
+	ready bool              // the term's Barrier was applied: CommitIndex covers every earlier term's entries
+	last  map[string]int64  // node id -> bootNow of its last grant
+	floor map[string]uint64 // node id -> the highest applied index it reported
 	// granted are each node's grants whose leases may still run, oldest
 	// first: a node uses a lease only once it applied the grant's commit
 	// index, so the oldest one's is a floor too.
 	granted map[string][]grant
-	changed chan struct{}     // closed and replaced at every grant
+	changed chan struct{} // closed and replaced at every grant
 }
 
 // begin resets the record when term is a new term.
