@@ -134,10 +134,11 @@ func (m *Maintenance) fetchBlockwise(ctx context.Context, c *replicaCopy, epoch,
 
 // checkObject compares the copies of oid on its replicas in the current
 // epoch and, with repair, makes them identical to the reference. The
-// reference must be a copy of the newest stamp any node holds: when the
-// newest copy is only on a node the epoch no longer places it on (recovery
-// has not copied it yet), a repair first recovers the replicas from it and
-// looks again (refreshed); a check reports the object as not recovered yet.
+// reference must be a copy of the newest stamp any node holds. A repair
+// first makes every replica current in the epoch (restamped, or fetched
+// from a newest copy, perhaps one the epoch no longer places here) and
+// looks again (refreshed); a check reports an object whose newest copy is
+// not on its replicas as not recovered yet.
 // Never the reverse: a placed copy of an older stamp missed writes, and
 // writing it over the others would lose them.
 func (m *Maintenance) checkObject(ctx context.Context, oid uint64, vdi cluster.VDI, repair, refreshed bool, report *CheckReport) error {
@@ -178,21 +179,44 @@ func (m *Maintenance) checkObject(ctx context.Context, oid uint64, vdi cluster.V
 	for _, c := range present {
 		placedNewest = max(placedNewest, c.stamp)
 	}
-	if placedNewest < newest && repair && !refreshed {
+	// A repair first makes every replica current in this epoch (restamped,
+	// or fetched from a newest copy), then compares them afresh and makes
+	// them identical to one reference, written in this epoch.
+	//
+	// Invariant: once a repair is done, every replica placed in epoch e
+	// holds the reference stamped e, and no other copy anywhere holds a
+	// stamp of e or later (recovery in e leaves copies stamped e alone and
+	// copies only onto placed replicas; nobody writes the VDI until it is
+	// clean). So every copy a later survey finds with the newest stamp is
+	// the reference or was copied from it. Comparing only the placed
+	// replicas is not enough without this: a replica left with its old
+	// stamp would tie with a copy of the same stamp that the epoch places
+	// elsewhere (or that a node down during the repair holds), written by
+	// the dead writer and never acknowledged, and recovery may copy either
+	// (seen by the simulator, seed 367: a placed replica stamped 5 kept the
+	// old data, an unplaced one stamped 5 the dead writer's last write, and
+	// recovery spread that one to the other replicas).
+	if repair && !refreshed && newest > 0 && m.proof.Current(oid, vdi.Copies, rv, newest, answered) == nil {
+		stale := false
 		for _, c := range copies {
-			if c.found && c.stamp >= newest {
-				continue
-			}
-			if c.damage != nil {
-				if err := m.replicas.Remove(ctx, c.node, rv.Number, oid); err != nil && !errors.Is(err, object.ErrNotFound) {
-					return fmt.Errorf("removing damaged object %016x on node %s: %w", oid, c.node.ID, err)
+			stale = stale || !c.found || c.stamp < rv.Number
+		}
+		if stale {
+			for _, c := range copies {
+				if c.found && c.stamp >= rv.Number {
+					continue
+				}
+				if c.damage != nil {
+					if err := m.replicas.Remove(ctx, c.node, rv.Number, oid); err != nil && !errors.Is(err, object.ErrNotFound) {
+						return fmt.Errorf("removing damaged object %016x on node %s: %w", oid, c.node.ID, err)
+					}
+				}
+				if err := m.replicas.Recover(ctx, c.node, rv.Number, oid); err != nil {
+					return fmt.Errorf("recovering object %016x on node %s from its newest copy (stamp %d): %w", oid, c.node.ID, newest, err)
 				}
 			}
-			if err := m.replicas.Recover(ctx, c.node, rv.Number, oid); err != nil {
-				return fmt.Errorf("recovering object %016x on node %s from its newest copy (stamp %d): %w", oid, c.node.ID, newest, err)
-			}
+			return m.checkObject(ctx, oid, vdi, repair, true, report)
 		}
-		return m.checkObject(ctx, oid, vdi, repair, true, report)
 	}
 	if len(present) == 0 {
 		if object.Type(oid) == object.TypeMap {
