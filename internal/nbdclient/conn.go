@@ -814,10 +814,12 @@ func (c *Conn) simpleReply(errno wire.Errno, handle uint64) error {
 		return protocolError("simple reply to BLOCK_STATUS (a structured reply is required)")
 	}
 	if errno != wire.NoError {
-		c.finish(call, call.commandError(uint32(errno), ""), nil)
+		// Refuse new requests before the caller learns of the ESHUTDOWN,
+		// so its next request cannot slip out ahead of the refusal.
 		if errno == wire.ESHUTDOWN {
 			c.serverShuttingDown()
 		}
+		c.finish(call, call.commandError(uint32(errno), ""), nil)
 		return nil
 	}
 	if call.command == wire.CmdRead {
@@ -906,11 +908,11 @@ func (c *Conn) chunk(flags, chunkType uint16, handle uint64, length uint32) erro
 // complete ends call on its final chunk.
 func (c *Conn) complete(call *call) error {
 	if call.chunkError != nil {
-		c.finish(call, call.chunkError, nil)
 		var commandError *Error
 		if errors.As(call.chunkError, &commandError) && wire.Errno(commandError.Errno) == wire.ESHUTDOWN {
-			c.serverShuttingDown()
+			c.serverShuttingDown() // before the caller hears of it, as above
 		}
+		c.finish(call, call.chunkError, nil)
 		return nil
 	}
 	switch call.command {
