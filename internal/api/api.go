@@ -58,6 +58,12 @@ type (
 		// Handover is what an older client sent to ask for what is now
 		// the default; accepted and ignored.
 		Handover bool `json:"handover,omitempty"`
+		// Copies is the VDI's own number of copies (0: the cluster's).
+		Copies int `json:"copies,omitempty"`
+	}
+	// FinalizeResponse is the cluster's feature level after a finalize.
+	FinalizeResponse struct {
+		Level int `json:"feature_level"`
 	}
 	// UnlockRequest takes a VDI's writer lock away (Force must be set).
 	UnlockRequest struct {
@@ -240,6 +246,15 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 		}
 		return c.Format(r.Context(), req.Copies, req.ObjectSize)
 	})
+	// Raise the cluster's feature level once every member supports it
+	// (cluster/features.go, docs/UPGRADE.md).
+	s.handle(mux, "POST /v1/cluster/finalize-upgrade", func(r *http.Request) (any, error) {
+		level, err := c.FinalizeUpgrade(r.Context())
+		if err != nil {
+			return nil, err
+		}
+		return FinalizeResponse{Level: level}, nil
+	})
 	s.handle(mux, "GET /v1/nodes", func(r *http.Request) (any, error) { return s.nodes(r.Context()), nil })
 	s.handle(mux, "GET /v1/local/usage", func(r *http.Request) (any, error) { return data.Usage() })
 	s.scrubRoutes(mux)
@@ -340,7 +355,7 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 			return nil, err
 		}
 		exclusive := req.Exclusive
-		return c.CreateVDIWith(r.Context(), req.Name, req.Size, cluster.VDISettings{Exclusive: &exclusive})
+		return c.CreateVDIWith(r.Context(), req.Name, req.Size, cluster.VDISettings{Exclusive: &exclusive}, req.Copies)
 	})
 	s.handle(mux, "GET /v1/vdis/{name}", func(r *http.Request) (any, error) {
 		c.SyncForRead(r.Context())
@@ -636,6 +651,8 @@ var statusByCode = map[string]int{
 	"unauthorized":      http.StatusUnauthorized,
 	"forbidden":         http.StatusForbidden,
 	"exhausted":         http.StatusInsufficientStorage,
+	"incompatible":      http.StatusConflict,
+	"upgrade_required":  http.StatusConflict,
 }
 
 func writeError(w http.ResponseWriter, err error) {

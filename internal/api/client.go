@@ -181,6 +181,12 @@ func (c *Client) CreateVDI(ctx context.Context, name string, size uint64) (clust
 	return c.CreateVDIWith(ctx, CreateVDIRequest{Name: name, Size: size})
 }
 
+// FinalizeUpgrade raises the cluster's feature level (cluster/features.go).
+func (c *Client) FinalizeUpgrade(ctx context.Context) (FinalizeResponse, error) {
+	var out FinalizeResponse
+	return out, c.Do(ctx, http.MethodPost, "/v1/cluster/finalize-upgrade", nil, &out)
+}
+
 func (c *Client) CreateVDIWith(ctx context.Context, req CreateVDIRequest) (cluster.VDI, error) {
 	var v cluster.VDI
 	return v, c.Do(ctx, http.MethodPost, "/v1/vdis", req, &v)

@@ -134,6 +134,14 @@ func clusterCommand(g *globals) *cobra.Command {
 					fmt.Fprintf(w, "Format:\tnot formatted (herd cluster format --copies N)\n")
 				}
 				fmt.Fprintf(w, "Epoch:\t%d\n", info.Epoch)
+				switch {
+				case info.SupportedLevel == 0:
+					fmt.Fprintf(w, "Feature level:\tunknown: the node answering runs a herd older than feature levels\n")
+				case info.Level < info.SupportedLevel:
+					fmt.Fprintf(w, "Feature level:\t%d (this node's herd supports %d: once every node runs it, herd cluster finalize-upgrade)\n", info.Level, info.SupportedLevel)
+				default:
+					fmt.Fprintf(w, "Feature level:\t%d\n", info.Level)
+				}
 				leader := info.Leader
 				if leader == "" {
 					leader = "none"
@@ -191,8 +199,41 @@ func clusterCommand(g *globals) *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(format, info, health, epochs, rotateJoinTokenCommand(g))
+	finalize := &cobra.Command{
+		Use:   "finalize-upgrade",
+		Short: "after every node runs the new herd: raise the cluster's feature level, turning on what the new version adds (no way back to the old version after it; docs/UPGRADE.md)",
+		Args:  args(0, ""),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := g.context()
+			defer cancel()
+			out, err := g.client().FinalizeUpgrade(ctx)
+			if err != nil {
+				return err
+			}
+			return g.output(out, func(w *tabwriter.Writer) {
+				fmt.Fprintf(w, "the cluster is at feature level %d\n", out.Level)
+			})
+		},
+	}
+	cmd.AddCommand(format, info, health, epochs, finalize, rotateJoinTokenCommand(g))
 	return cmd
+}
+
+// buildColumn is a node's VERSION: "0.9.0 (commit) L2" (the feature level
+// its binary supports), "old" for a herd older than feature levels, "-"
+// when gossip does not see the node.
+func buildColumn(b *cluster.Build) string {
+	switch {
+	case b == nil:
+		return "-"
+	case b.Level == 0 && b.Version == "":
+		return "old (level 1)"
+	}
+	s := b.Version
+	if b.Commit != "" {
+		s += " (" + b.Commit + ")"
+	}
+	return fmt.Sprintf("%s level %d", s, b.SupportedLevel())
 }
 
 func nodeCommand(g *globals) *cobra.Command {
@@ -209,7 +250,7 @@ func nodeCommand(g *globals) *cobra.Command {
 				return err
 			}
 			return g.output(nodes, func(w *tabwriter.Writer) {
-				fmt.Fprintln(w, "ID\tADDRESS\tZONE\tCAPACITY\tUSED\tFREE\tOBJECTS\tBAD BLOCKS\tREPAIRED\tROLE\tSTATE")
+				fmt.Fprintln(w, "ID\tADDRESS\tZONE\tCAPACITY\tUSED\tFREE\tOBJECTS\tBAD BLOCKS\tREPAIRED\tROLE\tVERSION\tSTATE")
 				for _, n := range nodes {
 					zone := n.Zone
 					if zone == "" {
@@ -239,7 +280,7 @@ func nodeCommand(g *globals) *cobra.Command {
 					case n.InMaintenance(now):
 						state += ", maintenance until " + n.MaintenanceUntil.Local().Format(time.DateTime)
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.Address, zone, size.Format(n.Capacity), used, free, objects, bad, repaired, n.Role, state)
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.Address, zone, size.Format(n.Capacity), used, free, objects, bad, repaired, n.Role, buildColumn(n.Build), state)
 				}
 			})
 		},
@@ -312,6 +353,7 @@ func nodeCommand(g *globals) *cobra.Command {
 func vdiCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "vdi", Short: "virtual disk images"}
 	var createHandover, createExclusive, setExclusive bool
+	var createCopies int
 	var setAck string
 	printVDI := func(v cluster.VDI) error {
 		return g.output(v, func(w *tabwriter.Writer) {
@@ -417,13 +459,30 @@ func vdiCommand(g *globals) *cobra.Command {
 			}
 			ctx, cancel := g.context()
 			defer cancel()
-			v, err := g.client().CreateVDIWith(ctx, api.CreateVDIRequest{Name: a[0], Size: bytes, Exclusive: createExclusive})
+			req := api.CreateVDIRequest{Name: a[0], Size: bytes, Exclusive: createExclusive}
+			if cmd.Flags().Changed("copies") {
+				if createCopies < 1 || createCopies > cluster.MaxCopies {
+					return fmt.Errorf("--copies %d: must be between 1 and %d", createCopies, cluster.MaxCopies)
+				}
+				// A node older than feature levels would ignore the
+				// field and create the VDI with the cluster's copies.
+				info, err := g.client().Info(ctx)
+				if err != nil {
+					return err
+				}
+				if info.SupportedLevel < cluster.FeatureVDICopies.Level {
+					return fmt.Errorf("--copies: the node at %s runs a herd that does not know a VDI's own copies; ask an upgraded node (--addr), or upgrade this one", g.addr)
+				}
+				req.Copies = createCopies
+			}
+			v, err := g.client().CreateVDIWith(ctx, req)
 			if err != nil {
 				return err
 			}
 			return printVDI(v)
 		},
 	}
+	create.Flags().IntVar(&createCopies, "copies", 0, "this VDI's number of copies (default: the cluster's, from cluster format); needs cluster feature level 2")
 	create.Flags().BoolVar(&createExclusive, "exclusive", false, "refuse a second writer while the VDI is open for writing; without it a writer through another node takes the writer lock over (live migration)")
 	create.Flags().BoolVar(&createHandover, "handover", false, "the default now (kept for scripts)")
 	create.Flags().MarkHidden("handover")

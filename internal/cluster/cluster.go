@@ -65,6 +65,9 @@ type Config struct {
 	// departs (depart.go). 0: none, its objects are recovered elsewhere
 	// at once.
 	DownOutInterval time.Duration
+	// Build is what this node reports about its binary in gossip
+	// (features.go); Build.Level 0 means SupportedLevel.
+	Build Build
 }
 
 // Cluster is the local node's view of and handle on the cluster.

@@ -68,6 +68,10 @@ type (
 		Size      uint64    `json:"size"`
 		Exclusive bool      `json:"exclusive,omitempty"`
 		Time      time.Time `json:"time"`
+		// Copies is the VDI's own number of copies (0: the cluster's).
+		// Gated by FeatureVDICopies: below its level the field is
+		// ignored, as older binaries (which drop it) do.
+		Copies int `json:"copies,omitempty"`
 	}
 	vdiDeleteCommand struct {
 		Name string `json:"name"`
@@ -521,9 +525,16 @@ func applyFormat(s *State, data []byte) (any, error) {
 	return *s.Format, nil
 }
 
-func validateFormat(copies int, objectSize uint64) error {
+func validateCopies(copies int) error {
 	if copies < 1 || copies > MaxCopies {
 		return fmt.Errorf("%w: copies must be between 1 and %d, not %d", ErrInvalid, MaxCopies, copies)
+	}
+	return nil
+}
+
+func validateFormat(copies int, objectSize uint64) error {
+	if err := validateCopies(copies); err != nil {
+		return err
 	}
 	if objectSize < MinObjectSize || objectSize > MaxObjectSize || objectSize&(objectSize-1) != 0 {
 		return fmt.Errorf("%w: object size must be a power of two between 64 KiB and 256 MiB, not %d bytes", ErrInvalid, objectSize)
@@ -745,7 +756,17 @@ func applyVDICreate(s *State, data []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &VDI{ID: id, Name: c.Name, Size: c.Size, Copies: s.Format.Copies, ObjectSize: s.Format.ObjectSize, Created: c.Time, Since: s.Epoch(), Exclusive: c.Exclusive}
+	copies := s.Format.Copies
+	if c.Copies != 0 && s.Level() >= FeatureVDICopies.Level {
+		if err := validateCopies(c.Copies); err != nil {
+			return nil, err
+		}
+		if err := checkCopiesPlaceable(s, c.Copies); err != nil {
+			return nil, err
+		}
+		copies = c.Copies
+	}
+	v := &VDI{ID: id, Name: c.Name, Size: c.Size, Copies: copies, ObjectSize: s.Format.ObjectSize, Created: c.Time, Since: s.Epoch(), Exclusive: c.Exclusive}
 	s.VDIs[c.Name] = v
 	return *v, nil
 }

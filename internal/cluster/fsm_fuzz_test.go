@@ -64,7 +64,8 @@ var fuzzPayloads = map[commandType][]any{
 	commandFormat:        {formatCommand{Copies: 1, ObjectSize: 4 << 20, Time: t0}},
 	commandNodeJoin:      {nodeJoinCommand{Node: Node{ID: "e", Zone: "z2", Incarnation: "1", Capacity: 1 << 40}, Time: t0}, nodeJoinCommand{Node: Node{ID: "a", Incarnation: "2"}, Time: t0}, nodeJoinCommand{Node: Node{ID: "d", Incarnation: "2", Full: true}, Time: t0}},
 	commandNodeLeave:     {nodeLeaveCommand{ID: "a", Reason: "killed", Time: t0}, nodeLeaveCommand{ID: "zz"}},
-	commandVDICreate:     {vdiCreateCommand{Name: "new", Size: 1 << 20, Time: t0}, vdiCreateCommand{Name: "vm", Size: 1 << 20}},
+	commandVDICreate:     {vdiCreateCommand{Name: "new", Size: 1 << 20, Time: t0}, vdiCreateCommand{Name: "vm", Size: 1 << 20}, vdiCreateCommand{Name: "two", Size: 1 << 20, Copies: 2, Time: t0}, vdiCreateCommand{Name: "many", Size: 1 << 20, Copies: 9}},
+	commandFeatureLevel:  {featureLevelCommand{Level: LevelVDICopies, Time: t0}, featureLevelCommand{Level: 1}},
 	commandVDIDelete:     {vdiDeleteCommand{Name: "vm@s1"}, vdiDeleteCommand{Name: "clone"}, vdiDeleteCommand{Name: "db"}},
 	commandVDIResize:     {vdiResizeCommand{Name: "db", Size: 128 << 20}, vdiResizeCommand{Name: "db", Size: 1 << 20}},
 	commandLockAcquire:   {lockCommand{Key: vdiLockKey("vm"), Node: "b", Incarnation: "1", Session: "t", Time: t0}, lockCommand{Key: vdiLockKey("db"), Node: "b", Incarnation: "1", Session: "t"}},
@@ -326,6 +327,9 @@ func checkState(s *State) error {
 	} else if current := s.Epochs[len(s.Epochs)-1]; !slices.Equal(current.Nodes, alive) || !slices.Equal(current.Full, full) {
 		return fmt.Errorf("epoch %d has nodes %v (full %v), but the alive nodes are %v (full %v)", current.Number, current.Nodes, current.Full, alive, full)
 	}
+	if s.FeatureLevel < 0 || s.FeatureLevel > SupportedLevel {
+		return fmt.Errorf("feature level %d, this binary supports up to %d", s.FeatureLevel, SupportedLevel)
+	}
 	for key, l := range s.Locks {
 		if l == nil || key == "" || l.Key != key || l.Node == "" {
 			return fmt.Errorf("lock %q is recorded as %+v", key, l)
@@ -356,7 +360,8 @@ func checkState(s *State) error {
 		if v.ID < 1 || v.ID >= s.NextVDIID {
 			return fmt.Errorf("vdi %s has id %d, the next id is %d", v.FullName(), v.ID, s.NextVDIID)
 		}
-		if v.Copies != s.Format.Copies || v.ObjectSize != s.Format.ObjectSize {
+		// A VDI's own copies need LevelVDICopies; below it, the format's.
+		if (v.Copies != s.Format.Copies && s.Level() < LevelVDICopies) || v.Copies < 1 || v.Copies > MaxCopies || v.ObjectSize != s.Format.ObjectSize {
 			return fmt.Errorf("vdi %s has copies %d and object size %d, the format %+v", v.FullName(), v.Copies, v.ObjectSize, *s.Format)
 		}
 		if err := ValidateSize(v.Size, v.ObjectSize); err != nil {

@@ -33,6 +33,9 @@ type nodeMeta struct {
 	// Stopping: the node is stopping cleanly (Depart). The leader moves
 	// its voter role to the others before it leaves (voters.go).
 	Stopping bool `json:"s,omitempty"`
+	// Build: the node's version, commit, supported feature level and
+	// formats (features.go); absent in nodes older than feature levels.
+	Build Build `json:"b,omitzero"`
 }
 
 func (c *Cluster) startGossip() error {
@@ -106,8 +109,12 @@ type gossipDelegate struct{ c *Cluster }
 
 func (d *gossipDelegate) NodeMeta(limit int) []byte {
 	cfg := d.c.cfg
+	build := cfg.Build
+	if build.Level == 0 {
+		build.Level = SupportedLevel
+	}
 	meta, _ := json.Marshal(nodeMeta{Address: cfg.BindIP, Peer: cfg.PeerAddr, Admin: cfg.AdminAddr, NBD: cfg.NBDAddr, Zone: cfg.Zone, Capacity: cfg.Capacity, Incarnation: cfg.Incarnation,
-		Stopping: d.c.stopping.Load()})
+		Stopping: d.c.stopping.Load(), Build: build.bounded()})
 	if len(meta) > limit {
 		panic("cluster: node metadata exceeds gossip limit") // zone length is validated at start
 	}
@@ -175,6 +182,7 @@ func (c *Cluster) gossipMembers() map[string]Node {
 		out[id] = Node{
 			ID: id, Address: meta.Address, PeerAddr: meta.Peer, GossipAddr: a.address,
 			AdminAddr: meta.Admin, NBDAddr: meta.NBD, Zone: meta.Zone, Capacity: meta.Capacity, Incarnation: meta.Incarnation,
+			build: meta.Build,
 		}
 	}
 	return out

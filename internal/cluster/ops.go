@@ -229,12 +229,13 @@ func (c *Cluster) Format(ctx context.Context, copies int, objectSize uint64) (Fo
 
 // CreateVDI creates a VDI; the first committed create of a name wins.
 func (c *Cluster) CreateVDI(ctx context.Context, name string, size uint64) (VDI, error) {
-	return c.CreateVDIWith(ctx, name, size, VDISettings{})
+	return c.CreateVDIWith(ctx, name, size, VDISettings{}, 0)
 }
 
 // CreateVDIWith creates a VDI with settings: open to writer handover
-// unless settings.Exclusive is true (handover.go).
-func (c *Cluster) CreateVDIWith(ctx context.Context, name string, size uint64, settings VDISettings) (VDI, error) {
+// unless settings.Exclusive is true (handover.go), with copies copies (0:
+// the cluster's number; another number needs FeatureVDICopies).
+func (c *Cluster) CreateVDIWith(ctx context.Context, name string, size uint64, settings VDISettings, copies int) (VDI, error) {
 	var v VDI
 	if err := ValidateName(name); err != nil {
 		return v, err
@@ -242,7 +243,27 @@ func (c *Cluster) CreateVDIWith(ctx context.Context, name string, size uint64, s
 	if err := ValidateSize(size, 0); err != nil {
 		return v, err
 	}
-	out, err := c.propose(ctx, commandVDICreate, vdiCreateCommand{Name: name, Size: size, Exclusive: settings.Exclusive != nil && *settings.Exclusive, Time: time.Now().UTC()})
+	command := vdiCreateCommand{Name: name, Size: size, Exclusive: settings.Exclusive != nil && *settings.Exclusive, Time: time.Now().UTC()}
+	if copies != 0 {
+		if err := validateCopies(copies); err != nil {
+			return v, err
+		}
+		var format int
+		c.fsm.View(func(s *State) {
+			if s.Format != nil {
+				format = s.Format.Copies
+			}
+		})
+		// The cluster's own number needs no field: an older binary
+		// creates the same VDI from the command without it.
+		if copies != format {
+			if err := c.Requires(FeatureVDICopies); err != nil {
+				return v, err
+			}
+			command.Copies = copies
+		}
+	}
+	out, err := c.propose(ctx, commandVDICreate, command)
 	if err != nil {
 		return v, err
 	}
@@ -516,6 +537,8 @@ func (c *applied) Locks() []Lock {
 type NodeInfo struct {
 	Node
 	Role string `json:"role"` // leader, voter, nonvoter, none
+	// Build: what the node reports about its binary, if gossip sees it.
+	Build *Build `json:"build,omitempty"`
 }
 
 // Info is what `herd cluster info` shows.
@@ -535,6 +558,10 @@ type Info struct {
 	AppliedIndex uint64   `json:"applied_index"`
 	// InsecureNBD: this node serves plaintext NBD on its TCP port.
 	InsecureNBD bool `json:"insecure_nbd,omitempty"`
+	// Level is the cluster's feature level; SupportedLevel this node's
+	// binary's (features.go).
+	Level          int `json:"feature_level"`
+	SupportedLevel int `json:"supported_feature_level"`
 }
 
 func (c *Cluster) roles() map[string]string {
@@ -559,13 +586,18 @@ func (c *Cluster) roles() map[string]string {
 func (c *Cluster) Nodes() []NodeInfo {
 	roles := c.roles()
 	var out []NodeInfo
+	builds := c.Builds()
 	c.fsm.View(func(s *State) {
 		for _, n := range s.Nodes {
 			role := roles[n.ID]
 			if role == "" {
 				role = "none"
 			}
-			out = append(out, NodeInfo{Node: *n, Role: role})
+			info := NodeInfo{Node: *n, Role: role}
+			if b, ok := builds[n.ID]; ok {
+				info.Build = &b
+			}
+			out = append(out, info)
 		}
 	})
 	sort.Slice(out, func(i, j int) bool {
@@ -595,12 +627,14 @@ func (c *Cluster) Info() Info {
 		info.NodesTotal = len(s.Nodes)
 		info.NodesAlive = len(s.AliveNodes())
 		info.VDIs = len(s.VDIs)
+		info.Level = s.Level()
 		if n, ok := s.Nodes[info.Leader]; ok {
 			info.LeaderAddr = n.Address
 		}
 	})
 	info.AppliedIndex = c.fsm.Applied()
 	info.InsecureNBD = c.cfg.InsecureNBD
+	info.SupportedLevel = SupportedLevel
 	return info
 }
 

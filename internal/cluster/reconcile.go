@@ -38,7 +38,9 @@ func (c *Cluster) reconcile() error {
 	defer cancel()
 	members := c.gossipMembers()
 	var logged map[string]Node
+	level := LevelBase
 	c.fsm.View(func(s *State) {
+		level = s.Level()
 		logged = make(map[string]Node, len(s.Nodes))
 		for id, n := range s.Nodes {
 			logged[id] = *n
@@ -47,6 +49,7 @@ func (c *Cluster) reconcile() error {
 			delete(members, id) // gossip never brings a removed node back
 		}
 	})
+	tooOld := map[string]bool{} // alive, but its binary cannot apply the log
 	// Gossip -> log. Sorted so that epochs are committed in a stable order.
 	ids := make([]string, 0, len(members))
 	for id := range members {
@@ -62,26 +65,43 @@ func (c *Cluster) reconcile() error {
 		if err := checkNodeLengths(m); err != nil {
 			// Its join would be refused on every tick and hold back the
 			// joins sorted after it: skip it, and say so once.
-			c.mu.Lock()
-			first := !c.refused[id]
-			c.refused[id] = true
-			c.mu.Unlock()
-			if first {
+			if c.refuseOnce(id) {
 				c.logger.Warn("cluster: not committing a gossip member whose metadata is too long", "node", truncate(id, MaxOwnerLength), "err", err)
 			}
 			continue
 		}
+		if m.build.SupportedLevel() < level {
+			tooOld[id] = true
+			// Its binary does not know what the log holds: it would stop
+			// at the first entry it cannot apply (features.go).
+			if c.refuseOnce(id) {
+				c.logger.Warn("cluster: not admitting a node whose herd is older than the cluster's feature level: upgrade herd on it", "node", id,
+					"runs", m.build.String(), "supports", m.build.SupportedLevel(), "cluster_level", level)
+			}
+			continue
+		}
+		c.mu.Lock()
+		delete(c.refused, id)
+		c.mu.Unlock()
 		if _, err := c.propose(ctx, commandNodeJoin, nodeJoinCommand{Node: m, Time: time.Now().UTC()}); err != nil {
 			return fmt.Errorf("commit join of %s: %w", id, err)
 		}
 		c.logger.Info("node joined", "node", id, "address", m.Address, "epoch", c.Epoch())
 	}
+	for id := range tooOld {
+		delete(members, id) // not a voter either
+	}
 	for id, l := range logged {
-		if _, alive := members[id]; alive || l.State != NodeAlive || id == c.cfg.NodeID || !c.leaveConfirmed(id, time.Now()) {
+		if l.State != NodeAlive || id == c.cfg.NodeID {
 			continue
 		}
 		reason := "failure detected by gossip"
-		if c.gossipStopping()[id] {
+		switch _, alive := members[id]; {
+		case tooOld[id]:
+			reason = "its herd is older than the cluster's feature level"
+		case alive || !c.leaveConfirmed(id, time.Now()):
+			continue
+		case c.gossipStopping()[id]:
 			reason = "stopped"
 		}
 		if _, err := c.propose(ctx, commandNodeLeave, nodeLeaveCommand{ID: id, Reason: reason, Time: time.Now().UTC()}); err != nil {
@@ -139,4 +159,14 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "..."
+}
+
+// refuseOnce records that reconcile did not commit gossip member id, and
+// says whether this is the first time (to log it once).
+func (c *Cluster) refuseOnce(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	first := !c.refused[id]
+	c.refused[id] = true
+	return first
 }

@@ -35,6 +35,9 @@ type Node struct {
 	// (issue 5 item 7). Set and cleared by the node itself.
 	Full  bool      `json:"full,omitempty"`
 	Since time.Time `json:"since"` // when State last changed
+	// build is what gossip reports about the node's binary (features.go);
+	// never in the log.
+	build Build
 	// MaintenanceUntil: an operator put the node in maintenance until
 	// then (`herd node maintenance`). While it is down inside that window
 	// its objects are not copied elsewhere in the background (only those
@@ -240,6 +243,10 @@ type State struct {
 	Tokens   map[string]*Token    `json:"tokens"`
 	Clients  map[string]*Client   `json:"clients"`
 	Removed  map[string]time.Time `json:"removed"` // nodes removed for good
+
+	// FeatureLevel is the cluster's feature level (features.go; 0 in logs
+	// that never raised it: LevelBase). It never falls.
+	FeatureLevel int `json:"feature_level,omitempty"`
 
 	// Events is the cluster's history in words, the newest MaxEvents
 	// (events.go); pending holds those of the entry being applied.

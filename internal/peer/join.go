@@ -54,6 +54,10 @@ type JoinRequest struct {
 	NodeID string
 	IPs    []string // the addresses its certificate should name
 	Secret string   // the join token's secret; RequestJoin fills it in
+	// Level is the highest cluster feature level the joiner's binary
+	// supports (cluster.SupportedLevel); absent from herds older than
+	// feature levels, which support level 1.
+	Level int `json:",omitempty"`
 }
 
 // JoinResponse is what a member answers: everything the new node needs to

@@ -193,7 +193,7 @@ func (cr *credentials) join(ctx context.Context, o Options, id string, ip net.IP
 	if err != nil {
 		return fmt.Errorf("join token: %w", err)
 	}
-	request := peer.JoinRequest{NodeID: id, IPs: []string{ip.String()}, Secret: token.Secret}
+	request := peer.JoinRequest{NodeID: id, IPs: []string{ip.String()}, Secret: token.Secret, Level: cluster.SupportedLevel}
 	// Every answer but a refusal is retried until --join-timeout: nodes
 	// started at the same moment (deploy/docker-compose.yml) reach the
 	// first node before it listens, and then before it has recorded its
@@ -348,6 +348,8 @@ type joinState interface {
 	// JoinHash is the join secret's hash, "" until the log has it.
 	JoinHash() string
 	NodeRemoved(nodeID string) bool
+	// Level is the cluster's feature level (cluster/features.go).
+	Level() int
 }
 
 // joinHandler admits a node that presents the join secret: it receives a
@@ -372,6 +374,10 @@ func (cr *credentials) joinHandler(c joinState, gossipAddr string, logger *slog.
 		}
 		if c.NodeRemoved(req.NodeID) {
 			return peer.JoinResponse{}, fmt.Errorf("node %s was removed from the cluster for good; start it on a new data directory", req.NodeID)
+		}
+		if level, supported := c.Level(), max(req.Level, cluster.LevelBase); supported < level {
+			logger.Warn("refused a join: the node's herd is older than the cluster's feature level", "from", remote.String(), "node", req.NodeID, "supports", supported, "cluster_level", level)
+			return peer.JoinResponse{}, fmt.Errorf("the cluster is at feature level %d and this node's herd supports only %d: run the herd version the other nodes run (herd version on a member, herd node list)", level, supported)
 		}
 		if len(req.IPs) == 0 || len(req.IPs) > 8 {
 			return peer.JoinResponse{}, errors.New("a join names 1 to 8 addresses")

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/peer"
 	"github.com/herd-storage/herd/internal/pki"
 )
@@ -20,7 +21,8 @@ import (
 // after the first unknownFor reads, as the first node's does while it
 // elects itself and commits InitSecurity.
 type startingState struct {
-	hash string
+	hash  string
+	level int // the cluster's feature level (0: LevelBase)
 
 	mu         sync.Mutex // guards the following fields
 	unknownFor int
@@ -38,6 +40,8 @@ func (s *startingState) JoinHash() string {
 }
 
 func (s *startingState) NodeRemoved(string) bool { return false }
+
+func (s *startingState) Level() int { return max(s.level, cluster.LevelBase) }
 
 func (s *startingState) readCount() int {
 	s.mu.Lock()
@@ -116,5 +120,36 @@ func TestJoinGivesUpAfterJoinTimeout(t *testing.T) {
 	}
 	if reads := state.readCount(); reads < 2 {
 		t.Fatalf("the member was asked %d times, want retries", reads)
+	}
+}
+
+// TestJoinRefusedBelowClusterLevel: a node whose herd supports less than
+// the cluster's feature level is refused at once (not retried until
+// --join-timeout), with a message that says to run the members' version;
+// one older than feature levels (no level in its request) counts as level
+// 1, and a node at the cluster's level is admitted.
+func TestJoinRefusedBelowClusterLevel(t *testing.T) {
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	state := &startingState{level: cluster.SupportedLevel + 1}
+	address, token := startJoinMember(t, state)
+	joiner := &credentials{}
+	o := Options{DataDir: t.TempDir(), JoinToken: token.String(), JoinTimeout: time.Minute}
+	start := time.Now()
+	err := joiner.join(t.Context(), o, "00000000000000bb", net.ParseIP("127.0.0.1"), []string{address}, logger)
+	if !errors.Is(err, peer.ErrJoinRefused) || !strings.Contains(err.Error(), "feature level") {
+		t.Fatalf("join of a node below the cluster's level: %v; want a refusal naming the feature level", err)
+	}
+	if elapsed := time.Since(start); elapsed > 20*time.Second {
+		t.Fatalf("the refusal took %v: it was retried", elapsed)
+	}
+
+	state.level = cluster.LevelVDICopies
+	old := peer.JoinRequest{NodeID: "00000000000000cc", IPs: []string{"127.0.0.1"}} // as a herd older than feature levels sends it
+	if _, err := peer.RequestJoin(t.Context(), address, token, old); !errors.Is(err, peer.ErrJoinRefused) || !strings.Contains(err.Error(), "supports only 1") {
+		t.Fatalf("join without a level into a level-%d cluster: %v; want refused as level 1", state.level, err)
+	}
+	old.Level = cluster.SupportedLevel
+	if _, err := peer.RequestJoin(t.Context(), address, token, old); err != nil {
+		t.Fatalf("join at the cluster's level: %v", err)
 	}
 }

@@ -37,6 +37,7 @@ import (
 	"github.com/herd-storage/herd/internal/scrub"
 	"github.com/herd-storage/herd/internal/size"
 	"github.com/herd-storage/herd/internal/store"
+	"github.com/herd-storage/herd/internal/version"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -198,7 +199,9 @@ func Run(ctx context.Context, o Options) error {
 	if err := meters.RouteLibraryMetrics(); err != nil {
 		logger.Warn("raft's and memberlist's metrics are not exported", "err", err)
 	}
+	build := version.Get()
 	c, err := cluster.Start(ctx, cluster.Config{
+		Build:           cluster.Build{Version: build.Version, Commit: build.Commit, StoreFormat: store.FormatVersion, PeerProtocol: peer.ObjectProtocolVersion},
 		DataDir:         o.DataDir,
 		NodeID:          id,
 		Incarnation:     hex.EncodeToString(incarnation),

@@ -31,11 +31,15 @@ import (
 // one pwrite: they lie in one sector, so a crash leaves either the old or
 // the new header on disks with atomic sector writes, and the CRC catches a
 // torn one on the others.
+// FormatVersion is the object file format this store writes (it reads
+// it and legacyVersion); nodes report it (cluster.Build).
+const FormatVersion = 2
+
 const (
 	headerSize    = 4096
 	headerLength  = 64
 	headerMagic   = "HERDOBJ1"
-	headerVersion = 2
+	headerVersion = FormatVersion
 
 	// legacyVersion is the format before data checksums: no table, data
 	// at headerSize.

@@ -1,0 +1,228 @@
+package cluster
+
+// Feature levels: the mixed-version rule (docs/UPGRADE.md).
+//
+// Every herd binary supports the feature levels up to SupportedLevel and
+// says so in its gossip metadata. The log records the cluster's level: the
+// features every member may rely on. A command, a field of a command, a
+// peer opcode or an on-disk format that older binaries do not know is
+// used only once the cluster's level allows it; below it the old form is
+// used, or the request is refused with an error naming the nodes that
+// must be upgraded (ErrUpgradeRequired).
+//
+// The level rises only when an operator runs `herd cluster
+// finalize-upgrade` (FinalizeUpgrade), which the leader commits only once
+// every member reports that it supports the new level; it never falls.
+// It is not raised automatically when the last node is upgraded: until
+// the finalize an upgrade can be rolled back by putting the old binaries
+// back, and the operator, not the last restart, decides when that chance
+// is given up (Ceph's require-osd-release, CockroachDB's cluster version).
+// A node whose binary supports less than the cluster's level is not
+// admitted: its join is refused with a message saying so (join handler,
+// reconcile), and a member that restarts on such a binary stops applying
+// the log at the first entry it does not know (FSM.ApplyBatch).
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+const (
+	// LevelBase is what every herd before feature levels supports, and
+	// the level of a cluster whose log never raised it.
+	LevelBase = 1
+	// LevelVDICopies: `vdi create --copies N` records a VDI's own number
+	// of copies in the create command (older binaries would drop the
+	// field and use the cluster's).
+	LevelVDICopies = 2
+
+	// SupportedLevel is the highest level this binary supports.
+	SupportedLevel = LevelVDICopies
+)
+
+// Feature is one change gated by a level.
+type Feature struct {
+	Name  string
+	Level int
+}
+
+var (
+	FeatureVDICopies = Feature{Name: "a VDI's own number of copies (vdi create --copies)", Level: LevelVDICopies}
+)
+
+// ErrUpgradeRequired: the feature needs a cluster level not reached yet.
+var ErrUpgradeRequired = errors.New("the cluster must be upgraded first")
+
+const commandFeatureLevel commandType = 30
+
+func init() {
+	if commands[commandFeatureLevel] != nil {
+		panic("cluster: command type 30 registered twice")
+	}
+	commands[commandFeatureLevel] = applyFeatureLevel
+	errorCodes = append(errorCodes, struct {
+		code string
+		err  error
+	}{"upgrade_required", ErrUpgradeRequired})
+}
+
+type featureLevelCommand struct {
+	Level int       `json:"level"`
+	Time  time.Time `json:"time"`
+}
+
+// Level is the cluster's feature level.
+func (s *State) Level() int {
+	return max(s.FeatureLevel, LevelBase)
+}
+
+func applyFeatureLevel(s *State, data []byte) (any, error) {
+	var c featureLevelCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	if c.Level <= s.Level() {
+		return nil, fmt.Errorf("%w: the cluster is at feature level %d already; it never goes back (asked for %d)", ErrInvalid, s.Level(), c.Level)
+	}
+	s.FeatureLevel = c.Level
+	s.note("cluster", "cluster feature level raised to %d", c.Level)
+	return s.Level(), nil
+}
+
+// Build is what a node reports about its binary in gossip: herd's
+// version and commit, and the formats it speaks.
+type Build struct {
+	Version string `json:"v,omitempty"`
+	Commit  string `json:"c,omitempty"` // at most 12 hex digits
+	// Level is the highest feature level the binary supports; absent
+	// (0) in nodes older than feature levels, which support LevelBase.
+	Level        int `json:"l,omitempty"`
+	StoreFormat  int `json:"o,omitempty"` // object file format it writes
+	PeerProtocol int `json:"r,omitempty"` // object protocol version
+}
+
+// SupportedLevel says which level the node's binary supports.
+func (b Build) SupportedLevel() int { return max(b.Level, LevelBase) }
+
+// String is "herd VERSION (COMMIT)", or "an herd before feature levels".
+func (b Build) String() string {
+	if b.Version == "" && b.Level == 0 {
+		return "a herd older than feature levels"
+	}
+	s := "herd " + b.Version
+	if b.Commit != "" {
+		s += " (" + b.Commit + ")"
+	}
+	return s
+}
+
+// maxBuildField bounds the version strings a node puts in its metadata
+// (memberlist's 512 bytes hold the addresses, the zone and these).
+const maxBuildField = 32
+
+func (b Build) bounded() Build {
+	b.Version = truncateRunes(b.Version, maxBuildField)
+	b.Commit = truncateRunes(b.Commit, 12)
+	return b
+}
+
+func truncateRunes(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
+
+// Builds returns what every alive gossip member reports about its binary,
+// by node id.
+func (c *Cluster) Builds() map[string]Build {
+	out := map[string]Build{}
+	for id, m := range c.gossipMembers() {
+		out[id] = m.build
+	}
+	return out
+}
+
+// Level is the cluster's feature level as this node has applied it.
+func (c *Cluster) Level() (level int) {
+	c.fsm.View(func(s *State) { level = s.Level() })
+	return level
+}
+
+// Requires returns nil if the cluster's level allows feature, or an
+// ErrUpgradeRequired naming what must happen first.
+func (c *Cluster) Requires(feature Feature) error {
+	level := c.Level()
+	if level >= feature.Level {
+		return nil
+	}
+	return upgradeRequired(feature, level, c.membersBelow(feature.Level))
+}
+
+func upgradeRequired(feature Feature, level int, below []string) error {
+	if len(below) == 0 {
+		return fmt.Errorf("%w: %s needs cluster feature level %d, the cluster is at %d; every member supports it: run `herd cluster finalize-upgrade`", ErrUpgradeRequired, feature.Name, feature.Level, level)
+	}
+	return fmt.Errorf("%w: %s needs cluster feature level %d, the cluster is at %d; upgrade herd on %s, then run `herd cluster finalize-upgrade`", ErrUpgradeRequired, feature.Name, feature.Level, level, strings.Join(below, ", "))
+}
+
+// membersBelow lists the members of the log (not removed) whose binary
+// does not support level, or that gossip does not see, each with what it
+// runs.
+func (c *Cluster) membersBelow(level int) []string {
+	builds := c.Builds()
+	var ids []string
+	c.fsm.View(func(s *State) {
+		for id := range s.Nodes {
+			if _, removed := s.Removed[id]; !removed {
+				ids = append(ids, id)
+			}
+		}
+	})
+	sort.Strings(ids)
+	var below []string
+	for _, id := range ids {
+		b, alive := builds[id]
+		switch {
+		case !alive:
+			below = append(below, fmt.Sprintf("%s (down: its version is unknown; start it on the new herd, or `herd node remove` it)", id))
+		case b.SupportedLevel() < level:
+			below = append(below, fmt.Sprintf("%s (runs %s, level %d)", id, b, b.SupportedLevel()))
+		}
+	}
+	return below
+}
+
+// FinalizeUpgrade raises the cluster's level to what this binary supports,
+// once every member reports that it supports it. It returns the level the
+// cluster is at afterwards.
+func (c *Cluster) FinalizeUpgrade(ctx context.Context) (int, error) {
+	level := c.Level()
+	if level >= SupportedLevel {
+		return level, nil
+	}
+	if below := c.membersBelow(SupportedLevel); len(below) > 0 {
+		return level, fmt.Errorf("%w: cannot raise the cluster to feature level %d: upgrade herd on %s first", ErrUpgradeRequired, SupportedLevel, strings.Join(below, ", "))
+	}
+	out, err := c.propose(ctx, commandFeatureLevel, featureLevelCommand{Level: SupportedLevel, Time: time.Now().UTC()})
+	if err != nil {
+		if errors.Is(err, ErrInvalid) && c.Level() >= SupportedLevel {
+			return c.Level(), nil // raised meanwhile (another finalize)
+		}
+		return level, err
+	}
+	if err := json.Unmarshal(out, &level); err != nil {
+		return c.Level(), nil
+	}
+	return level, nil
+}
