@@ -9,7 +9,8 @@ tag=${1:-herd:local}
 context=$(mktemp -d)
 trap 'rm -rf "$context"' EXIT
 mkdir -m 0700 "$context/data"
-(cd "$root" && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$context/herd" ./cmd/herd)
+ldflags=$("$root/scripts/ldflags.sh") # version and commit, for herd version
+(cd "$root" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $ldflags" -o "$context/herd" ./cmd/herd)
 cp "$root/deploy/Dockerfile" "$context/"
 docker build -q -t "$tag" "$context" >/dev/null
 echo "built $tag ($(docker image inspect -f '{{.Size}}' "$tag") bytes)"

@@ -59,7 +59,10 @@ esac
 command -v go >/dev/null || { echo "needs Go (https://go.dev/dl/)" >&2; exit 1; }
 command -v curl >/dev/null || { echo "needs curl" >&2; exit 1; }
 mkdir -p bin "$dir"
-[ -n "${HERD_DEV_NO_BUILD:-}" ] || go build -o "$bin" ./cmd/herd
+if [ -z "${HERD_DEV_NO_BUILD:-}" ]; then
+  ldflags=$(scripts/ldflags.sh) # version and commit: herd version says what runs
+  go build -ldflags "$ldflags" -o "$bin" ./cmd/herd
+fi
 stop
 
 for i in $(seq 1 "$nodes"); do

@@ -45,7 +45,8 @@ if [ "$listed" -ne "$(tr "|" "\n" <<<"$race_tests" | wc -l)" ]; then
 fi
 race_directory=$(mktemp -d)
 trap 'rm -rf "$race_directory"' EXIT
-go build -race -o "$race_directory/herd" ./cmd/herd
+ldflags=$(scripts/ldflags.sh)
+go build -race -ldflags "$ldflags" -o "$race_directory/herd" ./cmd/herd
 HERD_TEST_BINARY="$race_directory/herd" go test -count=1 -timeout 30m -run "^(${race_tests})\$" ./test/e2e
 
 # Short fuzzing runs (the seed corpora already ran above).

@@ -79,14 +79,33 @@ func buildBinary() (string, error) {
 	if err := os.WriteFile(filepath.Join(directory, ownerFile), []byte(ownerRecord()+"\n"), 0o644); err != nil {
 		return "", fmt.Errorf("testcluster: build directory: %w", err)
 	}
+	ldflags, err := linkFlags(root)
+	if err != nil {
+		return "", err
+	}
 	path := filepath.Join(directory, "herd")
-	command := exec.Command("go", "build", "-o", path, "./cmd/herd")
+	command := exec.Command("go", "build", "-ldflags", ldflags, "-o", path, "./cmd/herd")
 	command.Dir = root
 	output, err := command.CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("testcluster: go build -o %s ./cmd/herd in %s: %w\n%s", path, root, err, output)
+		return "", fmt.Errorf("testcluster: go build -ldflags %q -o %s ./cmd/herd in %s: %w\n%s", ldflags, path, root, err, output)
 	}
 	return path, nil
+}
+
+// linkFlags is the -ldflags value of every build path, from
+// scripts/ldflags.sh: the version (the VERSION file) and the commit (git, when
+// root is a checkout), so that a test's nodes log what they are.
+func linkFlags(root string) (string, error) {
+	command := exec.Command("bash", filepath.Join(root, "scripts", "ldflags.sh"))
+	command.Dir = root
+	var stderr bytes.Buffer
+	command.Stderr = &stderr
+	output, err := command.Output()
+	if err != nil {
+		return "", fmt.Errorf("testcluster: scripts/ldflags.sh in %s: %w\n%s", root, err, stderr.Bytes())
+	}
+	return strings.TrimSpace(string(output)), nil
 }
 
 // removeStaleBuilds removes build directories whose owner process has exited.
