@@ -108,6 +108,11 @@ type Options struct {
 	// does (deploy/docker-compose.yml); Start then waits for all of them.
 	Together bool
 
+	// Binary, when not empty, is the herd binary the nodes and the CLI
+	// run instead of the one Binary builds (an older build, for upgrade
+	// tests); Node.SetBinary and Cluster.SetBinary change it later.
+	Binary string
+
 	// binary, when not empty, replaces the binary built by Binary; the
 	// self-test uses it to run a fake herd.
 	binary string
@@ -117,7 +122,8 @@ type Options struct {
 type Cluster struct {
 	t       testing.TB
 	options Options
-	// binary is the herd binary every node and CLI command runs.
+	// binary is the herd binary the CLI commands and the nodes without
+	// one of their own (Node.SetBinary) run; guarded by mu after Start.
 	binary string
 	// directory holds every node's data directory and log.
 	directory string
@@ -150,6 +156,9 @@ func Start(t testing.TB, options Options) *Cluster {
 		options.StartTimeout = defaultStartTimeout
 	}
 	c := &Cluster{t: t, options: options, binary: options.binary}
+	if c.binary == "" {
+		c.binary = options.Binary
+	}
 	if c.binary == "" {
 		c.binary = Binary(t)
 	}
@@ -322,7 +331,7 @@ func (c *Cluster) HerdCommand(index int, args ...string) *exec.Cmd {
 	c.mu.Lock()
 	node, token := c.nodes[index], c.token
 	c.mu.Unlock()
-	command := exec.Command(c.binary, append([]string{"--addr", node.AdminAddr()}, args...)...)
+	command := exec.Command(c.currentBinary(), append([]string{"--addr", node.AdminAddr()}, args...)...)
 	command.Env = childEnvironment(TokenVariable + "=" + token)
 	return command
 }
@@ -340,7 +349,7 @@ func (c *Cluster) Herd(ctx context.Context, index int, args ...string) (stdout, 
 		ctx, cancel = context.WithTimeout(ctx, defaultCommandTimeout)
 		defer cancel()
 	}
-	command := exec.CommandContext(ctx, c.binary, append([]string{"--addr", node.AdminAddr()}, args...)...)
+	command := exec.CommandContext(ctx, c.currentBinary(), append([]string{"--addr", node.AdminAddr()}, args...)...)
 	command.Env = childEnvironment(TokenVariable + "=" + token)
 	// If the CLI leaves a child holding its output pipes, give up on them
 	// shortly after the CLI itself exits.
@@ -558,6 +567,41 @@ type Node struct {
 	mu sync.Mutex
 	// process is the node's current or last process.
 	process *process
+	// binary, when not empty, is the herd binary the node's next start
+	// runs (SetBinary); else the cluster's.
+	binary string
+}
+
+// SetBinary makes the node's next start (Restart) run binary: a node
+// upgraded (or downgraded) in place, with the same data directory.
+func (n *Node) SetBinary(binary string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.binary = binary
+}
+
+func (n *Node) currentBinary() string {
+	n.mu.Lock()
+	binary := n.binary
+	n.mu.Unlock()
+	if binary == "" {
+		binary = n.cluster.currentBinary()
+	}
+	return binary
+}
+
+// SetBinary makes the CLI commands (Herd, HerdCommand) and the nodes
+// without a binary of their own run binary from now on.
+func (c *Cluster) SetBinary(binary string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.binary = binary
+}
+
+func (c *Cluster) currentBinary() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.binary
 }
 
 // Index returns the node's index in its cluster.
@@ -734,7 +778,8 @@ func (n *Node) launch() {
 func (n *Node) spawn() *process {
 	t := n.cluster.t
 	t.Helper()
-	argv := append([]string{n.cluster.binary}, n.arguments...)
+	binary := n.currentBinary()
+	argv := append([]string{binary}, n.arguments...)
 	if n.namespace != "" {
 		argv = n.cluster.network.command(n.index, argv...)
 	}
@@ -748,7 +793,7 @@ func (n *Node) spawn() *process {
 	if delay := n.cluster.zoneDelay(n.index); delay != "" {
 		environment = append(environment, "HERD_TEST_PEER_DELAY="+delay)
 	}
-	process, err := startProcess(n.cluster.binary, argv, childEnvironment(environment...), logFile)
+	process, err := startProcess(binary, argv, childEnvironment(environment...), logFile)
 	// The child has its own copy of the descriptor.
 	logFile.Close()
 	if err != nil {
