@@ -219,21 +219,21 @@ func clusterCommand(g *globals) *cobra.Command {
 	return cmd
 }
 
-// buildColumn is a node's VERSION: "0.9.0 (commit) L2" (the feature level
-// its binary supports), "old" for a herd older than feature levels, "-"
-// when gossip does not see the node.
-func buildColumn(b *cluster.Build) string {
+// buildColumn is a node's VERSION: "0.9.0 (commit) level 2" (the feature
+// level its binary supports; no version for a herd older than feature
+// levels), "-" when gossip does not see the node.
+func buildColumn(b *cluster.BuildInfo) string {
 	switch {
 	case b == nil:
 		return "-"
-	case b.Level == 0 && b.Version == "":
-		return "old (level 1)"
+	case b.Version == "":
+		return fmt.Sprintf("old, level %d", b.Level)
 	}
 	s := b.Version
 	if b.Commit != "" {
 		s += " (" + b.Commit + ")"
 	}
-	return fmt.Sprintf("%s level %d", s, b.SupportedLevel())
+	return fmt.Sprintf("%s level %d", s, b.Level)
 }
 
 func nodeCommand(g *globals) *cobra.Command {

@@ -106,6 +106,20 @@ type Build struct {
 	PeerProtocol int `json:"r,omitempty"` // object protocol version
 }
 
+// BuildInfo is Build as the admin API shows it (`node list --json`).
+type BuildInfo struct {
+	Version      string `json:"version,omitempty"`
+	Commit       string `json:"commit,omitempty"`
+	Level        int    `json:"feature_level"` // the highest it supports
+	StoreFormat  int    `json:"object_format,omitempty"`
+	PeerProtocol int    `json:"object_protocol,omitempty"`
+}
+
+// Info is b for the admin API.
+func (b Build) Info() BuildInfo {
+	return BuildInfo{Version: b.Version, Commit: b.Commit, Level: b.SupportedLevel(), StoreFormat: b.StoreFormat, PeerProtocol: b.PeerProtocol}
+}
+
 // SupportedLevel says which level the node's binary supports.
 func (b Build) SupportedLevel() int { return max(b.Level, LevelBase) }
 

@@ -538,7 +538,7 @@ type NodeInfo struct {
 	Node
 	Role string `json:"role"` // leader, voter, nonvoter, none
 	// Build: what the node reports about its binary, if gossip sees it.
-	Build *Build `json:"build,omitempty"`
+	Build *BuildInfo `json:"build,omitempty"`
 }
 
 // Info is what `herd cluster info` shows.
@@ -595,7 +595,8 @@ func (c *Cluster) Nodes() []NodeInfo {
 			}
 			info := NodeInfo{Node: *n, Role: role}
 			if b, ok := builds[n.ID]; ok {
-				info.Build = &b
+				bi := b.Info()
+				info.Build = &bi
 			}
 			out = append(out, info)
 		}

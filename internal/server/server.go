@@ -504,6 +504,11 @@ func nodeGauges(c *cluster.Cluster, objects *store.Store, rec *recovery.Recovery
 	}
 	return []metrics.Gauge{
 		{Name: "herd_cluster_epoch", Help: "The epoch this node has applied.", Read: func() []metrics.Sample { return one(float64(c.Epoch())) }},
+		{Name: "herd_build_info", Help: "1, labelled with this node's herd version, commit and the highest cluster feature level it supports.", Labels: []string{"version", "commit", "supported_feature_level"}, Read: func() []metrics.Sample {
+			v := version.Get()
+			return []metrics.Sample{{Labels: []string{v.Version, v.Commit, strconv.Itoa(cluster.SupportedLevel)}, Value: 1}}
+		}},
+		{Name: "herd_cluster_feature_level", Help: "The cluster's feature level as this node applied it (herd cluster finalize-upgrade raises it).", Read: func() []metrics.Sample { return one(float64(c.Level())) }},
 		{Name: "herd_cluster_quorum", Help: "1 if this node reaches a majority of the voters.", Read: func() []metrics.Sample {
 			ok, _ := c.QuorumStatus()
 			return one(flag(ok))

@@ -736,6 +736,27 @@ func (n *Node) Restart() {
 	n.launch()
 }
 
+// RestartUntilExit starts a node that was killed or stopped again, as
+// Restart does, and waits up to timeout for its process to exit on its
+// own: a start that must be refused (a binary too old for the cluster's
+// log). It returns the process's exit error (nil for status 0); the test
+// fails if the process still runs after timeout (it is killed).
+func (n *Node) RestartUntilExit(timeout time.Duration) error {
+	n.cluster.t.Helper()
+	if n.Running() {
+		n.cluster.t.Fatalf("testcluster: restart node %d: it is still running; Kill or Stop it first", n.index)
+	}
+	process := n.spawn()
+	if !process.wait(timeout) {
+		process.kill()
+		n.cluster.t.Fatalf("testcluster: node %d (pid %d) still runs %v after its start; it was expected to exit\n%s", n.index, process.pid(), timeout, n.logReport())
+	}
+	process.expectExit()
+	exitError, _ := process.exitStatus()
+	n.cluster.t.Logf("testcluster: node %d (pid %d) exited on its own: %s", n.index, process.pid(), exitStatusText(exitError))
+	return exitError
+}
+
 // Health asks the node's GET /v1/health and returns nil if it answered 200.
 func (n *Node) Health(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, healthRequestTimeout)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/api"
+	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/testcluster"
 	"github.com/herd-storage/herd/internal/testenv"
 )
@@ -89,7 +90,7 @@ func TestDashboard(t *testing.T) {
 		want []string
 	}{
 		{"overview", []string{">OK<", "All well", "<th>bytes left</th>", nodes[2]}},
-		{"nodes", append([]string{"alive", "leader"}, nodes...)},
+		{"nodes", append([]string{"alive", "leader", fmt.Sprintf(" level %d<", cluster.SupportedLevel)}, nodes...)},
 		{"vdis", []string{"vm1@base", "test-vm", "snapshot", "24.0 MiB"}},
 		{"events", []string{`vdi "vm1" snapshotted as vm1@base`, `vdi "test-vm" cloned from vm1@base`, "cluster formatted: 3 copies"}},
 	} {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/herd-storage/herd/internal/api"
+	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/testcluster"
 )
 
@@ -94,7 +96,7 @@ func TestMetrics(t *testing.T) {
 	token := created.Secret
 
 	families, _ := scrape(t, admin, token)
-	for _, name := range []string{"herd_cluster_epoch", "herd_cluster_quorum", "herd_disk_capacity_bytes", "herd_raft_apply_duration_seconds", "go_goroutines", "process_resident_memory_bytes"} {
+	for _, name := range []string{"herd_cluster_epoch", "herd_cluster_quorum", "herd_cluster_feature_level", "herd_disk_capacity_bytes", "herd_raft_apply_duration_seconds", "go_goroutines", "process_resident_memory_bytes"} {
 		if v := value(families, name, nil); v <= 0 {
 			t.Errorf("%s = %v, want > 0", name, v)
 		}
@@ -104,6 +106,9 @@ func TestMetrics(t *testing.T) {
 		if f := families[name]; f == nil || len(f.Metric) == 0 || f.Metric[0].GetSummary().GetSampleCount() == 0 {
 			t.Errorf("%s: no samples (%v)", name, f)
 		}
+	}
+	if f := families["herd_build_info"]; f == nil || len(f.Metric) != 1 || labelValue(f.Metric[0], "supported_feature_level") != strconv.Itoa(cluster.SupportedLevel) || labelValue(f.Metric[0], "commit") == "" {
+		t.Errorf("herd_build_info: %v; want one series with the commit and supported_feature_level %d", f, cluster.SupportedLevel)
 	}
 	if v := value(families, "herd_cluster_nodes", map[string]string{"state": "alive"}); v != 2 {
 		t.Errorf("herd_cluster_nodes{state=alive} = %v, want 2", v)
@@ -143,4 +148,14 @@ func TestMetrics(t *testing.T) {
 		v, conns := value(now, "herd_nbd_requests_total", vm1("write")), value(now, "herd_nbd_connections", nil)
 		return v == -1 && conns == 0, fmt.Errorf("herd_nbd_requests_total{vdi=vm1,op=write} %v, connections %v", v, conns)
 	})
+}
+
+// labelValue is the value of metric's label name ("" if it has none).
+func labelValue(metric *dto.Metric, name string) string {
+	for _, l := range metric.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
 }

@@ -177,6 +177,25 @@ func TestRollingUpgradeFromOlderBuild(t *testing.T) {
 	if v.Copies != 2 {
 		t.Fatalf("vdi two has %d copies, want 2", v.Copies)
 	}
+	// No way back after the finalize: the older build, started on a
+	// member's data, stops at the first log entry it does not know rather
+	// than serve a state that differs from the others'.
+	c.Node(2).Stop()
+	c.Node(2).SetBinary(older)
+	if err := c.Node(2).RestartUntilExit(90 * time.Second); err == nil {
+		t.Fatal("the older build exited with status 0 on a finalized cluster's log")
+	}
+	logged, err := os.ReadFile(c.Node(2).LogPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(logged), "which this herd binary does not know") {
+		t.Fatalf("the older build's log does not say why it stopped:\n%s", lastLines(string(logged), 10))
+	}
+	c.Node(2).SetBinary(current)
+	c.Node(2).Restart()
+	waitAgreement(t, c, all, time.Minute)
+
 	write(0, "two", "write -P 0x31 0 8M")
 	if out, err := qemuIO(t, c.Node(1).NBDURI("two"), "read -P 0x31 0 8M"); err != nil || strings.Contains(out, "fail") {
 		t.Fatalf("reading vdi two through node 1: %v\n%s", err, lastLines(out, 5))

@@ -104,8 +104,16 @@ function renderRecovery(entries) {
     }));
 }
 
+// buildText is a node's version as node list shows it: release, commit,
+// the feature level its binary supports.
+function buildText(b) {
+  if (!b) return '-';
+  const release = b.version ? b.version + (b.commit ? ` (${b.commit})` : '') : 'old';
+  return `${release} level ${b.feature_level}`;
+}
+
 function renderNodes(nodes) {
-  table($('#nodes'), ['id', 'address', 'zone', 'capacity', 'used', 'free', 'objects', 'bad blocks', 'role', 'state'],
+  table($('#nodes'), ['id', 'address', 'zone', 'capacity', 'used', 'free', 'objects', 'bad blocks', 'role', 'version', 'state'],
     nodes.map((n) => {
       const alive = n.state === 'alive';
       let state = n.state;
@@ -114,7 +122,7 @@ function renderNodes(nodes) {
       if (n.maintenance_until && new Date(n.maintenance_until) > new Date()) state += ', maintenance until ' + when(n.maintenance_until);
       return [n.id, n.address, n.zone || '-', cell(bytes(n.capacity), 'num'), cell(alive ? bytes(n.used_bytes) : '-', 'num'),
         cell(alive ? bytes(n.free_bytes) : '-', 'num'), cell(alive ? String(n.objects) : '-', 'num'),
-        cell(alive ? String(n.checksum_errors) : '-', 'num'), n.role, cell(state, alive ? '' : 'down')];
+        cell(alive ? String(n.checksum_errors) : '-', 'num'), n.role, buildText(n.build), cell(state, alive ? '' : 'down')];
     }));
 }
 
