@@ -40,9 +40,13 @@ const (
 	// of copies in the create command (older binaries would drop the
 	// field and use the cluster's).
 	LevelVDICopies = 2
+	// LevelSecurity: the security pass's records, which older binaries
+	// would drop: nodes admitted by id and certificate serial (the peer
+	// allow-list; admission.go) and the scopes of admin tokens.
+	LevelSecurity = 3
 
 	// SupportedLevel is the highest level this binary supports.
-	SupportedLevel = LevelVDICopies
+	SupportedLevel = LevelSecurity
 )
 
 // Feature is one change gated by a level.
