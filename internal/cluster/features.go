@@ -57,6 +57,7 @@ type Feature struct {
 
 var (
 	FeatureVDICopies = Feature{Name: "a VDI's own number of copies (vdi create --copies)", Level: LevelVDICopies}
+	FeatureDataScope = Feature{Name: "read-only tokens that may read VDI data (token create --read-only --data)", Level: LevelSecurity}
 )
 
 // ErrUpgradeRequired: the feature needs a cluster level not reached yet.

@@ -18,14 +18,38 @@ import (
 	"time"
 )
 
-// Token is an admin API credential. ReadOnly tokens may only read.
+// Token is an admin API credential. Its scope: a token that is not
+// ReadOnly may do anything, VDI data included; a ReadOnly one may only
+// read the cluster's state (GET), and reads VDI data (an NBD session
+// certificate, GET /v1/nbd-session) only with Data.
 type Token struct {
-	ID       string    `json:"id"`
-	Name     string    `json:"name"`
-	Hash     string    `json:"hash"` // hex SHA-256 of the secret
-	ReadOnly bool      `json:"read_only"`
-	Created  time.Time `json:"created"`
-	Revoked  bool      `json:"revoked,omitempty"`
+	ID       string `json:"id"`
+	Name     string `json:"name"`
+	Hash     string `json:"hash"` // hex SHA-256 of the secret
+	ReadOnly bool   `json:"read_only"`
+	// Data lets a read-only token read VDI data. Gated by
+	// FeatureDataScope: below its level the field is ignored (cleared
+	// when the create is applied), as older binaries (which drop it) do,
+	// so every node's state stays the same.
+	Data    bool      `json:"data,omitempty"`
+	Created time.Time `json:"created"`
+	Revoked bool      `json:"revoked,omitempty"`
+}
+
+// ReadsData says whether the token may read VDI data: an admin token, or
+// a read-only one with the data scope.
+func (t Token) ReadsData() bool { return !t.ReadOnly || t.Data }
+
+// Scope names the token's scope as the CLI and the docs do: "admin",
+// "read-only" (the cluster's state, no VDI data) or "read-only+data".
+func (t Token) Scope() string {
+	switch {
+	case !t.ReadOnly:
+		return "admin"
+	case t.Data:
+		return "read-only+data"
+	}
+	return "read-only"
 }
 
 // Client is an NBD client certificate's authorization: the VDIs it may
@@ -159,6 +183,9 @@ func applyTokenCreate(s *State, data []byte) (any, error) {
 		}
 	}
 	t.Revoked = false
+	if !t.ReadOnly || s.Level() < FeatureDataScope.Level {
+		t.Data = false // an admin token reads data anyway; below the level as older binaries
+	}
 	s.Tokens[t.ID] = &t
 	return t, nil
 }
