@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -57,11 +60,16 @@ type Local struct {
 	// one term: grants.since is 0.
 	origin time.Time
 	grants leaseGrants
+
+	// builds is what each node's process reports about its binary
+	// (gossip's metadata, which Local has not got: SetBuild); a node
+	// without one runs this binary. Guarded by mu.
+	builds map[string]Build
 }
 
 // NewLocal returns an empty log.
 func NewLocal() *Local {
-	l := &Local{applied: applied{fsm: newFSM()}, changed: make(chan struct{}), members: map[*LocalMember]bool{}, origin: time.Now()}
+	l := &Local{applied: applied{fsm: newFSM()}, changed: make(chan struct{}), members: map[*LocalMember]bool{}, origin: time.Now(), builds: map[string]Build{}}
 	l.grants.changed = make(chan struct{}) // the maps are made by leaseGrants.record
 	return l
 }
@@ -161,6 +169,13 @@ func (l *Local) CreateVDI(name string, size uint64) (VDI, error) {
 
 // CreateVDIWith commits a new VDI, exclusive or not (`--exclusive`).
 func (l *Local) CreateVDIWith(name string, size uint64, exclusive bool) (VDI, error) {
+	return l.CreateVDIWithCopies(name, size, exclusive, 0)
+}
+
+// CreateVDIWithCopies commits a new VDI with its own number of copies
+// (`--copies`; 0: the cluster's), refused below FeatureVDICopies's level
+// as Cluster.CreateVDIWith refuses it.
+func (l *Local) CreateVDIWithCopies(name string, size uint64, exclusive bool, copies int) (VDI, error) {
 	var v VDI
 	if err := ValidateName(name); err != nil {
 		return v, err
@@ -168,8 +183,95 @@ func (l *Local) CreateVDIWith(name string, size uint64, exclusive bool) (VDI, er
 	if err := ValidateSize(size, 0); err != nil {
 		return v, err
 	}
-	err := l.commitCommand(commandVDICreate, vdiCreateCommand{Name: name, Size: size, Exclusive: exclusive, Time: time.Now().UTC()}, &v)
+	command := vdiCreateCommand{Name: name, Size: size, Exclusive: exclusive, Time: time.Now().UTC()}
+	if copies != 0 {
+		if err := validateCopies(copies); err != nil {
+			return v, err
+		}
+		var format, level int
+		l.fsm.View(func(s *State) {
+			if s.Format != nil {
+				format = s.Format.Copies
+			}
+			level = s.Level()
+		})
+		if copies != format {
+			if level < FeatureVDICopies.Level {
+				return v, upgradeRequired(FeatureVDICopies, level, l.membersBelow(FeatureVDICopies.Level))
+			}
+			command.Copies = copies
+		}
+	}
+	err := l.commitCommand(commandVDICreate, command, &v)
 	return v, err
+}
+
+// SetBuild records what node id's processes report about their binary
+// from now on, as gossip carries it (Build): the simulator's nodes that
+// run an older herd (a lower supported level) until they are upgraded.
+func (l *Local) SetBuild(id string, b Build) {
+	l.mu.Lock()
+	l.builds[id] = b
+	l.mu.Unlock()
+}
+
+// membersBelow is Cluster.membersBelow on Local: the members of the log
+// (not removed) whose binary does not support level, or that are not
+// alive in the log (gossip does not see a node that is down, so its
+// version is unknown).
+func (l *Local) membersBelow(level int) []string {
+	l.mu.Lock()
+	builds := maps.Clone(l.builds)
+	l.mu.Unlock()
+	var below []string
+	l.fsm.View(func(s *State) {
+		ids := slices.Sorted(maps.Keys(s.Nodes))
+		for _, id := range ids {
+			if _, removed := s.Removed[id]; removed {
+				continue
+			}
+			b, ok := builds[id]
+			if !ok {
+				b = Build{Level: SupportedLevel}
+			}
+			switch {
+			case s.Nodes[id].State != NodeAlive:
+				below = append(below, fmt.Sprintf("%s (down: its version is unknown; start it on the new herd, or `herd node remove` it)", id))
+			case b.SupportedLevel() < level:
+				below = append(below, fmt.Sprintf("%s (runs %s, level %d)", id, b, b.SupportedLevel()))
+			}
+		}
+	})
+	return below
+}
+
+// FinalizeUpgrade raises the cluster's level to target once every member
+// supports it, as `herd cluster finalize-upgrade` does
+// (Cluster.FinalizeUpgrade, which raises it to SupportedLevel); it
+// returns the level the cluster is at. A simulation raises the level its
+// features need: what a higher one brings (the peer allow-list of
+// LevelSecurity) is not simulated.
+func (l *Local) FinalizeUpgrade(target int) (int, error) {
+	level := l.Level()
+	if target > SupportedLevel {
+		return level, fmt.Errorf("%w: this binary supports feature levels up to %d, not %d", ErrInvalid, SupportedLevel, target)
+	}
+	if level >= target {
+		return level, nil
+	}
+	if below := l.membersBelow(target); len(below) > 0 {
+		return level, fmt.Errorf("%w: cannot raise the cluster to feature level %d: upgrade herd on %s first", ErrUpgradeRequired, target, strings.Join(below, ", "))
+	}
+	if err := l.commitCommand(commandFeatureLevel, featureLevelCommand{Level: target, Time: time.Now().UTC()}, &level); err != nil {
+		return l.Level(), err
+	}
+	return level, nil
+}
+
+// Level is the cluster's feature level.
+func (l *Local) Level() (level int) {
+	l.fsm.View(func(s *State) { level = s.Level() })
+	return level
 }
 
 // grantLease answers a member's lease request, as Cluster.grantLease

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -240,6 +241,54 @@ func TestLocalNodeLeaveWaitsForLease(t *testing.T) {
 		}
 		if waited := time.Since(started); waited != 0 {
 			t.Fatalf("dropping b, which never held a lease, waited %v", waited)
+		}
+	})
+}
+
+// Local's finalize is Cluster.FinalizeUpgrade's: refused while a member
+// of the log runs a binary below the level (SetBuild) or is down,
+// naming it; a VDI of its own copies is refused until then, naming the
+// command; afterwards both work, and the level stays.
+func TestLocalFinalizeUpgrade(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := NewLocal()
+		defer l.Close()
+		for _, id := range []string{"a", "b", "c"} {
+			if _, err := l.NodeJoin(Node{ID: id, Incarnation: id + ".1"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := l.Format(3, MinObjectSize); err != nil {
+			t.Fatal(err)
+		}
+		l.SetBuild("b", Build{Version: "0.8", Level: LevelBase})
+		if level, err := l.FinalizeUpgrade(LevelVDICopies); !errors.Is(err, ErrUpgradeRequired) || level != LevelBase || !strings.Contains(err.Error(), "b (runs herd 0.8, level 1)") {
+			t.Fatalf("finalize with b at level 1: level %d, %v", level, err)
+		}
+		if _, err := l.CreateVDIWithCopies("two", 1<<20, false, 2); !errors.Is(err, ErrUpgradeRequired) || !strings.Contains(err.Error(), "finalize-upgrade") || !strings.Contains(err.Error(), "upgrade herd on b") {
+			t.Fatalf("vdi create --copies 2 at level 1: %v", err)
+		}
+		if v, err := l.CreateVDIWithCopies("three", 1<<20, false, 3); err != nil || v.Copies != 3 {
+			t.Fatalf("vdi create --copies 3 (the format's) at level 1: %+v, %v", v, err)
+		}
+		l.SetBuild("b", Build{Version: "0.9", Level: LevelVDICopies})
+		if _, err := l.NodeLeave("c", "test"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.FinalizeUpgrade(LevelVDICopies); !errors.Is(err, ErrUpgradeRequired) || !strings.Contains(err.Error(), "c (down") {
+			t.Fatalf("finalize with c down: %v", err)
+		}
+		if _, err := l.NodeJoin(Node{ID: "c", Incarnation: "c.2"}); err != nil {
+			t.Fatal(err)
+		}
+		if level, err := l.FinalizeUpgrade(LevelVDICopies); err != nil || level != LevelVDICopies || l.Level() != LevelVDICopies {
+			t.Fatalf("finalize with every member upgraded: level %d (log %d), %v", level, l.Level(), err)
+		}
+		if level, err := l.FinalizeUpgrade(LevelVDICopies); err != nil || level != LevelVDICopies {
+			t.Fatalf("finalize again: level %d, %v", level, err)
+		}
+		if v, err := l.CreateVDIWithCopies("two", 1<<20, false, 2); err != nil || v.Copies != 2 {
+			t.Fatalf("vdi create --copies 2 after the finalize: %+v, %v", v, err)
 		}
 	})
 }

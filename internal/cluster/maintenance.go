@@ -105,7 +105,7 @@ func applyNodeSet(s *State, data []byte) (any, error) {
 	if s.Format != nil && next.Zone != n.Zone {
 		saved := *n
 		*n = next
-		err := checkCopiesPlaceable(s, s.Format.Copies)
+		err := checkCopiesPlaceable(s, s.largestCopies())
 		*n = saved
 		if err != nil {
 			return nil, fmt.Errorf("zone %q for node %s: %w", next.Zone, c.ID, err)
@@ -173,9 +173,10 @@ func applyNodeDrain(s *State, data []byte) (any, error) {
 			zones[m.Zone] = true
 			zoned = zoned || m.Zone != ""
 		}
-		if placeable < s.Format.Copies || (zoned && len(zones) < s.Format.Copies) {
+		// The VDI of the most copies decides (largestCopies).
+		if copies := s.largestCopies(); placeable < copies || (zoned && len(zones) < copies) {
 			return nil, fmt.Errorf("%w: draining node %s would leave %d nodes (%d zones) to hold %d copies of every object; add a node first",
-				ErrTooFewNodes, c.ID, placeable, len(zones), s.Format.Copies)
+				ErrTooFewNodes, c.ID, placeable, len(zones), copies)
 		}
 	}
 	n.Draining = c.Drain

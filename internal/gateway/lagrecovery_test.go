@@ -48,6 +48,12 @@ type recoveryView struct{ *fakeCluster }
 
 func (recoveryView) MaintenanceHold(now time.Time) (time.Time, []string) { return time.Time{}, nil }
 
+// VDICopies is the VDI's own copies, as the real log keeps them.
+func (v recoveryView) VDICopies(id uint32) (int, bool) {
+	vdi, ok := v.VDIByID(id)
+	return vdi.Copies, ok && vdi.Copies > 0
+}
+
 // recoveryPeers reach the real replicas as recovery does (replica.Client).
 type recoveryPeers struct{ real *realReplicas }
 

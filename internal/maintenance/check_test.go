@@ -84,6 +84,19 @@ func (l *fakeLog) VDIByID(id uint32) (cluster.VDI, bool) {
 	return v, ok
 }
 
+func (l *fakeLog) VDICopies(id uint32) (int, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	v, ok := l.vdis[id]
+	if !ok {
+		return 0, false
+	}
+	if v.Copies == 0 {
+		return l.copies, true
+	}
+	return v.Copies, true
+}
+
 func (l *fakeLog) LookupVDI(ctx context.Context, name string) (cluster.VDI, error) {
 	panic("not used")
 }

@@ -128,6 +128,19 @@ func (l *fakeLog) VDIByID(id uint32) (cluster.VDI, bool) {
 	return v, ok
 }
 
+func (l *fakeLog) VDICopies(id uint32) (int, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	v, ok := l.vdis[id]
+	if !ok {
+		return 0, false
+	}
+	if v.Copies == 0 {
+		return l.copies, true
+	}
+	return v.Copies, true
+}
+
 // proof returns a prover over the log (with fresh layouts: nothing
 // cached from before).
 func (l *fakeLog) proof() *Proof {

@@ -81,7 +81,9 @@ func (p *Proof) Survey(ctx context.Context, rv *layout.Epoch, oid uint64) (stamp
 }
 
 // Current returns nil when a copy of oid stamped newest (the newest
-// any answering node holds) is current in rv's epoch: every epoch after
+// any answering node holds) is current in rv's epoch, copies being the
+// number of copies of oid's VDI (its replicas in every epoch are that
+// many: a witness outside them proves nothing): every epoch after
 // newest and before rv's, from the one in which oid's VDI was created
 // on (no write to oid is older), has a replica of oid among the nodes
 // that answered. Otherwise object.ErrNoCopy naming the epoch and the nodes that

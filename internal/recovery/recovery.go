@@ -48,6 +48,9 @@ type Cluster interface {
 	WaitEpoch(ctx context.Context, after uint64) (cluster.EpochView, error)
 	Epochs() []cluster.Epoch
 	VDIByID(id uint32) (cluster.VDI, bool)
+	// VDICopies is the number of copies of VDI id's objects, false for
+	// an id the node does not know (cluster.State.CopiesOf).
+	VDICopies(id uint32) (copies int, ok bool)
 	// MaintenanceHold names the nodes down inside their maintenance
 	// window, and the earliest end of those windows.
 	MaintenanceHold(now time.Time) (until time.Time, nodes []string)
@@ -340,7 +343,9 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 			}
 		}
 	}
-	copies := rv.Format.Copies
+	// Each object's replicas are its VDI's copies of them (copiesOf).
+	copies := r.copiesOf(rv)
+	placedCopies := map[uint64]int{}
 	// Objects that a node just back from a maintenance window also holds
 	// come last, after a grace: restamped here first, they would look
 	// newer than that node's unchanged copies when its own pass lists
@@ -355,13 +360,15 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 	var mine []uint64
 	later := map[uint64]bool{}
 	for oid := range newest {
+		n, _ := copies.of(oid) // unknown: the format's (copiesOf)
 		placedHere, shared := false, false
-		for _, n := range rv.ReplicasOf(oid, copies) {
-			placedHere = placedHere || n.ID == r.self
-			shared = shared || returning[n.ID]
+		for _, node := range rv.ReplicasOf(oid, n) {
+			placedHere = placedHere || node.ID == r.self
+			shared = shared || returning[node.ID]
 		}
 		if placedHere {
 			mine = append(mine, oid)
+			placedCopies[oid] = n
 			if shared {
 				later[oid] = true
 			}
@@ -408,7 +415,7 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 					continue
 				}
 				b := newest[oid]
-				copied, err := r.makeCurrent(ctx, rv, oid, b.stamp, []cluster.Node{b.holder}, answered, throttle)
+				copied, err := r.makeCurrent(ctx, rv, oid, placedCopies[oid], b.stamp, []cluster.Node{b.holder}, answered, throttle)
 				r.throttle.leave()
 				switch {
 				case errors.Is(err, object.ErrNoCopy):
@@ -497,6 +504,7 @@ func (r *Recovery) RecoverObject(ctx context.Context, epoch, oid uint64) error {
 	if stamp, err := r.local.Store().Epoch(oid); err == nil && stamp >= epoch {
 		return nil // recovered meanwhile
 	}
+	copies, _ := r.copiesOf(rv).of(oid)
 	stamps, answered := r.proof.Survey(ctx, rv, oid)
 	var newest uint64
 	var holders []cluster.Node
@@ -512,12 +520,12 @@ func (r *Recovery) RecoverObject(ctx context.Context, epoch, oid uint64) error {
 		}
 	}
 	if len(holders) == 0 {
-		if err := r.proof.Current(oid, rv.Format.Copies, rv, 0, answered); err != nil {
+		if err := r.proof.Current(oid, copies, rv, 0, answered); err != nil {
 			return err
 		}
 		return fmt.Errorf("%w: object %016x: no node of epoch %d holds it", object.ErrNotFound, oid, epoch)
 	}
-	copied, err := r.makeCurrent(ctx, rv, oid, newest, holders, answered, nil) // I/O waits: never throttled
+	copied, err := r.makeCurrent(ctx, rv, oid, copies, newest, holders, answered, nil) // I/O waits: never throttled
 	if errors.Is(err, object.ErrNoCopy) {
 		var silent []string
 		for id := range rv.Nodes {
@@ -536,17 +544,17 @@ func (r *Recovery) RecoverObject(ctx context.Context, epoch, oid uint64) error {
 }
 
 // makeCurrent makes this node's copy of oid current in rv's epoch, given
-// the newest stamp any answering node holds and nodes holding it: it
+// its VDI's copies, the newest stamp any answering node holds and nodes holding it: it
 // proves that copy current, then restamps its own copy if that is one,
 // or fetches the object from a holder. Under the object's exclusive
 // lock. Reports whether it copied data.
-func (r *Recovery) makeCurrent(ctx context.Context, rv *layout.Epoch, oid, newest uint64, holders []cluster.Node, answered func(string) bool, throttle func(ctx context.Context, bytes uint64) error) (bool, error) {
-	copied, err := r.makeCurrentLocked(ctx, rv, oid, newest, holders, answered, throttle != nil)
+func (r *Recovery) makeCurrent(ctx context.Context, rv *layout.Epoch, oid uint64, copies int, newest uint64, holders []cluster.Node, answered func(string) bool, throttle func(ctx context.Context, bytes uint64) error) (bool, error) {
+	copied, err := r.makeCurrentLocked(ctx, rv, oid, copies, newest, holders, answered, throttle != nil)
 	if errors.Is(err, errNeedTokens) {
 		if err := throttle(ctx, rv.Format.ObjectSize); err != nil {
 			return false, err
 		}
-		copied, err = r.makeCurrentLocked(ctx, rv, oid, newest, holders, answered, false)
+		copied, err = r.makeCurrentLocked(ctx, rv, oid, copies, newest, holders, answered, false)
 	}
 	return copied, err
 }
@@ -555,7 +563,7 @@ func (r *Recovery) makeCurrent(ctx context.Context, rv *layout.Epoch, oid, newes
 // rate-limited.
 var errNeedTokens = errors.New("recovery: copy waits for the rate limit")
 
-func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *layout.Epoch, oid, newest uint64, holders []cluster.Node, answered func(string) bool, throttle bool) (bool, error) {
+func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *layout.Epoch, oid uint64, copies int, newest uint64, holders []cluster.Node, answered func(string) bool, throttle bool) (bool, error) {
 	copied := false
 	err := r.local.Exclusive(oid, func(stamp uint64, found bool) error {
 		if found && stamp >= rv.Number {
@@ -564,7 +572,7 @@ func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *layout.Epoch, oid,
 		if found && stamp > newest {
 			newest, holders = stamp, []cluster.Node{rv.Nodes[r.self]}
 		}
-		if err := r.proof.Current(oid, rv.Format.Copies, rv, newest, answered); err != nil {
+		if err := r.proof.Current(oid, copies, rv, newest, answered); err != nil {
 			return err
 		}
 		if found && stamp == newest && stamp > 0 {
@@ -640,11 +648,29 @@ func (r *Recovery) removeSurplusOnce(ctx context.Context, epoch uint64) (int, er
 	if _, member := rv.Nodes[r.self]; !member {
 		return 0, nil
 	}
-	copies := rv.Format.Copies
+	// A copy is surplus only when its VDI's copies are known and do not
+	// place it here. A copy of a VDI this node does not know is kept:
+	// the VDI may have been created after the entries this node applied
+	// (a gateway elsewhere writes its objects to every replica of the
+	// VDI's own copies, this node among them, while this node lags), and
+	// the format's copies (or a guess) could place it elsewhere and
+	// delete a copy the VDI needs. Keeping it costs the space of a copy
+	// of a VDI freed for good (an orphan), which nothing else deletes
+	// either; deleting it could cost data.
+	copies := r.copiesOf(rv)
 	var surplus []uint64
+	var unknown int
+	placed := map[uint64][]cluster.Node{}
 	err = r.local.List(func(oid, stamp uint64) error {
-		if !slices.ContainsFunc(rv.ReplicasOf(oid, copies), func(n cluster.Node) bool { return n.ID == r.self }) {
+		n, known := copies.of(oid)
+		if !known {
+			unknown++
+			return nil
+		}
+		replicas := rv.ReplicasOf(oid, n)
+		if !slices.ContainsFunc(replicas, func(n cluster.Node) bool { return n.ID == r.self }) {
 			surplus = append(surplus, oid)
+			placed[oid] = replicas
 		}
 		return nil
 	})
@@ -652,6 +678,9 @@ func (r *Recovery) removeSurplusOnce(ctx context.Context, epoch uint64) (int, er
 		return 0, err
 	}
 	r.update(func(s *Status) { s.Surplus = len(surplus) })
+	if unknown > 0 {
+		r.logger.Debug("recovery: kept copies of VDIs this node does not know", "epoch", epoch, "copies", unknown)
+	}
 	if len(surplus) == 0 {
 		return 0, nil
 	}
@@ -659,7 +688,7 @@ func (r *Recovery) removeSurplusOnce(ctx context.Context, epoch uint64) (int, er
 	var replaced []uint64
 	flush := map[string]cluster.Node{}
 	for _, oid := range surplus {
-		targets := rv.ReplicasOf(oid, copies)
+		targets := placed[oid]
 		ok := true
 		for _, n := range targets {
 			stamp, err := r.replicas.Stat(ctx, n, epoch, oid)
@@ -690,7 +719,7 @@ func (r *Recovery) removeSurplusOnce(ctx context.Context, epoch uint64) (int, er
 				return context.Canceled // placement may have changed
 			}
 			// Invariant: a copy the epoch places here is never surplus.
-			if slices.ContainsFunc(rv.ReplicasOf(oid, copies), func(n cluster.Node) bool { return n.ID == r.self }) {
+			if slices.ContainsFunc(placed[oid], func(n cluster.Node) bool { return n.ID == r.self }) {
 				return fmt.Errorf("recovery: refusing to delete object %016x: epoch %d places it on this node", oid, epoch)
 			}
 			return r.local.Store().Remove(oid)
@@ -709,4 +738,40 @@ func (r *Recovery) removeSurplusOnce(ctx context.Context, epoch uint64) (int, er
 		r.logger.Info("recovery: removed copies placed elsewhere", "epoch", epoch, "removed", removed, "left", left)
 	}
 	return left, nil
+}
+
+// vdiCopies looks up the number of copies of objects' VDIs for one pass:
+// each VDI id is asked of the cluster once (cluster.State.CopiesOf walks
+// the VDIs). VDI copies never change, so a pass may keep the answers; an
+// id unknown at first is asked again, as the node may have applied its
+// VDI's creation meanwhile. Not safe for concurrent use.
+type vdiCopies struct {
+	cluster Cluster
+	format  int
+	known   map[uint32]int
+}
+
+// copiesOf returns a lookup of copies for a pass over rv.
+func (r *Recovery) copiesOf(rv *layout.Epoch) *vdiCopies {
+	return &vdiCopies{cluster: r.cluster, format: rv.Format.Copies, known: map[uint32]int{}}
+}
+
+// of returns the copies of oid's VDI, and whether the VDI is known. For
+// an unknown VDI it returns the format's copies, for uses that need a
+// number and for which any is safe: recovery makes such an object
+// current where the format's copies place it (a VDI created after the
+// epoch began had its objects written to every replica in this epoch
+// already; one freed for good needs no copy), and the proof for it is
+// what it was before VDIs had their own copies. Surplus removal never
+// deletes such a copy (removeSurplusOnce).
+func (c *vdiCopies) of(oid uint64) (int, bool) {
+	id := object.VDI(oid)
+	if n, ok := c.known[id]; ok {
+		return n, true
+	}
+	if n, ok := c.cluster.VDICopies(id); ok {
+		c.known[id] = n
+		return n, true
+	}
+	return c.format, false
 }

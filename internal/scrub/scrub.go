@@ -91,7 +91,11 @@ type Options struct {
 	// ObjectSize is the size of oid's VDI's objects (deep passes compare
 	// whole objects); nil disables deep passes.
 	ObjectSize func(oid uint64) (uint64, error)
-	Logger     *slog.Logger
+	// Copies is the number of copies of oid's VDI, false when the VDI is
+	// unknown (cluster.State.CopiesOf); an object's replicas are its
+	// VDI's copies of it. nil: every VDI has the format's copies.
+	Copies func(oid uint64) (int, bool)
+	Logger *slog.Logger
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
 }
@@ -411,7 +415,11 @@ func (sc *Scrubber) compare(ctx context.Context, oid, stamp uint64) error {
 	if err != nil || rv.Format.Copies == 0 || stamp != rv.Number {
 		return err // not current: recovery's business first
 	}
-	replicas := rv.ReplicasOf(oid, rv.Format.Copies)
+	copies, known := sc.copies(rv, oid)
+	if !known {
+		return nil // its VDI is not known here (yet, or any more)
+	}
+	replicas := rv.ReplicasOf(oid, copies)
 	if len(replicas) < 2 || replicas[0].ID != sc.self {
 		return nil
 	}
@@ -457,6 +465,18 @@ func (sc *Scrubber) compare(ctx context.Context, oid, stamp uint64) error {
 	return nil
 }
 
+// copies is the number of copies of oid's VDI, and whether the VDI is
+// known (Options.Copies); the format's when it is not.
+func (sc *Scrubber) copies(rv *layout.Epoch, oid uint64) (int, bool) {
+	if sc.options.Copies == nil {
+		return rv.Format.Copies, true
+	}
+	if n, ok := sc.options.Copies(oid); ok {
+		return n, true
+	}
+	return rv.Format.Copies, false
+}
+
 // upgrade gives a copy written before checksums its checksums.
 func (sc *Scrubber) upgrade(oid uint64) (bool, error) {
 	if sc.options.Exclusive == nil {
@@ -484,7 +504,11 @@ func (sc *Scrubber) repair(ctx context.Context, oid, stamp uint64, chunk []byte,
 		return fmt.Errorf("blocks at offset %d fail their checksum; the copy is not current in epoch %d (stamped %d): left to recovery and the next pass", offset, rv.Number, stamp)
 	}
 	var last error = errors.New("no other replica")
-	for _, node := range rv.ReplicasOf(oid, rv.Format.Copies) {
+	// A VDI unknown here: the format's copies (any replica current in
+	// this epoch has the same content; one that holds no copy answers
+	// so and the next is tried).
+	copies, _ := sc.copies(rv, oid)
+	for _, node := range rv.ReplicasOf(oid, copies) {
 		if node.ID == sc.self {
 			continue
 		}

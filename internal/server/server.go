@@ -30,6 +30,7 @@ import (
 	"github.com/herd-storage/herd/internal/maintenance"
 	"github.com/herd-storage/herd/internal/metrics"
 	"github.com/herd-storage/herd/internal/nbd"
+	"github.com/herd-storage/herd/internal/object"
 	"github.com/herd-storage/herd/internal/peer"
 	"github.com/herd-storage/herd/internal/pki"
 	"github.com/herd-storage/herd/internal/recovery"
@@ -280,6 +281,7 @@ func Run(ctx context.Context, o Options) error {
 			return replicaSide.Exclusive(oid, func(uint64, bool) error { return fn() })
 		},
 		ObjectSize: gw.ObjectSize,
+		Copies:     func(oid uint64) (int, bool) { return c.VDICopies(object.VDI(oid)) },
 		DeepEvery:  o.ScrubDeepEvery,
 		Logger:     logger,
 	})

@@ -140,8 +140,9 @@ func (w *World) objects() []uint64 {
 }
 
 // converged is invariant (d) on the stores, once faults stopped: every
-// object has exactly its copies, on the nodes the final epoch places it
-// on, all stamped with that epoch and identical. It returns what still
+// object has exactly its VDI's copies (the format's or the VDI's own), on
+// the nodes the final epoch places it on, all stamped with that epoch and
+// identical. It returns what still
 // differs. Copies that differ only where they hold different writes the
 // model allows (an acknowledged write and a later one of unknown outcome)
 // differ too: each read would be allowed, but two reads of the same block
@@ -169,7 +170,12 @@ func (w *World) converged() (problems []string) {
 	}
 	sort.Slice(oids, func(i, j int) bool { return oids[i] < oids[j] })
 	for _, oid := range oids {
-		epoch, placed, err := p.gateway.ReplicasOf(oid, w.cfg.Copies)
+		copies, ok := w.log.VDICopies(object.VDI(oid))
+		if !ok {
+			problems = append(problems, fmt.Sprintf("object %016x: its vdi %d is not in the log", oid, object.VDI(oid)))
+			continue
+		}
+		epoch, placed, err := p.gateway.ReplicasOf(oid, copies)
 		if err != nil {
 			return []string{err.Error()}
 		}

@@ -110,7 +110,8 @@
 //	    stamp never decreases while the copy exists (checked on every
 //	    object the clients' VDIs can have).
 //	(d) Convergence: once faults stop, every object ends with exactly
-//	    `copies` copies, on the nodes the final epoch places it on, all
+//	    its VDI's copies (the format's, or the VDI's own: Config.
+//	    ClientCopies), on the nodes the final epoch places it on, all
 //	    stamped with that epoch and identical, within 3 fake minutes.
 //
 // A run also fails if the clients cannot finish, the log does not take

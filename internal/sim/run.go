@@ -131,8 +131,8 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 		return r
 	}
 	defer w.close()
-	w.note("seed %d: %d nodes, %d copies, at most %d faulty at once, %d clients with %d lanes on %d-byte vdis of %d-byte objects, %v of faults",
-		seed, schedule.Config.Nodes, schedule.Config.Copies, schedule.Config.MaxFaulty, schedule.Config.Clients, schedule.Config.Lanes, schedule.Config.VDISize, schedule.Config.ObjectSize, schedule.Config.Faults)
+	w.note("seed %d: %d nodes, %d copies%s, at most %d faulty at once, %d clients with %d lanes on %d-byte vdis of %d-byte objects, %v of faults",
+		seed, schedule.Config.Nodes, schedule.Config.Copies, schedule.Config.ownCopies(), schedule.Config.MaxFaulty, schedule.Config.Clients, schedule.Config.Lanes, schedule.Config.VDISize, schedule.Config.ObjectSize, schedule.Config.Faults)
 	if err := w.start(); err != nil {
 		return fail("setting up: " + err.Error())
 	}
@@ -290,7 +290,7 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 		}
 		time.Sleep(2 * time.Second)
 	}
-	w.note("converged: every object has %d identical copies stamped %d", w.cfg.Copies, w.log.Epoch())
+	w.note("converged: every object has its vdi's copies (the format's %d%s), identical, stamped %d", w.cfg.Copies, w.cfg.ownCopies(), w.log.Epoch())
 	return r
 }
 

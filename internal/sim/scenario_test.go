@@ -114,3 +114,38 @@ func TestReturningNodesServeNoStaleRead(t *testing.T) {
 // returningSeeds are the first seeds that fail with lease-by-contact
 // (seeds 1-160: also 100, 101, 108, 115, 124, 130 and 150).
 var returningSeeds = []uint64{16, 23, 49, 64, 78, 83, 91, 92}
+
+// vdiCopies is a cluster formatted with 3 copies holding a VDI of 2
+// copies and one of 4 (vdi create --copies, after the upgrade is
+// finalized), on 5 nodes: nodes are killed and restarted one at a time,
+// so every object's replica set changes and recovery runs. Recovery must
+// give each object its VDI's copies: no third copy of the VDI of 2, and
+// the fourth copy of the VDI of 4 neither skipped nor deleted as surplus
+// (the final check: exactly the VDI's copies, where the final epoch
+// places them, identical).
+func vdiCopies(seed uint64) Schedule {
+	return Schedule{
+		Seed:   seed,
+		Config: Config{Nodes: 5, Copies: 3, ClientCopies: []int{2, 4}, MaxFaulty: 1, ObjectSize: 64 << 10, VDISize: 1 << 20, Clients: 2, Lanes: 3, Faults: 20 * time.Second},
+		Events: []Event{
+			{At: time.Second, Kind: Kill, Node: 1},
+			{At: 7 * time.Second, Kind: Restart, Node: 1},
+			{At: 10 * time.Second, Kind: Kill, Node: 3},
+			{At: 16 * time.Second, Kind: Restart, Node: 3, CatchUp: 300 * time.Millisecond},
+		},
+	}
+}
+
+func TestScenarioVDIsOwnCopies(t *testing.T) {
+	if seededBug != "" {
+		t.Skipf("seeded bug %q is on", seededBug)
+	}
+	dir := scratch(t)
+	for seed := uint64(1); seed <= 3; seed++ {
+		r := runScenario(t, vdiCopies(seed), filepath.Join(dir, "s"+itoa(seed)))
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		t.Logf("seed %d: %d operations, %d failed, final epoch %d", seed, r.Ops, r.Errors, r.Epoch)
+	}
+}

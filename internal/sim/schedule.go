@@ -22,6 +22,11 @@ type Config struct {
 	VDISize    uint64 // bytes, per client
 	Clients    int    // each writes and reads its own VDI
 	Lanes      int    // operations a client has in flight at once, on distinct blocks
+	// ClientCopies are the clients' VDIs' own numbers of copies (`vdi
+	// create --copies`), by client; 0 or absent: the format's. Another
+	// number than the format's needs the cluster's feature level raised
+	// first (World.start finalizes the upgrade).
+	ClientCopies []int
 	// Faults is how long faults are injected; then everything heals.
 	Faults time.Duration
 }
@@ -287,4 +292,23 @@ func checkLast(e Event) int {
 		return 1
 	}
 	return 0
+}
+
+// clientCopies is client i's VDI's own copies (0: the format's).
+func (c Config) clientCopies(i int) int {
+	if i < len(c.ClientCopies) {
+		return c.ClientCopies[i]
+	}
+	return 0
+}
+
+// ownCopies describes the clients' VDIs' own copies for the step log.
+func (c Config) ownCopies() string {
+	out := ""
+	for i := 0; i < c.Clients; i++ {
+		if n := c.clientCopies(i); n != 0 {
+			out += fmt.Sprintf(", vdi%d's %d", i, n)
+		}
+	}
+	return out
 }

@@ -165,8 +165,18 @@ func (w *World) start() error {
 	if _, err := w.log.Format(w.cfg.Copies, w.cfg.ObjectSize); err != nil {
 		return err
 	}
+	for _, copies := range w.cfg.ClientCopies {
+		if copies != 0 && copies != w.cfg.Copies {
+			level, err := w.log.FinalizeUpgrade(cluster.LevelVDICopies)
+			if err != nil {
+				return err
+			}
+			w.note("log: cluster finalized at feature level %d", level)
+			break
+		}
+	}
 	for i := 0; i < w.cfg.Clients; i++ {
-		if _, err := w.log.CreateVDIWith(fmt.Sprintf("vdi%d", i), w.cfg.VDISize, w.exclusive); err != nil {
+		if _, err := w.log.CreateVDIWithCopies(fmt.Sprintf("vdi%d", i), w.cfg.VDISize, w.exclusive, w.cfg.clientCopies(i)); err != nil {
 			return err
 		}
 	}
