@@ -304,10 +304,19 @@ func (c *Cluster) SetJoinHash(ctx context.Context, hash string) error {
 	return err
 }
 
-// CreateToken records a new admin token.
+// CreateToken records a new admin token. The data scope of a read-only
+// token needs FeatureDataScope.
 func (c *Cluster) CreateToken(ctx context.Context, t Token) (Token, error) {
 	if err := validToken(t); err != nil {
 		return Token{}, err
+	}
+	if t.Data && !t.ReadOnly {
+		return Token{}, fmt.Errorf("%w: the data scope is for read-only tokens: an admin token reads VDI data already", ErrInvalid)
+	}
+	if t.Data {
+		if err := c.Requires(FeatureDataScope); err != nil {
+			return Token{}, err
+		}
 	}
 	t.Created = time.Now().UTC()
 	out, err := c.propose(ctx, commandTokenCreate, t)
