@@ -32,7 +32,7 @@ type Security struct {
 // Authority issues NBD client certificates signed by the cluster CA.
 type Authority interface {
 	IssueClient(name string) (certPEM, keyPEM []byte, serial string, err error)
-	IssueSession(name string, readOnly bool) (certPEM, keyPEM []byte, err error)
+	IssueSession(name, tokenID string, readOnly bool) (certPEM, keyPEM []byte, err error)
 	CACertPEM() []byte
 }
 
@@ -130,6 +130,7 @@ type (
 	CreateTokenRequest struct {
 		Name     string `json:"name"`
 		ReadOnly bool   `json:"read_only"`
+		Data     bool   `json:"data,omitempty"` // a read-only token that may read VDI data
 	}
 	// CreatedToken carries the new token's secret: it is shown once and
 	// never stored anywhere but in the caller's hands.
@@ -154,8 +155,10 @@ type (
 		Token string `json:"token"`
 	}
 	// NBDSession is a short-lived NBD client certificate for the token's
-	// holder (herd vdi import/export): full access, or read-only for a
-	// read-only token; valid until Expires.
+	// holder (herd vdi import/export): full access for an admin token,
+	// read-only for a read-only token with the data scope (others get
+	// none); valid until Expires, and only while the token is not
+	// revoked.
 	NBDSession struct {
 		CACert     string    `json:"ca_cert"`
 		ClientCert string    `json:"client_cert"`
@@ -189,7 +192,7 @@ func (s *Server) securityRoutes(mux *http.ServeMux) {
 			return nil, err
 		}
 		id, secret := pki.NewTokenID(), pki.NewSecret()
-		created, err := c.CreateToken(r.Context(), cluster.Token{ID: id, Name: req.Name, Hash: pki.HashSecret(secret), ReadOnly: req.ReadOnly})
+		created, err := c.CreateToken(r.Context(), cluster.Token{ID: id, Name: req.Name, Hash: pki.HashSecret(secret), ReadOnly: req.ReadOnly, Data: req.Data})
 		if err != nil {
 			return nil, err
 		}
@@ -234,13 +237,21 @@ func (s *Server) securityRoutes(mux *http.ServeMux) {
 	s.handle(mux, "DELETE /v1/clients/{name}", func(r *http.Request) (any, error) {
 		return c.RevokeClient(r.Context(), r.PathValue("name"))
 	})
-	// GET: it changes nothing in the cluster, and read-only tokens get
-	// read-only sessions.
+	// GET: it changes nothing in the cluster. VDI data needs a token
+	// that may read it (an admin token, or a read-only one with the
+	// data scope, which gets a read-only session); the certificate
+	// names the token, and nodes refuse it once the token is revoked.
 	s.handle(mux, "GET /v1/nbd-session", func(r *http.Request) (any, error) {
 		raw, _ := r.Context().Value(tokenContextKey{}).(string)
 		token, _ := pki.ParseAdminToken(raw)
-		record, _ := c.LookupToken(token.ID)
-		certPEM, keyPEM, err := s.sec.Authority.IssueSession("token-"+record.Name, record.ReadOnly)
+		record, ok := c.LookupToken(token.ID)
+		if !ok || record.Revoked {
+			return nil, fmt.Errorf("%w: token %q is no longer valid", cluster.ErrUnauthorized, record.Name)
+		}
+		if !record.ReadsData() {
+			return nil, fmt.Errorf("%w: token %q is read-only: it sees the cluster, not VDI data; reading VDI data needs an admin token or one made with `herd token create NAME --read-only --data`", cluster.ErrForbidden, record.Name)
+		}
+		certPEM, keyPEM, err := s.sec.Authority.IssueSession("token-"+record.Name, record.ID, record.ReadOnly)
 		if err != nil {
 			return nil, err
 		}

@@ -285,9 +285,11 @@ func (c *Client) Tokens(ctx context.Context) ([]cluster.Token, error) {
 	return v, c.Do(ctx, http.MethodGet, "/v1/tokens", nil, &v)
 }
 
-func (c *Client) CreateToken(ctx context.Context, name string, readOnly bool) (CreatedToken, error) {
+// CreateToken creates an admin token: readOnly may only read the
+// cluster's state, and with data VDI data too.
+func (c *Client) CreateToken(ctx context.Context, name string, readOnly, data bool) (CreatedToken, error) {
 	var v CreatedToken
-	return v, c.Do(ctx, http.MethodPost, "/v1/tokens", CreateTokenRequest{Name: name, ReadOnly: readOnly}, &v)
+	return v, c.Do(ctx, http.MethodPost, "/v1/tokens", CreateTokenRequest{Name: name, ReadOnly: readOnly, Data: data}, &v)
 }
 
 func (c *Client) RevokeToken(ctx context.Context, idOrName string) (cluster.Token, error) {

@@ -27,16 +27,29 @@ func tokenFromFile(path string) (string, error) {
 
 func tokenCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "token", Short: "admin API tokens: create, list, revoke"}
-	var readOnly bool
+	var readOnly, data bool
 	var out string
 	create := &cobra.Command{
-		Use:   "create NAME [--read-only] [--out FILE]",
+		Use:   "create NAME [--read-only [--data]] [--out FILE]",
 		Short: "create an admin token; it is shown once (or written to --out, mode 0600)",
-		Args:  args(1, "NAME [--read-only] [--out FILE]"),
+		Long: `Create an admin token. Its scope is one of:
+
+  admin               (default) everything, VDI data included
+  read-only           --read-only: the cluster's state (GET requests, the
+                      dashboard, /metrics), not VDI data
+  read-only+data      --read-only --data: that, and reading VDI data (NBD
+                      session certificates for herd vdi export, read-only)
+
+A read-only token made before this version has the read-only scope: it no
+longer reads VDI data. --data needs cluster feature level 3.`,
+		Args: args(1, "NAME [--read-only [--data]] [--out FILE]"),
 		RunE: func(cmd *cobra.Command, a []string) error {
+			if data && !readOnly {
+				return fmt.Errorf("--data goes with --read-only: an admin token reads VDI data already")
+			}
 			ctx, cancel := g.context()
 			defer cancel()
-			created, err := g.client().CreateToken(ctx, a[0], readOnly)
+			created, err := g.client().CreateToken(ctx, a[0], readOnly, data)
 			if err != nil {
 				return err
 			}
@@ -47,10 +60,7 @@ func tokenCommand(g *globals) *cobra.Command {
 				created.Secret = ""
 			}
 			return g.output(created, func(w *tabwriter.Writer) {
-				scope := "admin"
-				if created.ReadOnly {
-					scope = "read-only"
-				}
+				scope := created.Scope()
 				if out != "" {
 					fmt.Fprintf(w, "token %s (%s, id %s) written to %s\n", created.Name, scope, created.ID, out)
 					return
@@ -59,7 +69,8 @@ func tokenCommand(g *globals) *cobra.Command {
 			})
 		},
 	}
-	create.Flags().BoolVar(&readOnly, "read-only", false, "the token may only read (GET)")
+	create.Flags().BoolVar(&readOnly, "read-only", false, "the token may only read the cluster's state (GET), not VDI data")
+	create.Flags().BoolVar(&data, "data", false, "with --read-only: the token may also read VDI data (vdi export, backups)")
 	create.Flags().StringVar(&out, "out", "", "write the token to this file (mode 0600) instead of printing it")
 	list := &cobra.Command{
 		Use:   "list",
@@ -75,10 +86,7 @@ func tokenCommand(g *globals) *cobra.Command {
 			return g.output(tokens, func(w *tabwriter.Writer) {
 				fmt.Fprintln(w, "ID\tNAME\tSCOPE\tCREATED\tSTATE")
 				for _, t := range tokens {
-					scope, state := "admin", "valid"
-					if t.ReadOnly {
-						scope = "read-only"
-					}
+					scope, state := t.Scope(), "valid"
 					if t.Revoked {
 						state = "revoked"
 					}

@@ -42,7 +42,7 @@ func TestCommandLine(t *testing.T) {
 			return
 		}
 		sessions.Add(1)
-		certPEM, keyPEM, err := ca.IssueSession("token-test", false)
+		certPEM, keyPEM, err := ca.IssueSession("token-test", pki.NewTokenID(), false)
 		if err != nil {
 			t.Error(err)
 		}

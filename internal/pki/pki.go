@@ -42,6 +42,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"net/url"
 	"strings"
 	"time"
 )
@@ -187,19 +188,38 @@ func (ca *CA) IssueClient(name string) (certPEM, keyPEM []byte, serial string, e
 
 // Session certificates: short-lived NBD client certificates that the
 // admin API issues to a holder of an admin token (herd vdi import and
-// export use them). They carry their scope in their unit and need no
-// record in the log; they end when they expire.
+// export use them). They carry their scope in their unit and the id of
+// the token that asked for them (a URI "herd-token:ID"), and need no
+// record in the log: a node accepts one only while that token is not
+// revoked, at the open and at every revalidation of an open connection,
+// and nobody accepts it after it expires.
 const (
 	sessionUnit         = "herd-session"
 	readOnlySessionUnit = "herd-session-read-only"
-	// SessionValidity is how long a session certificate is valid.
-	SessionValidity = time.Hour
+	sessionTokenScheme  = "herd-token"
+	// SessionValidity is how long a session certificate is valid: long
+	// enough to connect (a transfer opens its connections at its start;
+	// an open connection outlives its certificate), short enough that a
+	// copy left behind is soon worthless.
+	SessionValidity = 10 * time.Minute
 )
 
-// IssueSession issues a session certificate named name (client use only).
-func (ca *CA) IssueSession(name string, readOnly bool) (certPEM, keyPEM []byte, err error) {
+// SessionScope is what a session certificate allows.
+type SessionScope struct {
+	// TokenID is the id of the admin token the certificate was issued
+	// to; empty in a certificate from a herd that did not record it.
+	TokenID  string
+	ReadOnly bool
+}
+
+// IssueSession issues a session certificate named name (client use only)
+// for the admin token tokenID.
+func (ca *CA) IssueSession(name, tokenID string, readOnly bool) (certPEM, keyPEM []byte, err error) {
 	if err := checkName("session name", name); err != nil {
 		return nil, nil, err
+	}
+	if !validTokenID(tokenID) {
+		return nil, nil, fmt.Errorf("pki: session for token id %q: want 1 to 64 hex digits", tokenID)
 	}
 	unit := sessionUnit
 	if readOnly {
@@ -209,21 +229,41 @@ func (ca *CA) IssueSession(name string, readOnly bool) (certPEM, keyPEM []byte, 
 		Subject:     pkix.Name{CommonName: name, OrganizationalUnit: []string{unit}},
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		URIs:        []*url.URL{{Scheme: sessionTokenScheme, Opaque: tokenID}},
 	}
 	certPEM, keyPEM, _, err = ca.issue(template, SessionValidity)
 	return certPEM, keyPEM, err
 }
 
-// SessionAccess reports whether cert is a session certificate, and
-// whether it is read-only.
-func SessionAccess(cert *x509.Certificate) (readOnly, ok bool) {
+// SessionAccess reports whether cert is a session certificate, and what
+// it allows. Like NodeID it reads the certificate only.
+func SessionAccess(cert *x509.Certificate) (SessionScope, bool) {
+	var scope SessionScope
 	if _, ok := subjectOf(cert, sessionUnit); ok {
-		return false, true
+		scope.ReadOnly = false
+	} else if _, ok := subjectOf(cert, readOnlySessionUnit); ok {
+		scope.ReadOnly = true
+	} else {
+		return SessionScope{}, false
 	}
-	if _, ok := subjectOf(cert, readOnlySessionUnit); ok {
-		return true, true
+	for _, uri := range cert.URIs {
+		if uri.Scheme != sessionTokenScheme {
+			continue
+		}
+		if scope.TokenID != "" || !validTokenID(uri.Opaque) {
+			return SessionScope{ReadOnly: scope.ReadOnly}, true // two ids, or a malformed one: none
+		}
+		scope.TokenID = uri.Opaque
 	}
-	return false, false
+	return scope, true
+}
+
+func validTokenID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	_, err := hex.DecodeString(id)
+	return err == nil
 }
 
 // issue completes template with a new key, a serial and validity, signs

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"errors"
 	"net"
@@ -366,8 +367,9 @@ func TestIssueSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tokenID := NewTokenID()
 	for _, readOnly := range []bool{false, true} {
-		certPEM, keyPEM, err := ca.IssueSession("token-admin", readOnly)
+		certPEM, keyPEM, err := ca.IssueSession("token-admin", tokenID, readOnly)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -375,9 +377,9 @@ func TestIssueSession(t *testing.T) {
 			t.Fatal("no key")
 		}
 		cert := mustParse(t, certPEM)
-		gotReadOnly, ok := SessionAccess(cert)
-		if !ok || gotReadOnly != readOnly {
-			t.Errorf("SessionAccess(read-only %v) = %v, %v", readOnly, gotReadOnly, ok)
+		scope, ok := SessionAccess(cert)
+		if !ok || scope.ReadOnly != readOnly || scope.TokenID != tokenID {
+			t.Errorf("SessionAccess(read-only %v, token %s) = %+v, %v", readOnly, tokenID, scope, ok)
 		}
 		if _, ok := ClientName(cert); ok {
 			t.Error("a session certificate passes as a named client")
@@ -392,11 +394,33 @@ func TestIssueSession(t *testing.T) {
 			t.Errorf("session certificate valid for %v, want %v", life, SessionValidity)
 		}
 	}
+	if SessionValidity > 10*time.Minute {
+		t.Errorf("session certificates live %v, at most 10 minutes", SessionValidity)
+	}
+	for _, bad := range []string{"", "not-hex", strings.Repeat("ab", 33)} {
+		if _, _, err := ca.IssueSession("token-admin", bad, false); err == nil {
+			t.Errorf("a session for token id %q was issued", bad)
+		}
+	}
 	client, _, _, err := ca.IssueClient("vmhost")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := SessionAccess(mustParse(t, client)); ok {
 		t.Error("a named client certificate passes as a session")
+	}
+	// A session certificate as herds before token ids issued it: a
+	// session, with no token to check it against.
+	old := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "token-admin", OrganizationalUnit: []string{readOnlySessionUnit}},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	certPEM, _, _, err := ca.issue(old, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if scope, ok := SessionAccess(mustParse(t, certPEM)); !ok || scope.TokenID != "" || !scope.ReadOnly {
+		t.Errorf("an older session certificate: %+v, %v; want a read-only session without a token id", scope, ok)
 	}
 }

@@ -78,21 +78,37 @@ func (cr *credentials) nbdTLS() *tls.Config {
 	}
 }
 
+// credentialLog is what NBD authorization reads from the log
+// (*cluster.Cluster).
+type credentialLog interface {
+	LookupClient(name string) (cluster.Client, bool)
+	LookupToken(id string) (cluster.Token, bool)
+	Clients() []cluster.Client
+	Tokens() []cluster.Token
+	CatchUp(ctx context.Context) error
+}
+
 // nbdAuthorizer maps a TLS client to what its record in the log allows:
 // the VDIs matching its pattern, read-only if so issued. A client whose
 // certificate is unknown, revoked or superseded (another serial) is
-// refused. Plaintext sessions (the local socket, --insecure-nbd) have
-// full access.
-func nbdAuthorizer(c *cluster.Cluster) func(nbd.Session) (export.Access, error) {
+// refused. A session certificate (herd vdi import/export) allows every
+// VDI, read-only for a read-only token, only while the token that asked
+// for it is valid and may read VDI data. Plaintext sessions (the local
+// socket, --insecure-nbd) have full access. It is asked at every open,
+// when an open completes, before a take-over of a VDI's writer lock and
+// at every revalidation (revalidateNBDClients), so a revoke is final.
+func nbdAuthorizer(c credentialLog) func(nbd.Session) (export.Access, error) {
 	return func(session nbd.Session) (export.Access, error) {
 		all := func(string) bool { return true }
 		if !session.TLS {
 			return export.Access{Match: all}, nil
 		}
-		// A session certificate (herd vdi import/export) carries its
-		// scope and expires within the hour.
-		if readOnly, ok := pki.SessionAccess(session.ClientCertificate); ok {
-			return export.Access{Match: all, ReadOnly: readOnly}, nil
+		if scope, ok := pki.SessionAccess(session.ClientCertificate); ok {
+			token, err := sessionToken(c, scope)
+			if err != nil {
+				return export.Access{}, err
+			}
+			return export.Access{Match: all, ReadOnly: scope.ReadOnly || token.ReadOnly}, nil
 		}
 		record, ok := c.LookupClient(session.Client)
 		if !ok || record.Serial != serialOf(session) {
@@ -116,22 +132,52 @@ func nbdAuthorizer(c *cluster.Cluster) func(nbd.Session) (export.Access, error) 
 	}
 }
 
-// revalidateNBDClients cuts the open NBD connections of clients whose
-// record changed in the log (revoked, replaced, another pattern or
-// read-only) and that may no longer use their export: a revocation ends
-// access at once, not at the client's next open. The client records are
-// compared every second; connections are rechecked only when they change.
-func revalidateNBDClients(ctx context.Context, c *cluster.Cluster, server *nbd.Server, logger *slog.Logger) {
+// sessionToken returns the admin token a session certificate was issued
+// to, if it is still valid and may read VDI data.
+func sessionToken(c credentialLog, scope pki.SessionScope) (cluster.Token, error) {
+	if scope.TokenID == "" {
+		return cluster.Token{}, errors.New("a session certificate that names no admin token (from an older herd): ask for a new one")
+	}
+	token, ok := c.LookupToken(scope.TokenID)
+	if !ok {
+		// Created through another node a moment ago: catch up first.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if c.CatchUp(ctx) == nil {
+			token, ok = c.LookupToken(scope.TokenID)
+		}
+		cancel()
+	}
+	switch {
+	case !ok:
+		return cluster.Token{}, fmt.Errorf("a session certificate of unknown admin token %s", scope.TokenID)
+	case token.Revoked:
+		return cluster.Token{}, fmt.Errorf("a session certificate of admin token %q, which was revoked", token.Name)
+	case !token.ReadsData():
+		return cluster.Token{}, fmt.Errorf("a session certificate of admin token %q, which may not read VDI data", token.Name)
+	}
+	return token, nil
+}
+
+// revalidateNBDClients cuts the NBD connections, open or still opening,
+// of clients whose record changed in the log (revoked, replaced, another
+// pattern or read-only) and that may no longer use their export, and
+// those of session certificates whose admin token was revoked: a
+// revocation ends access at once, not at the client's next open. The
+// credentials are compared every second; connections are rechecked when
+// they change (nbd.Server.Revalidate covers opens under way too, and a
+// connection that becomes active meanwhile checks itself, so none is
+// skipped).
+func revalidateNBDClients(ctx context.Context, c credentialLog, server *nbd.Server, logger *slog.Logger) {
 	ticker := time.NewTicker(time.Second)
 	defer ticker.Stop()
-	last := fmt.Sprint(c.Clients())
+	last := nbdCredentialsView(c)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
 		}
-		now := fmt.Sprint(c.Clients())
+		now := nbdCredentialsView(c)
 		if now == last {
 			continue
 		}
@@ -140,6 +186,23 @@ func revalidateNBDClients(ctx context.Context, c *cluster.Cluster, server *nbd.S
 			logger.Warn("nbd: connections of clients no longer allowed were closed", "connections", n)
 		}
 	}
+}
+
+// nbdCredentialsView sums up what NBD authorization depends on: the
+// client records, and each token's id and scope and whether it is
+// revoked.
+func nbdCredentialsView(c credentialLog) string {
+	type tokenView struct {
+		ID       string
+		ReadOnly bool
+		Data     bool
+		Revoked  bool
+	}
+	var tokens []tokenView
+	for _, t := range c.Tokens() {
+		tokens = append(tokens, tokenView{t.ID, t.ReadOnly, t.Data, t.Revoked})
+	}
+	return fmt.Sprint(c.Clients(), tokens)
 }
 
 // listenNBDSocket opens the local NBD socket (mode 0660).

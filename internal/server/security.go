@@ -405,8 +405,8 @@ func (cr *credentials) IssueClient(name string) ([]byte, []byte, string, error) 
 }
 
 // IssueSession implements api.Authority.
-func (cr *credentials) IssueSession(name string, readOnly bool) ([]byte, []byte, error) {
-	return cr.ca.IssueSession(name, readOnly)
+func (cr *credentials) IssueSession(name, tokenID string, readOnly bool) ([]byte, []byte, error) {
+	return cr.ca.IssueSession(name, tokenID, readOnly)
 }
 
 // CACertPEM implements api.Authority.

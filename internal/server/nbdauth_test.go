@@ -1,0 +1,178 @@
+package server
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/nbd"
+	"github.com/herd-storage/herd/internal/pki"
+)
+
+// fakeCredentials is a log's credentials; catchUp runs at CatchUp (a
+// record arriving from the leader).
+type fakeCredentials struct {
+	clients map[string]cluster.Client
+	tokens  map[string]cluster.Token
+	catchUp func()
+}
+
+func (f *fakeCredentials) LookupClient(name string) (cluster.Client, bool) {
+	c, ok := f.clients[name]
+	return c, ok
+}
+
+func (f *fakeCredentials) LookupToken(id string) (cluster.Token, bool) {
+	t, ok := f.tokens[id]
+	return t, ok
+}
+
+func (f *fakeCredentials) Clients() (out []cluster.Client) {
+	for _, c := range f.clients {
+		out = append(out, c)
+	}
+	return out
+}
+
+func (f *fakeCredentials) Tokens() (out []cluster.Token) {
+	for _, t := range f.tokens {
+		out = append(out, t)
+	}
+	return out
+}
+
+func (f *fakeCredentials) CatchUp(context.Context) error {
+	if f.catchUp != nil {
+		f.catchUp()
+	}
+	return nil
+}
+
+func sessionOf(t *testing.T, certPEM []byte) nbd.Session {
+	t.Helper()
+	cert, err := pki.ParseCertificate(certPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nbd.Session{TLS: true, Client: cert.Subject.CommonName, ClientCertificate: cert}
+}
+
+// TestSessionCertificateNeedsItsToken: a session certificate is good only
+// while the admin token it names is valid and may read VDI data; a
+// read-only token's (with the data scope) reads only; one that names no
+// token (an older herd's) is refused.
+func TestSessionCertificateNeedsItsToken(t *testing.T) {
+	ca, err := pki.NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin, backup, monitor, later := pki.NewTokenID(), pki.NewTokenID(), pki.NewTokenID(), pki.NewTokenID()
+	log := &fakeCredentials{tokens: map[string]cluster.Token{
+		admin:   {ID: admin, Name: "admin"},
+		backup:  {ID: backup, Name: "backup", ReadOnly: true, Data: true},
+		monitor: {ID: monitor, Name: "monitor", ReadOnly: true},
+	}}
+	authorize := nbdAuthorizer(log)
+	issue := func(name, id string, readOnly bool) nbd.Session {
+		certPEM, _, err := ca.IssueSession("token-"+name, id, readOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sessionOf(t, certPEM)
+	}
+
+	access, err := authorize(issue("admin", admin, false))
+	if err != nil || access.ReadOnly || !access.Match("any-vdi") {
+		t.Fatalf("an admin token's session: %+v %v, want every VDI, writable", access, err)
+	}
+	access, err = authorize(issue("backup", backup, false)) // claims writable: the token says no
+	if err != nil || !access.ReadOnly || !access.Match("any-vdi") {
+		t.Fatalf("a read-only+data token's session: %+v %v, want every VDI, read-only", access, err)
+	}
+	if _, err := authorize(issue("monitor", monitor, true)); err == nil || !strings.Contains(err.Error(), "may not read VDI data") {
+		t.Fatalf("a read-only token's session: %v, want refused (no data scope)", err)
+	}
+	// A token created through another node a moment ago: found after
+	// catching up; one never created: refused.
+	log.catchUp = func() { log.tokens[later] = cluster.Token{ID: later, Name: "later"} }
+	if _, err := authorize(issue("later", later, false)); err != nil {
+		t.Fatalf("a session of a token this node learns by catching up: %v", err)
+	}
+	if _, err := authorize(issue("ghost", pki.NewTokenID(), false)); err == nil || !strings.Contains(err.Error(), "unknown admin token") {
+		t.Fatalf("a session of an unknown token: %v", err)
+	}
+
+	// Revoked: its sessions are refused from then on, and the change is
+	// one revalidateNBDClients sees.
+	session := issue("admin", admin, false)
+	before := nbdCredentialsView(log)
+	token := log.tokens[admin]
+	token.Revoked = true
+	log.tokens[admin] = token
+	if nbdCredentialsView(log) == before {
+		t.Fatal("revoking a token does not change what revalidation compares")
+	}
+	if _, err := authorize(session); err == nil || !strings.Contains(err.Error(), "revoked") {
+		t.Fatalf("a session of a revoked token: %v, want refused", err)
+	}
+
+	// A session certificate as older herds issued it: no token id.
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	template := &x509.Certificate{
+		SerialNumber: big.NewInt(7),
+		Subject:      pkix.Name{CommonName: "token-admin", OrganizationalUnit: []string{"herd-session"}},
+		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, template, ca.Cert, key.Public(), ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, _ := x509.ParseCertificate(der)
+	if _, err := authorize(nbd.Session{TLS: true, Client: "token-admin", ClientCertificate: old}); err == nil || !strings.Contains(err.Error(), "names no admin token") {
+		t.Fatalf("an older herd's session certificate: %v, want refused", err)
+	}
+}
+
+// TestNBDClientRecords: a client certificate is allowed what its record
+// says, and refused once revoked or replaced.
+func TestNBDClientRecords(t *testing.T) {
+	ca, err := pki.NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, _, serial, err := ca.IssueClient("vmhost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &fakeCredentials{clients: map[string]cluster.Client{"vmhost": {Name: "vmhost", Pattern: "vm*", Serial: serial}}}
+	authorize := nbdAuthorizer(log)
+	session := sessionOf(t, certPEM)
+	access, err := authorize(session)
+	if err != nil || access.ReadOnly || !access.Match("vm1") || access.Match("db1") {
+		t.Fatalf("vmhost: %+v %v", access, err)
+	}
+	before := nbdCredentialsView(log)
+	log.clients["vmhost"] = cluster.Client{Name: "vmhost", Pattern: "vm*", Serial: serial, Revoked: true}
+	if nbdCredentialsView(log) == before {
+		t.Fatal("revoking a client does not change what revalidation compares")
+	}
+	if _, err := authorize(session); err == nil || !strings.Contains(err.Error(), "revoked") {
+		t.Fatalf("a revoked client: %v", err)
+	}
+	log.clients["vmhost"] = cluster.Client{Name: "vmhost", Pattern: "vm*", Serial: "0123"}
+	if _, err := authorize(session); err == nil || !strings.Contains(err.Error(), "replaced") {
+		t.Fatalf("a replaced certificate: %v", err)
+	}
+}
