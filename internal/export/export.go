@@ -63,9 +63,11 @@ type Backend struct {
 	Gateway *gateway.Gateway
 	// Authorize says what the client of a session may do (the session
 	// carries its verified certificate name, nbd.Session.Client). It is
-	// called for every NBD_OPT_LIST and every open, so that a revoked
-	// client loses access at its next one; it must be safe for concurrent
-	// use. An error refuses the client: the listing or the open fails with
+	// called for every NBD_OPT_LIST and every open, again when an open
+	// completes (it may have waited for a lock), before a writable open
+	// takes the VDI's writer lock over, and whenever the NBD server
+	// revalidates its connections (Revalidate), so that a revoked client
+	// loses access at once; it must be safe for concurrent use. An error refuses the client: the listing or the open fails with
 	// nbd.ErrPermission and the error's text. Nil gives every client full
 	// access (the node's Unix socket, or --insecure-nbd).
 	Authorize func(session nbd.Session) (Access, error)
@@ -116,7 +118,9 @@ func (b Backend) access(session nbd.Session) (Access, error) {
 
 // Revalidate implements nbd.Revalidator: a client keeps an open export
 // only while its rights still allow it (not revoked, the VDI still
-// matching its pattern, writable only if it may write).
+// matching its pattern, writable only if it may write). Open asks it too
+// once its wait is over, and a writable open before every take-over of
+// the VDI's writer lock.
 func (b Backend) Revalidate(session nbd.Session, export string, writable bool) error {
 	access, err := b.access(session)
 	if err != nil {
@@ -275,6 +279,18 @@ func (b Backend) Open(ctx context.Context, name string, session nbd.Session) (nb
 	disk, err := b.openWaiting(gateway.WithClient(ctx, session.RemoteAddress), openName)
 	switch {
 	case err == nil:
+		// The open may have waited (for the writer lock held through
+		// another node, for the cluster): asked again, a client revoked
+		// meanwhile gets nothing. A writable open asks again whenever
+		// it takes the writer lock over.
+		writable := !disk.ReadOnly()
+		if err := b.Revalidate(session, name, writable); err != nil {
+			disk.Close()
+			return nil, err
+		}
+		if writable && b.Authorize != nil {
+			disk.SetTakeoverCheck(func() error { return b.Revalidate(session, name, true) })
+		}
 		e := &export{disk: disk}
 		if session.InfoOnly {
 			e.advertiseWritable = !access.ReadOnly && !readOnlyName && !disk.VDI().Snapshot
@@ -515,6 +531,8 @@ func toNBD(err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, nbd.ErrPermission):
+		return err // the client may no longer write (Disk.SetTakeoverCheck)
 	case errors.Is(err, gateway.ErrReadOnly):
 		return fmt.Errorf("%w: %v", nbd.ErrReadOnly, err)
 	case errors.Is(err, gateway.ErrOutOfRange):

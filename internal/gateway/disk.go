@@ -23,7 +23,19 @@ type Disk struct {
 	closed   sync.Once
 	client   string    // the client's address, when the opener said
 	since    time.Time // opened
+	// takeoverCheck, if set, is asked before this open takes the VDI's
+	// writer lock (SetTakeoverCheck).
+	takeoverCheck func() error
 }
+
+// SetTakeoverCheck makes every take of the VDI's writer lock by this open
+// (a standby's first request taking it over from another node, or taking
+// it again after losing it; handover.go) ask check first, and again once
+// the lock is this node's: an error fails the request, which then
+// changes nothing. The NBD layer asks whether the client may still write
+// (not revoked), so a lock is never taken over for a client revoked while
+// its open was on standby. Call it before the disk's first request.
+func (d *Disk) SetTakeoverCheck(check func() error) { d.takeoverCheck = check }
 
 // VDI is the VDI this disk reads and writes (after a snapshot taken
 // while it is open: the writable child).
@@ -76,7 +88,7 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 	if !d.readOnly {
 		// A writable open reads as the writer: on standby, its first
 		// request of any kind takes the lock over (handover.go).
-		if err := g.ensureWriter(ctx, state); err != nil {
+		if err := g.ensureWriter(ctx, state, d.takeoverCheck); err != nil {
 			return err
 		}
 	}
@@ -120,7 +132,7 @@ func (d *Disk) WriteAt(ctx context.Context, p []byte, offset uint64, fua bool) e
 	}
 	d.state.io.RLock()
 	defer d.state.io.RUnlock()
-	if err := d.gateway.ensureWriter(ctx, d.state); err != nil {
+	if err := d.gateway.ensureWriter(ctx, d.state, d.takeoverCheck); err != nil {
 		return err
 	}
 	release, err := d.slot(ctx)
@@ -264,7 +276,7 @@ func (d *Disk) zero(ctx context.Context, offset, length uint64, noHole, fua bool
 	}
 	state.io.RLock()
 	defer state.io.RUnlock()
-	if err := g.ensureWriter(ctx, state); err != nil {
+	if err := g.ensureWriter(ctx, state, d.takeoverCheck); err != nil {
 		return err
 	}
 	release, err := d.slot(ctx)

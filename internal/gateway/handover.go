@@ -55,7 +55,9 @@ func (s *vdiState) standby() bool {
 // ensureWriter returns once this gateway holds state's writer lock,
 // asking the holder to hand it over if another does. The caller holds
 // state.io shared, so a handover of this state waits for its change.
-func (g *Gateway) ensureWriter(ctx context.Context, state *vdiState) error {
+// check, if set (Disk.SetTakeoverCheck), is asked before the lock is
+// asked for and again once it is this node's; its error is returned.
+func (g *Gateway) ensureWriter(ctx context.Context, state *vdiState, check func() error) error {
 	state.mu.Lock()
 	held, fenced, gen, name := state.lockHeld, state.fenced, state.lockGen, state.vdi.Name
 	state.mu.Unlock()
@@ -84,6 +86,9 @@ func (g *Gateway) ensureWriter(ctx context.Context, state *vdiState) error {
 	}
 	if held {
 		return nil
+	}
+	if err := checkTake(check); err != nil {
+		return err
 	}
 	key := cluster.VDILockKey(name)
 	started := time.Now()
@@ -115,7 +120,7 @@ func (g *Gateway) ensureWriter(ctx context.Context, state *vdiState) error {
 				return err
 			}
 			g.logger.Info("gateway: took over the writer lock", "vdi", name, "generation", w.Lock.Generation, "waited", time.Since(started).Round(time.Microsecond))
-			return nil
+			return checkTake(check) // again: the wait for the holder to hand it over can be long
 		}
 		wait, cancel := context.WithDeadline(ctx, deadline)
 		l, held, err := g.cluster.WaitLock(wait, key, func(l cluster.Lock, held bool) bool {
@@ -133,10 +138,18 @@ func (g *Gateway) ensureWriter(ctx context.Context, state *vdiState) error {
 				return err
 			}
 			g.logger.Info("gateway: writer lock handed over to this node", "vdi", name, "generation", l.Generation, "waited", time.Since(started).Round(time.Microsecond))
-			return nil
+			return checkTake(check) // again: the wait for the holder to hand it over can be long
 		}
 		// Released, or another node's wish replaced this one: ask again.
 	}
+}
+
+// checkTake asks a Disk's take-over check (nil: none).
+func checkTake(check func() error) error {
+	if check == nil {
+		return nil
+	}
+	return check()
 }
 
 // take makes state the holder of lock l, which was just granted: the VDI

@@ -116,7 +116,7 @@ func (d *Disk) Layers(ctx context.Context, offset, length uint64) ([]LayerExtent
 	if !d.readOnly {
 		d.state.io.RLock()
 		defer d.state.io.RUnlock()
-		if err := d.gateway.ensureWriter(ctx, d.state); err != nil {
+		if err := d.gateway.ensureWriter(ctx, d.state, d.takeoverCheck); err != nil {
 			return nil, err
 		}
 	}

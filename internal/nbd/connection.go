@@ -56,6 +56,14 @@ type connection struct {
 	// active is the transmission once the handshake is over: the session
 	// no longer changes, and Server.Revalidate may look at it.
 	active atomic.Pointer[transmission]
+	// opening is the open under way while the Backend's Open runs (which
+	// may wait, for a VDI's writer lock say): Server.Revalidate asks
+	// about it as about an open export, and sets revoked when the client
+	// may no longer open it. revoked also marks an active connection
+	// Revalidate refused. A revoked connection opens and serves nothing
+	// more.
+	opening atomic.Pointer[pendingOpen]
+	revoked atomic.Bool
 
 	// deadlineMutex guards interrupted and orders it with the deadline
 	// changes, so that a graceful shutdown's interruption is never undone
@@ -105,6 +113,12 @@ func (c *connection) serve(ctx context.Context) {
 		"size", transmission.info.Size, "flags", transmission.flags,
 		"structured_replies", transmission.structuredReplies)
 	c.active.Store(transmission)
+	// Asked again once active: a revocation the Backend's Open did not
+	// see, applied before Server.Revalidate could find this connection
+	// active, is seen here; one applied later, by Revalidate.
+	if err := c.server.revalidate(c, transmission); err != nil {
+		c.refuse(c.session, transmission.exportName, err)
+	}
 	err = transmission.serve(ctx)
 	if c.wasInterrupted() {
 		c.closeGracefully()
@@ -206,4 +220,19 @@ func (c *connection) wasInterrupted() bool {
 // phase"): blocked reads and writes on the connection fail at once.
 func (c *connection) hardClose() {
 	c.netConn.Close()
+}
+
+// pendingOpen is an open under way (connection.opening).
+type pendingOpen struct {
+	session Session
+	export  string
+}
+
+// refuse ends a connection whose client may no longer use export: from
+// now on nothing more is opened or served on it (requests already read
+// are refused, not served), and it is closed at once.
+func (c *connection) refuse(session Session, export string, err error) {
+	c.revoked.Store(true)
+	c.logger.Warn("nbd: client no longer allowed its export; connection closed", "client", session.Client, "export", export, "error", err)
+	c.hardClose()
 }

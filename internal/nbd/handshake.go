@@ -444,12 +444,19 @@ func (c *connection) contextID(name string) uint32 {
 func (c *connection) openExport(ctx context.Context, name string, infoOnly bool) (Export, ExportInfo, error) {
 	session := c.session
 	session.InfoOnly = infoOnly
+	c.opening.Store(&pendingOpen{session: session, export: name})
 	export, err := c.server.Backend.Open(ctx, name, session)
+	c.opening.Store(nil)
 	if err != nil {
 		return nil, ExportInfo{}, err
 	}
 	if export == nil {
 		return nil, ExportInfo{}, fmt.Errorf("%w: backend returned no export for %q", ErrIO, name)
+	}
+	if c.revoked.Load() {
+		// Server.Revalidate refused the client while Open ran.
+		c.closeExport(export)
+		return nil, ExportInfo{}, fmt.Errorf("%w: the client may no longer open %q", ErrPermission, name)
 	}
 	info, err := normaliseExportInfo(export.Info())
 	if err != nil {

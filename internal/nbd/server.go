@@ -320,32 +320,59 @@ func (s *Server) startConnection(serveContext context.Context, netConn net.Conn)
 }
 
 // Revalidate asks the Backend (if it is a Revalidator) whether each
-// connection in its transmission phase may keep the export it opened,
-// and ends at once those that may not: their requests in flight are
-// cancelled and the client sees the connection close. It returns how many
-// it ended. Herd's server calls it when the cluster's client records
-// change, so that revoking a client cuts its open connections too.
+// connection may keep the export it opened, or may still open the one it
+// is opening (a Backend's Open may wait, for a lock say), and ends at once
+// those that may not: their requests in flight are cancelled, the
+// requests they sent are not served, an open under way is refused when
+// it completes, and the client sees the connection close. It returns how
+// many it ended. Herd's server calls it when the cluster's client
+// records or tokens change, so that revoking a client cuts its
+// connections too. A connection that becomes active while it runs asks
+// the Backend itself once active (connection.serve), so none is missed.
 func (s *Server) Revalidate() int {
 	revalidator, ok := s.Backend.(Revalidator)
 	if !ok {
 		return 0
 	}
-	var active []*connection
+	var connections []*connection
 	s.tracker.Each(func(c *connection) {
-		if c.active.Load() != nil {
-			active = append(active, c)
+		if c.active.Load() != nil || c.opening.Load() != nil {
+			connections = append(connections, c)
 		}
 	})
 	refused := 0
-	for _, c := range active { // outside the tracker's lock: the Backend may wait
-		t := c.active.Load()
-		if err := revalidator.Revalidate(c.session, t.exportName, t.flags&wire.FlagReadOnly == 0); err != nil {
-			c.logger.Warn("nbd: client no longer allowed its export; connection closed", "client", c.session.Client, "export", t.exportName, "error", err)
-			c.hardClose()
-			refused++
+	for _, c := range connections { // outside the tracker's lock: the Backend may wait
+		if c.revoked.Load() {
+			continue
+		}
+		if t := c.active.Load(); t != nil {
+			if err := s.revalidate(c, t); err != nil {
+				c.refuse(c.session, t.exportName, err)
+				refused++
+			}
+			continue
+		}
+		// An open under way: may the client still open this export?
+		// Whether it will be writable is not known yet; the check once
+		// it is active asks that.
+		if p := c.opening.Load(); p != nil {
+			if err := revalidator.Revalidate(p.session, p.export, false); err != nil {
+				c.refuse(p.session, p.export, err)
+				refused++
+			}
 		}
 	}
 	return refused
+}
+
+// revalidate asks the Backend whether c may keep t's export (nil if the
+// Backend is no Revalidator).
+func (s *Server) revalidate(c *connection, t *transmission) error {
+	revalidator, ok := s.Backend.(Revalidator)
+	if !ok {
+		return nil
+	}
+	return revalidator.Revalidate(c.session, t.exportName, t.flags&wire.FlagReadOnly == 0)
 }
 
 // Connections is the number of connections open now.

@@ -191,6 +191,9 @@ func (t *transmission) readRequests() error {
 		if t.cut.Load() {
 			return errRepliesCut
 		}
+		if t.connection.revoked.Load() {
+			return errRevoked
+		}
 		if _, err := io.ReadFull(reader, header[:]); err != nil {
 			return err
 		}
@@ -286,6 +289,10 @@ func (t *transmission) worker() {
 
 // errRepliesCut ends a transmission whose replies can no longer be written.
 var errRepliesCut = errors.New("nbd: replies can no longer be written; connection cut")
+
+// errRevoked ends a transmission whose client may no longer use its
+// export (Server.Revalidate).
+var errRevoked = errors.New("nbd: the client may no longer use its export; connection cut")
 
 // acquireClientMemory takes n bytes of the client's share of the memory
 // budget: one client's connections that do not read their replies hold
@@ -455,6 +462,11 @@ func (t *transmission) handle(j job) {
 		}
 	}()
 
+	if t.connection.revoked.Load() {
+		// Read before the client was refused, served after: refused.
+		t.replyStatus(&a, r, fmt.Errorf("%w: %v", ErrPermission, errRevoked))
+		return
+	}
 	fua := r.Flags&wire.CmdFlagFUA != 0
 	length := uint64(r.Length)
 	switch r.Type {
