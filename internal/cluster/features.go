@@ -79,6 +79,10 @@ func init() {
 type featureLevelCommand struct {
 	Level int       `json:"level"`
 	Time  time.Time `json:"time"`
+	// Admitted, when the level crosses LevelSecurity, names every
+	// member's node certificate serial, as each proved it in a TLS
+	// handshake with the proposer (admission.go).
+	Admitted map[string]string `json:"admitted,omitempty"`
 }
 
 // Level is the cluster's feature level.
@@ -93,6 +97,23 @@ func applyFeatureLevel(s *State, data []byte) (any, error) {
 	}
 	if c.Level <= s.Level() {
 		return nil, fmt.Errorf("%w: the cluster is at feature level %d already; it never goes back (asked for %d)", ErrInvalid, s.Level(), c.Level)
+	}
+	if s.Level() < LevelSecurity && c.Level >= LevelSecurity {
+		// From here on peers are let in by these records only: every
+		// member gets one, with the serial the finalize learnt from it
+		// (FinalizeUpgrade always sends them all; a member without one
+		// is bound by id only, admission.go).
+		for id, serial := range c.Admitted {
+			if err := validAdmission(id, serial); err != nil {
+				return nil, err
+			}
+		}
+		s.Admitted = map[string]string{}
+		for id := range s.Nodes {
+			if _, removed := s.Removed[id]; !removed {
+				s.Admitted[id] = c.Admitted[id]
+			}
+		}
 	}
 	s.FeatureLevel = c.Level
 	s.note("cluster", "cluster feature level raised to %d", c.Level)
@@ -109,6 +130,9 @@ type Build struct {
 	Level        int `json:"l,omitempty"`
 	StoreFormat  int `json:"o,omitempty"` // object file format it writes
 	PeerProtocol int `json:"r,omitempty"` // object protocol version
+	// Signs: the node holds the cluster CA's key (nodes admitted from
+	// LevelSecurity on do not; they ask one that does, server/signing.go).
+	Signs bool `json:"k,omitempty"`
 }
 
 // BuildInfo is Build as the admin API shows it (`node list --json`).
@@ -118,11 +142,12 @@ type BuildInfo struct {
 	Level        int    `json:"feature_level"` // the highest it supports
 	StoreFormat  int    `json:"object_format,omitempty"`
 	PeerProtocol int    `json:"object_protocol,omitempty"`
+	Signs        bool   `json:"holds_ca_key,omitempty"`
 }
 
 // Info is b for the admin API.
 func (b Build) Info() BuildInfo {
-	return BuildInfo{Version: b.Version, Commit: b.Commit, Level: b.SupportedLevel(), StoreFormat: b.StoreFormat, PeerProtocol: b.PeerProtocol}
+	return BuildInfo{Version: b.Version, Commit: b.Commit, Level: b.SupportedLevel(), StoreFormat: b.StoreFormat, PeerProtocol: b.PeerProtocol, Signs: b.Signs}
 }
 
 // SupportedLevel says which level the node's binary supports.
@@ -233,7 +258,15 @@ func (c *Cluster) FinalizeUpgrade(ctx context.Context) (int, error) {
 	if below := c.membersBelow(SupportedLevel); len(below) > 0 {
 		return level, fmt.Errorf("%w: cannot raise the cluster to feature level %d: upgrade herd on %s first", ErrUpgradeRequired, SupportedLevel, strings.Join(below, ", "))
 	}
-	out, err := c.propose(ctx, commandFeatureLevel, featureLevelCommand{Level: SupportedLevel, Time: time.Now().UTC()})
+	command := featureLevelCommand{Level: SupportedLevel, Time: time.Now().UTC()}
+	if level < LevelSecurity && SupportedLevel >= LevelSecurity {
+		serials, err := c.memberSerials(ctx)
+		if err != nil {
+			return level, err
+		}
+		command.Admitted = serials
+	}
+	out, err := c.propose(ctx, commandFeatureLevel, command)
 	if err != nil {
 		if errors.Is(err, ErrInvalid) && c.Level() >= SupportedLevel {
 			return c.Level(), nil // raised meanwhile (another finalize)
@@ -244,4 +277,21 @@ func (c *Cluster) FinalizeUpgrade(ctx context.Context) (int, error) {
 		return c.Level(), nil
 	}
 	return level, nil
+}
+
+// Signers returns the peer addresses of the alive members that hold the
+// CA key, this node first if it does.
+func (c *Cluster) Signers() []string {
+	var out []string
+	for id, m := range c.gossipMembers() {
+		if !m.build.Signs || m.PeerAddr == "" {
+			continue
+		}
+		if id == c.cfg.NodeID {
+			out = append([]string{m.PeerAddr}, out...)
+		} else {
+			out = append(out, m.PeerAddr)
+		}
+	}
+	return out
 }

@@ -575,6 +575,9 @@ func applyNodeJoin(s *State, data []byte) (any, error) {
 	if _, removed := s.Removed[n.ID]; removed {
 		return nil, fmt.Errorf("%w: node %s was removed from the cluster for good", ErrUnauthorized, n.ID)
 	}
+	if _, admitted := s.Admitted[n.ID]; !admitted && s.Level() >= LevelSecurity {
+		return nil, fmt.Errorf("%w: node %s was never admitted (admission.go)", ErrUnauthorized, n.ID)
+	}
 	old, existed := s.Nodes[n.ID]
 	if existed && old.Incarnation != n.Incarnation {
 		// The node restarted: whatever its previous process held is gone.

@@ -66,6 +66,7 @@ var fuzzPayloads = map[commandType][]any{
 	commandNodeLeave:     {nodeLeaveCommand{ID: "a", Reason: "killed", Time: t0}, nodeLeaveCommand{ID: "zz"}},
 	commandVDICreate:     {vdiCreateCommand{Name: "new", Size: 1 << 20, Time: t0}, vdiCreateCommand{Name: "vm", Size: 1 << 20}, vdiCreateCommand{Name: "two", Size: 1 << 20, Copies: 2, Time: t0}, vdiCreateCommand{Name: "many", Size: 1 << 20, Copies: 9}},
 	commandFeatureLevel:  {featureLevelCommand{Level: LevelVDICopies, Time: t0}, featureLevelCommand{Level: 1}},
+	commandNodeAdmit:     {nodeAdmitCommand{ID: "f", Serial: "0a1b", Time: t0}, nodeAdmitCommand{ID: "a", Serial: "ff"}, nodeAdmitCommand{ID: "g", Serial: "xyz"}},
 	commandVDIDelete:     {vdiDeleteCommand{Name: "vm@s1"}, vdiDeleteCommand{Name: "clone"}, vdiDeleteCommand{Name: "db"}},
 	commandVDIResize:     {vdiResizeCommand{Name: "db", Size: 128 << 20}, vdiResizeCommand{Name: "db", Size: 1 << 20}},
 	commandLockAcquire:   {lockCommand{Key: vdiLockKey("vm"), Node: "b", Incarnation: "1", Session: "t", Time: t0}, lockCommand{Key: vdiLockKey("db"), Node: "b", Incarnation: "1", Session: "t"}},
@@ -329,6 +330,19 @@ func checkState(s *State) error {
 	}
 	if s.FeatureLevel < 0 || s.FeatureLevel > SupportedLevel {
 		return fmt.Errorf("feature level %d, this binary supports up to %d", s.FeatureLevel, SupportedLevel)
+	}
+	if s.Level() >= LevelSecurity {
+		for id := range s.Nodes {
+			_, admitted := s.Admitted[id]
+			if _, removed := s.Removed[id]; !admitted && !removed {
+				return fmt.Errorf("node %s is a member at feature level %d but was never admitted", id, s.Level())
+			}
+		}
+	}
+	for id := range s.Admitted {
+		if _, removed := s.Removed[id]; removed {
+			return fmt.Errorf("node %s is both admitted and removed", id)
+		}
 	}
 	for key, l := range s.Locks {
 		if l == nil || key == "" || l.Key != key || l.Node == "" {

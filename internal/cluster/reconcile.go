@@ -39,8 +39,13 @@ func (c *Cluster) reconcile() error {
 	members := c.gossipMembers()
 	var logged map[string]Node
 	level := LevelBase
+	var admitted map[string]bool
 	c.fsm.View(func(s *State) {
 		level = s.Level()
+		admitted = make(map[string]bool, len(s.Admitted))
+		for id := range s.Admitted {
+			admitted[id] = true
+		}
 		logged = make(map[string]Node, len(s.Nodes))
 		for id, n := range s.Nodes {
 			logged[id] = *n
@@ -77,6 +82,14 @@ func (c *Cluster) reconcile() error {
 			if c.refuseOnce(id) {
 				c.logger.Warn("cluster: not admitting a node whose herd is older than the cluster's feature level: upgrade herd on it", "node", id,
 					"runs", m.build.String(), "supports", m.build.SupportedLevel(), "cluster_level", level)
+			}
+			continue
+		}
+		if level >= LevelSecurity && !admitted[id] {
+			// Gossip carries a node the log never admitted (it holds a
+			// gossip key, not an admission): never a member.
+			if c.refuseOnce(id) {
+				c.logger.Warn("cluster: not committing a gossip member that was never admitted", "node", truncate(id, MaxOwnerLength))
 			}
 			continue
 		}

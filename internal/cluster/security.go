@@ -112,6 +112,11 @@ type (
 	securityInitCommand struct {
 		JoinHash string `json:"join_hash"`
 		Admin    Token  `json:"admin"`
+		// Level is a new cluster's feature level: the highest its first
+		// node supports (0 from binaries older than feature levels).
+		Level int `json:"level,omitempty"`
+		// Self admits the first node (from LevelSecurity on).
+		Self *nodeAdmitCommand `json:"self,omitempty"`
 	}
 	tokenRevokeCommand struct {
 		ID string `json:"id"`
@@ -161,8 +166,22 @@ func applySecurityInit(s *State, data []byte) (any, error) {
 	if s.JoinHash != "" {
 		return nil, nil
 	}
+	if c.Level >= LevelSecurity {
+		if c.Self == nil {
+			return nil, fmt.Errorf("%w: a cluster at feature level %d starts with its first node admitted", ErrInvalid, c.Level)
+		}
+		if err := validAdmission(c.Self.ID, c.Self.Serial); err != nil {
+			return nil, err
+		}
+	}
 	s.JoinHash = c.JoinHash
 	s.Tokens[c.Admin.ID] = &c.Admin
+	if c.Level > s.Level() {
+		s.FeatureLevel = c.Level
+	}
+	if c.Level >= LevelSecurity {
+		s.Admitted = map[string]string{c.Self.ID: c.Self.Serial}
+	}
 	return nil, nil
 }
 
@@ -254,12 +273,20 @@ func applyNodeRemove(s *State, data []byte) (any, error) {
 	}
 	n, ok := s.Nodes[c.ID]
 	if !ok {
-		return nil, fmt.Errorf("node %s: %w", c.ID, ErrNotFound)
+		// Admitted but never a member (its join stopped half way, or
+		// the join secret was used by someone else): removed as well.
+		if _, admitted := s.Admitted[c.ID]; !admitted {
+			return nil, fmt.Errorf("node %s: %w", c.ID, ErrNotFound)
+		}
+		delete(s.Admitted, c.ID)
+		s.Removed[c.ID] = c.Time
+		return nil, nil
 	}
 	if n.State == NodeAlive {
 		return nil, fmt.Errorf("%w: node %s is alive; stop it first (it is removed once the cluster has seen it gone)", ErrBusy, c.ID)
 	}
 	s.Removed[c.ID] = c.Time
+	delete(s.Admitted, c.ID)
 	return nil, nil
 }
 
@@ -282,11 +309,15 @@ func applyJoinSecretSet(s *State, data []byte) (any, error) {
 
 // InitSecurity records the first node's join secret hash and admin token
 // unless the log already has them; it returns once committed.
-func (c *Cluster) InitSecurity(ctx context.Context, joinHash string, admin Token) error {
+//
+// A new cluster starts at the feature level this binary supports, with
+// this node admitted by its certificate's serial (admission.go).
+func (c *Cluster) InitSecurity(ctx context.Context, joinHash string, admin Token, serial string) error {
 	if c.JoinHash() != "" {
 		return nil
 	}
-	_, err := c.propose(ctx, commandSecurityInit, securityInitCommand{JoinHash: joinHash, Admin: admin})
+	_, err := c.propose(ctx, commandSecurityInit, securityInitCommand{JoinHash: joinHash, Admin: admin, Level: SupportedLevel,
+		Self: &nodeAdmitCommand{ID: c.cfg.NodeID, Serial: serial, Time: time.Now().UTC()}})
 	return err
 }
 

@@ -247,6 +247,9 @@ type State struct {
 	// FeatureLevel is the cluster's feature level (features.go; 0 in logs
 	// that never raised it: LevelBase). It never falls.
 	FeatureLevel int `json:"feature_level,omitempty"`
+	// Admitted names, from LevelSecurity on, every node allowed on the
+	// peer port by id and node certificate serial (admission.go).
+	Admitted map[string]string `json:"admitted,omitempty"`
 
 	// Events is the cluster's history in words, the newest MaxEvents
 	// (events.go); pending holds those of the entry being applied.

@@ -96,16 +96,17 @@ type Credentials struct {
 	// CA holds the cluster's CA certificate: the roots both directions
 	// verify against.
 	CA *x509.CertPool
-	// Allowed, if not nil, is asked about the node id of every verified
-	// peer, on both sides, and refuses it by returning an error (for
-	// instance a node removed from the cluster for good). It may be
-	// called concurrently.
-	Allowed func(nodeID string) error
+	// Allowed, if not nil, is asked about the node id and certificate
+	// serial (pki.Serial) of every verified peer, on both sides, and
+	// refuses it by returning an error (a node removed from the cluster
+	// for good, one never admitted, a certificate the log does not
+	// name). It may be called concurrently.
+	Allowed func(nodeID, serial string) error
 }
 
 // NewCredentials builds Credentials from PEM: the node's certificate and
 // key, and the CA certificate.
-func NewCredentials(certPEM, keyPEM, caPEM []byte, allowed func(nodeID string) error) (*Credentials, error) {
+func NewCredentials(certPEM, keyPEM, caPEM []byte, allowed func(nodeID, serial string) error) (*Credentials, error) {
 	certificate, err := pki.NodeTLSCertificate(certPEM, keyPEM, caPEM)
 	if err != nil {
 		return nil, err
@@ -147,7 +148,7 @@ func (c *Credentials) verifyNode(certs []*x509.Certificate, usage x509.ExtKeyUsa
 		return "", fmt.Errorf("%w: certificate %q %v", ErrNotNode, leaf.Subject.CommonName, leaf.Subject.OrganizationalUnit)
 	}
 	if c.Allowed != nil {
-		if err := c.Allowed(id); err != nil {
+		if err := c.Allowed(id, pki.Serial(leaf)); err != nil {
 			return "", fmt.Errorf("%w: node %s: %v", ErrNodeRemoved, id, err)
 		}
 	}
@@ -204,6 +205,7 @@ func (c *Credentials) clientConfig() *tls.Config {
 type peerIdentity struct {
 	certified bool   // it presented a certificate that chains to the CA
 	node      string // the node id, if that certificate is a node's
+	serial    string // the certificate's serial (pki.Serial)
 }
 
 func identify(state tls.ConnectionState) peerIdentity {
@@ -211,7 +213,7 @@ func identify(state tls.ConnectionState) peerIdentity {
 		return peerIdentity{}
 	}
 	node, _ := pki.NodeID(state.PeerCertificates[0])
-	return peerIdentity{certified: true, node: node}
+	return peerIdentity{certified: true, node: node, serial: pki.Serial(state.PeerCertificates[0])}
 }
 
 // admit reads a client's greeting (step 2) from conn and answers it (step
@@ -220,7 +222,7 @@ func identify(state tls.ConnectionState) peerIdentity {
 // but offered, since the join protocol authenticates by its secret. Bytes
 // that are not a greeting get no answer; every other refusal gets its
 // code. It returns the protocol admitted, or why not.
-func admit(conn io.ReadWriter, identity peerIdentity, allowed func(string) error, offered func(Protocol) bool) (Protocol, error) {
+func admit(conn io.ReadWriter, identity peerIdentity, allowed func(string, string) error, offered func(Protocol) bool) (Protocol, error) {
 	var greeting [greetingSize]byte
 	if _, err := io.ReadFull(conn, greeting[:]); err != nil {
 		return 0, fmt.Errorf("%w: incomplete greeting (%v)", ErrNotHerd, err)
@@ -247,7 +249,7 @@ func admit(conn io.ReadWriter, identity peerIdentity, allowed func(string) error
 		return refuse(statusNotNode, fmt.Errorf("%w: a certificate that is not a node's asked for protocol %d", ErrNotNode, protocol))
 	default:
 		if allowed != nil {
-			if err := allowed(identity.node); err != nil {
+			if err := allowed(identity.node, identity.serial); err != nil {
 				return refuse(statusNodeRemoved, fmt.Errorf("%w: node %s: %v", ErrNodeRemoved, identity.node, err))
 			}
 		}

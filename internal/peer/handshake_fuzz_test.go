@@ -76,7 +76,7 @@ func FuzzPeerGreeting(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, kind uint8, joinClosed bool) {
 		identity := fuzzIdentities[int(kind)%len(fuzzIdentities)]
 		stream := &greetingStream{input: bytes.NewReader(data)}
-		allowed := func(node string) error {
+		allowed := func(node, _ string) error {
 			if node == "node-removed" {
 				return errors.New("removed")
 			}

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/herd-storage/herd/internal/pki"
 )
 
 // refusalWait is how long a test waits to be sure that a refused
@@ -114,7 +116,7 @@ func TestOtherClusterRefused(t *testing.T) {
 // TestAllowedRefuses: a node that Allowed refuses (removed for good) is
 // refused, by the server and by the dialer.
 func TestAllowedRefuses(t *testing.T) {
-	removed := func(node string) error {
+	removed := func(node, _ string) error {
 		if node == "node-removed" {
 			return errors.New("removed from the cluster")
 		}
@@ -332,5 +334,49 @@ func TestNoCredentials(t *testing.T) {
 	}
 	if _, err := Dial(t.Context(), "127.0.0.1:1", &Credentials{}, ProtocolRaft); !errors.Is(err, ErrNoCredentials) {
 		t.Fatalf("Dial without credentials: %v", err)
+	}
+}
+
+// TestAllowedSeesTheSerial: Allowed is given the peer certificate's
+// serial on both sides, so a certificate minted for a member's id with
+// the CA key but not the one the log names is refused.
+func TestAllowedSeesTheSerial(t *testing.T) {
+	ca := testCA(t)
+	member := testCredentials(t, ca, "node-b")
+	forged := testCredentials(t, ca, "node-b") // same id, another serial
+	serial := pki.Serial(member.Certificate.Leaf)
+	if member.Certificate.Leaf == nil {
+		t.Fatal("credentials without a parsed leaf")
+	}
+	onlyMember := func(node, got string) error {
+		if got != serial {
+			return fmt.Errorf("certificate %s is not node %s's", got, node)
+		}
+		return nil
+	}
+	serverCreds := testCredentials(t, ca, "node-a")
+	serverCreds.Allowed = func(node, got string) error {
+		if node == "node-a" {
+			return nil
+		}
+		return onlyMember(node, got)
+	}
+	server := listen(t, serverCreds)
+	server.Protocol(ProtocolObject)
+	if _, err := Dial(t.Context(), server.address(), forged, ProtocolObject); !errors.Is(err, ErrNodeRemoved) {
+		t.Fatalf("a certificate for a member's id with another serial: %v, want refused", err)
+	}
+	conn, err := Dial(t.Context(), server.address(), member, ProtocolObject)
+	if err != nil {
+		t.Fatalf("the member's own certificate: %v", err)
+	}
+	conn.Close()
+
+	forgedServer := listen(t, testCredentials(t, ca, "node-b"))
+	forgedServer.Protocol(ProtocolObject)
+	dialer := testCredentials(t, ca, "node-c")
+	dialer.Allowed = onlyMember
+	if _, err := Dial(t.Context(), forgedServer.address(), dialer, ProtocolObject); !errors.Is(err, ErrNodeRemoved) {
+		t.Fatalf("dialling a server with a forged certificate: %v, want refused", err)
 	}
 }

@@ -142,6 +142,25 @@ func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
 	return &CA{Cert: cert, Key: key, CertPEM: bytes.Clone(certPEM), KeyPEM: bytes.Clone(keyPEM)}, nil
 }
 
+// ParseCACertificate is ParseCA without the key: a CA that verifies and
+// cannot sign (Key is nil; the Issue methods refuse).
+func ParseCACertificate(certPEM []byte) (*CA, error) {
+	cert, err := ParseCertificate(certPEM)
+	if err != nil {
+		return nil, err
+	}
+	if !cert.BasicConstraintsValid || !cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign == 0 {
+		return nil, fmt.Errorf("pki: the certificate %q is not a CA certificate", cert.Subject.CommonName)
+	}
+	return &CA{Cert: cert, CertPEM: bytes.Clone(certPEM)}, nil
+}
+
+// CanSign says whether the CA holds its key.
+func (ca *CA) CanSign() bool { return ca.Key != nil }
+
+// ErrNoCAKey: this CA has no key to sign with.
+var ErrNoCAKey = errors.New("pki: this node does not hold the cluster CA's key")
+
 // Fingerprint is the CA certificate's fingerprint (see Fingerprint).
 func (ca *CA) Fingerprint() string { return Fingerprint(ca.Cert) }
 
@@ -269,6 +288,9 @@ func validTokenID(id string) bool {
 // issue completes template with a new key, a serial and validity, signs
 // it, and returns the PEMs and the serial.
 func (ca *CA) issue(template *x509.Certificate, validity time.Duration) (certPEM, keyPEM []byte, serial string, err error) {
+	if ca.Key == nil {
+		return nil, nil, "", ErrNoCAKey
+	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, "", fmt.Errorf("pki: generate key: %w", err)

@@ -115,10 +115,12 @@ func setupCredentials(ctx context.Context, o Options, id string, ip net.IP, memb
 	return cr, nil
 }
 
-// allowed refuses nodes removed for good (herd node remove).
-func (cr *credentials) allowed(nodeID string) error {
-	if c := cr.cluster.Load(); c != nil && c.NodeRemoved(nodeID) {
-		return fmt.Errorf("node %s was removed from the cluster for good", nodeID)
+// allowed refuses nodes removed for good (herd node remove) and, from
+// LevelSecurity on, every certificate the log does not name
+// (cluster/admission.go).
+func (cr *credentials) allowed(nodeID, serial string) error {
+	if c := cr.cluster.Load(); c != nil {
+		return c.PeerAllowed(nodeID, serial)
 	}
 	return nil
 }
@@ -129,11 +131,19 @@ func (cr *credentials) load(dir string) error {
 		return err
 	}
 	keyPEM, err := pki.ReadSecretFile(filepath.Join(dir, caKeyFile))
-	if err != nil {
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		// A node admitted at LevelSecurity: it verifies with the CA and
+		// asks a node holding the key to sign (signing.go).
+		if cr.ca, err = pki.ParseCACertificate(certPEM); err != nil {
+			return fmt.Errorf("%s: %w", filepath.Join(dir, caCertFile), err)
+		}
+	case err != nil:
 		return err
-	}
-	if cr.ca, err = pki.ParseCA(certPEM, keyPEM); err != nil {
-		return fmt.Errorf("%s: %w", filepath.Join(dir, caCertFile), err)
+	default:
+		if cr.ca, err = pki.ParseCA(certPEM, keyPEM); err != nil {
+			return fmt.Errorf("%s: %w", filepath.Join(dir, caCertFile), err)
+		}
 	}
 	if cr.gossipKey, err = readGossipKey(dir); err != nil {
 		return err
@@ -206,7 +216,7 @@ func (cr *credentials) join(ctx context.Context, o Options, id string, ip net.IP
 			response, err := peer.RequestJoin(attempt, member, token, request)
 			cancel()
 			if err == nil {
-				return cr.adopt(o.DataDir, response, token.Fingerprint)
+				return cr.adopt(ctx, o.DataDir, member, response, token.Fingerprint)
 			}
 			last = fmt.Errorf("join through %s: %w", member, err)
 			var dialError *net.OpError
@@ -234,28 +244,48 @@ func (cr *credentials) join(ctx context.Context, o Options, id string, ip net.IP
 }
 
 // adopt stores what a member sent a joining node.
-func (cr *credentials) adopt(dir string, r peer.JoinResponse, fingerprint string) error {
-	ca, err := pki.ParseCA(r.CACert, r.CAKey)
+func (cr *credentials) adopt(ctx context.Context, dir, member string, r peer.JoinResponse, fingerprint string) error {
+	var ca *pki.CA
+	var err error
+	if len(r.CAKey) > 0 {
+		ca, err = pki.ParseCA(r.CACert, r.CAKey) // a member of a cluster below LevelSecurity
+	} else {
+		ca, err = pki.ParseCACertificate(r.CACert)
+	}
 	if err != nil {
 		return fmt.Errorf("the member sent a damaged CA: %w", err)
 	}
 	if pki.Fingerprint(ca.Cert) != fingerprint {
 		return errors.New("the member sent a CA that is not the one the join token names")
 	}
-	if len(r.GossipKey) != 32 {
+	gossipKey := r.GossipKey
+	if len(gossipKey) == 0 {
+		// Admitted (cluster/admission.go): the cluster's secrets come
+		// over mTLS, to the certificate the log now names.
+		secrets, err := fetchSecrets(ctx, member, r.NodeCert, r.NodeKey, r.CACert)
+		if err != nil {
+			return fmt.Errorf("admitted, but the cluster's secrets did not come from %s: %w", member, err)
+		}
+		gossipKey = secrets.GossipKey
+	}
+	if len(gossipKey) != 32 {
 		return errors.New("the member sent a damaged gossip key")
 	}
-	cr.ca, cr.fingerprint, cr.gossipKey, cr.seeds = ca, fingerprint, r.GossipKey, r.Gossip
-	for _, f := range []struct {
+	cr.ca, cr.fingerprint, cr.gossipKey, cr.seeds = ca, fingerprint, gossipKey, r.Gossip
+	files := []struct {
 		name string
 		data []byte
 	}{
-		{gossipKeyFile, []byte(hex.EncodeToString(r.GossipKey) + "\n")},
+		{gossipKeyFile, []byte(hex.EncodeToString(gossipKey) + "\n")},
 		{nodeKeyFile, r.NodeKey},
 		{nodeCertFile, r.NodeCert},
 		{caKeyFile, r.CAKey},
-		{caCertFile, r.CACert},
-	} {
+		{caCertFile, r.CACert}, // last: its presence says the node has its credentials
+	}
+	for _, f := range files {
+		if len(f.data) == 0 {
+			continue // no CA key: this node does not sign
+		}
 		if err := pki.WriteSecretFile(filepath.Join(dir, f.name), f.data); err != nil {
 			return err
 		}
@@ -280,6 +310,22 @@ func (cr *credentials) ensureNodeCertificate(dir, id string, ip net.IP) error {
 		}
 	} else if keyErr != nil && !errors.Is(keyErr, os.ErrNotExist) {
 		return keyErr
+	}
+	if !cr.ca.CanSign() {
+		// Admitted without the CA key (signing.go): the certificate the
+		// log names is the one to keep. Peers do not check its
+		// addresses; NBD clients that do must use the old address until
+		// the node is admitted again.
+		if certErr == nil && keyErr == nil {
+			if leaf, err := tls.X509KeyPair(certPEM, keyPEM); err == nil {
+				if parsed, err := x509.ParseCertificate(leaf.Certificate[0]); err == nil {
+					if nodeID, ok := pki.NodeID(parsed); ok && nodeID == id && parsed.CheckSignatureFrom(cr.ca.Cert) == nil && time.Now().Before(parsed.NotAfter) {
+						return cr.useNodeCertificate(certPEM, keyPEM)
+					}
+				}
+			}
+		}
+		return fmt.Errorf("%s: no valid node certificate for node %s, and this node does not hold the CA key to issue one: start it on a new data directory to join again", dir, id)
 	}
 	certPEM, keyPEM, err := cr.ca.IssueNode(id, []net.IP{ip})
 	if err != nil {
@@ -328,7 +374,7 @@ func (cr *credentials) initSecurity(ctx context.Context, c *cluster.Cluster, log
 	admin := cluster.Token{ID: cr.adminToken.ID, Name: "admin", Hash: pki.HashSecret(cr.adminToken.Secret)}
 	for {
 		attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := c.InitSecurity(attempt, pki.HashSecret(cr.joinToken.Secret), admin)
+		err := c.InitSecurity(attempt, pki.HashSecret(cr.joinToken.Secret), admin, pki.Serial(cr.node.Leaf))
 		cancel()
 		if err == nil {
 			return nil
@@ -350,6 +396,10 @@ type joinState interface {
 	NodeRemoved(nodeID string) bool
 	// Level is the cluster's feature level (cluster/features.go).
 	Level() int
+	// KnownNode says whether the id is a member, admitted or removed;
+	// Admit records a new node's admission (cluster/admission.go).
+	KnownNode(nodeID string) bool
+	Admit(ctx context.Context, nodeID, serial string) error
 }
 
 // joinHandler admits a node that presents the join secret: it receives a
@@ -382,31 +432,55 @@ func (cr *credentials) joinHandler(c joinState, gossipAddr string, logger *slog.
 		if len(req.IPs) == 0 || len(req.IPs) > 8 {
 			return peer.JoinResponse{}, errors.New("a join names 1 to 8 addresses")
 		}
-		var ips []net.IP
 		for _, text := range req.IPs {
-			ip := net.ParseIP(text)
-			if ip == nil {
+			if net.ParseIP(text) == nil {
 				return peer.JoinResponse{}, fmt.Errorf("%q is not an IP address", text)
 			}
-			ips = append(ips, ip)
 		}
-		certPEM, keyPEM, err := cr.ca.IssueNode(req.NodeID, ips)
+		if c.Level() < cluster.LevelSecurity {
+			// Below the level every member holds the CA key and the
+			// join hands it out, as older herds expect.
+			signed, err := cr.signLocally(signRequest{Kind: "node", NodeID: req.NodeID, IPs: req.IPs})
+			if err != nil {
+				return peer.JoinResponse{}, err
+			}
+			logger.Info("admitted a new node", "node", req.NodeID, "from", remote.String())
+			return peer.JoinResponse{NodeCert: signed.Cert, NodeKey: signed.Key, CACert: cr.ca.CertPEM, CAKey: cr.ca.KeyPEM, GossipKey: cr.gossipKey, Gossip: []string{gossipAddr}}, nil
+		}
+		// Admission before credentials (cluster/admission.go): the log
+		// names the node and its certificate first; the node receives
+		// that certificate and the CA certificate, never the CA key, and
+		// fetches the gossip key over mTLS once admitted.
+		if c.KnownNode(req.NodeID) {
+			return peer.JoinResponse{}, fmt.Errorf("node %s is already a member or was admitted before; a new node starts on an empty data directory (it gets a new id)", req.NodeID)
+		}
+		signed, err := cr.sign(ctx, signRequest{Kind: "node", NodeID: req.NodeID, IPs: req.IPs})
 		if err != nil {
-			return peer.JoinResponse{}, err
+			return peer.JoinResponse{}, fmt.Errorf("%w: %v", peer.ErrJoinNotReady, err)
 		}
-		logger.Info("admitted a new node", "node", req.NodeID, "from", remote.String())
-		return peer.JoinResponse{NodeCert: certPEM, NodeKey: keyPEM, CACert: cr.ca.CertPEM, CAKey: cr.ca.KeyPEM, GossipKey: cr.gossipKey, Gossip: []string{gossipAddr}}, nil
+		if err := c.Admit(ctx, req.NodeID, signed.Serial); err != nil {
+			return peer.JoinResponse{}, fmt.Errorf("%w: recording the admission: %v", peer.ErrJoinNotReady, err)
+		}
+		logger.Info("admitted a new node", "node", req.NodeID, "certificate", signed.Serial, "from", remote.String())
+		return peer.JoinResponse{NodeCert: signed.Cert, NodeKey: signed.Key, CACert: cr.ca.CertPEM, Gossip: []string{gossipAddr}}, nil
 	}
 }
 
-// IssueClient implements api.Authority.
+// IssueClient implements api.Authority: here, or by a node holding the
+// CA key (signing.go).
 func (cr *credentials) IssueClient(name string) ([]byte, []byte, string, error) {
-	return cr.ca.IssueClient(name)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	signed, err := cr.sign(ctx, signRequest{Kind: "client", Name: name})
+	return signed.Cert, signed.Key, signed.Serial, err
 }
 
 // IssueSession implements api.Authority.
 func (cr *credentials) IssueSession(name, tokenID string, readOnly bool) ([]byte, []byte, error) {
-	return cr.ca.IssueSession(name, tokenID, readOnly)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	signed, err := cr.sign(ctx, signRequest{Kind: "session", Name: name, TokenID: tokenID, ReadOnly: readOnly})
+	return signed.Cert, signed.Key, err
 }
 
 // CACertPEM implements api.Authority.

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -42,6 +43,10 @@ func (s *startingState) JoinHash() string {
 func (s *startingState) NodeRemoved(string) bool { return false }
 
 func (s *startingState) Level() int { return max(s.level, cluster.LevelBase) }
+
+func (s *startingState) KnownNode(string) bool { return false }
+
+func (s *startingState) Admit(context.Context, string, string) error { return nil }
 
 func (s *startingState) readCount() int {
 	s.mu.Lock()

@@ -202,7 +202,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	build := version.Get()
 	c, err := cluster.Start(ctx, cluster.Config{
-		Build:           cluster.Build{Version: build.Version, Commit: build.Commit, StoreFormat: store.FormatVersion, PeerProtocol: peer.ObjectProtocolVersion},
+		Build:           cluster.Build{Version: build.Version, Commit: build.Commit, StoreFormat: store.FormatVersion, PeerProtocol: peer.ObjectProtocolVersion, Signs: credentials.ca.CanSign()},
 		DataDir:         o.DataDir,
 		NodeID:          id,
 		Incarnation:     hex.EncodeToString(incarnation),
@@ -229,6 +229,8 @@ func Run(ctx context.Context, o Options) error {
 	defer c.Close()
 	credentials.cluster.Store(c)
 	peerListener.SetJoinHandler(credentials.joinHandler(c, gossipAddr, logger))
+	go peer.ServeCalls(peerListener.Protocol(peer.ProtocolSecrets), credentials.serveSecrets)
+	go peer.ServeCalls(peerListener.Protocol(peer.ProtocolSign), credentials.serveSign)
 	if err := credentials.initSecurity(ctx, c, logger); err != nil {
 		return err
 	}
