@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/logging"
 	"github.com/herd-storage/herd/internal/pki"
 )
 
@@ -109,7 +110,7 @@ func (s *Server) guardWith(need access, h http.HandlerFunc) http.HandlerFunc {
 		raw, err := s.authenticate(r, need)
 		if err != nil {
 			if errors.Is(err, cluster.ErrUnauthorized) {
-				s.logger.Warn("admin API: refused request", "from", r.RemoteAddr, "method", r.Method, "path", r.URL.Path, "reason", err.Error())
+				s.logger.Warn("admin API: refused request", logging.From("admin", r.RemoteAddr), "method", r.Method, "path", r.URL.Path, "reason", err.Error())
 			}
 			writeError(w, err)
 			return

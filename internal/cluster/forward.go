@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/herd-storage/herd/internal/logging"
 	"github.com/herd-storage/herd/internal/peer"
 )
 
@@ -354,7 +355,7 @@ func (c *Cluster) serveForwardConn(conn net.Conn) {
 	for {
 		frame, err := readForwardFrame(r, minForwardRequest)
 		if errors.Is(err, errForwardFrame) {
-			c.logger.Warn("cluster: refused a forwarding connection", "from", conn.RemoteAddr().String(), "reason", err.Error())
+			c.logger.Warn("cluster: refused a forwarding connection", logging.From("peer", conn.RemoteAddr()), "reason", err.Error())
 			return
 		}
 		if err != nil {
@@ -362,7 +363,7 @@ func (c *Cluster) serveForwardConn(conn net.Conn) {
 		}
 		id, command, err := parseForwardRequest(frame)
 		if err != nil {
-			c.logger.Warn("cluster: refused a forwarding connection", "from", conn.RemoteAddr().String(), "reason", err.Error())
+			c.logger.Warn("cluster: refused a forwarding connection", logging.From("peer", conn.RemoteAddr()), "reason", err.Error())
 			return
 		}
 		inflight.Add(1)

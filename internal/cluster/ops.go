@@ -646,23 +646,62 @@ func (c *Cluster) ID() string { return c.cfg.NodeID }
 
 // gossipLogWriter turns memberlist's "[LEVEL] memberlist: ..." lines into
 // structured logs, and says plainly when a message was refused because
-// the sender lacks the cluster token.
+// the sender lacks the cluster token. A line about a message or stream
+// from an address (memberlist ends those with "from=ADDRESS": anyone who
+// reaches the gossip port can make it write one per packet) is a bounded
+// refusal line (internal/logging): its message is memberlist's up to the
+// first detail, the whole line is its detail, cut.
 type gossipLogWriter struct{ logger *slog.Logger }
 
 func newGossipLogger(logger *slog.Logger) *log.Logger {
-	return log.New(&gossipLogWriter{logger: logger}, "", 0)
+	return log.New(&gossipLogWriter{logger: logging.WithBounds(logger)}, "", 0)
 }
 
 func (w *gossipLogWriter) Write(p []byte) (int, error) {
 	line := string(bytes.TrimSpace(p))
+	level, message := logging.ParseStdLine(line)
+	from, hasFrom := gossipSource(message)
 	switch {
-	case strings.Contains(line, "decrypt") || strings.Contains(line, "No installed keys"):
-		w.logger.Warn("gossip: refused a message from a process without this cluster's token", "detail", line)
+	case strings.Contains(strings.ToLower(line), "decrypt") || strings.Contains(line, "No installed keys"):
+		w.logger.Warn("gossip: refused a message from a process without this cluster's token", logging.From("gossip", from), "detail", line)
+	case hasFrom:
+		w.logger.Log(context.Background(), level, gossipReason(message), logging.From("gossip", from), "component", "memberlist", "detail", message)
 	default:
-		level, message := logging.ParseStdLine(line)
 		w.logger.Log(context.Background(), level, message, "component", "memberlist")
 	}
 	return len(p), nil
+}
+
+// gossipSource returns the address of memberlist's "from=ADDRESS" in
+// message, if there is one.
+func gossipSource(message string) (string, bool) {
+	i := strings.LastIndex(message, "from=")
+	if i < 0 {
+		return "unknown", false
+	}
+	from, _, _ := strings.Cut(message[i+len("from="):], " ")
+	return from, true
+}
+
+// gossipReason is message up to its first detail (an error, a quoted
+// label, a number in parentheses, the address): the same for every
+// packet of one kind.
+func gossipReason(message string) string {
+	rest, prefixed := strings.CutPrefix(message, "memberlist: ")
+	end := len(rest)
+	for _, stop := range []string{": ", "\"", "'", "(", "from="} {
+		if i := strings.Index(rest, stop); i >= 0 {
+			end = min(end, i)
+		}
+	}
+	reason := strings.TrimSpace(rest[:end])
+	if reason == "" {
+		reason = "refused a message"
+	}
+	if prefixed {
+		reason = "memberlist: " + reason
+	}
+	return reason
 }
 
 // EpochView is the current epoch with the nodes in it, as the data path

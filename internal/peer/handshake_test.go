@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herd-storage/herd/internal/logging"
 	"github.com/herd-storage/herd/internal/pki"
 )
 
@@ -304,8 +305,8 @@ func TestDialSilentPort(t *testing.T) {
 	}
 }
 
-// TestRefusalsRateLimited: a flood of refused connections logs a bounded
-// number of lines.
+// TestRefusalsRateLimited: a flood of refused connections from one
+// address logs one line per reason and interval (internal/logging).
 func TestRefusalsRateLimited(t *testing.T) {
 	server := listen(t, testCredentials(t, testCA(t), "node-a"))
 	const attempts = 40
@@ -322,8 +323,8 @@ func TestRefusalsRateLimited(t *testing.T) {
 	}
 	server.waitLog(t, "refused connection")
 	lines := strings.Count(server.logs.String(), "refused connection")
-	// The burst, plus one per interval the loop took.
-	if allowed := refusalLogBurst + 1 + int(time.Since(start)/refusalLogInterval); lines > allowed {
+	// One, plus one per interval the loop took.
+	if allowed := 1 + int(time.Since(start)/logging.DefaultRefusalInterval); lines > allowed {
 		t.Fatalf("%d refusals logged %d lines, more than %d", attempts, lines, allowed)
 	}
 }

@@ -7,21 +7,18 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/herd-storage/herd/internal/logging"
 	"github.com/herd-storage/herd/internal/tlsbatch"
-	"golang.org/x/time/rate"
 )
 
-// Refusals are logged at most refusalLogBurst at once and then one per
-// refusalLogInterval, so that a scanner or a misconfigured node hammering
-// the port does not flood the log; the next line logged counts the
-// refusals left out.
-const (
-	refusalLogInterval = time.Second
-	refusalLogBurst    = 10
-)
+// logPort names the peer port in refusal lines: they are bounded
+// (internal/logging: values cut, one line per source address and reason
+// per interval, a burst per port), so that a scanner or a misconfigured
+// node hammering the port does not flood the log; the next line of a
+// source and reason counts the refusals left out.
+const logPort = "peer"
 
 // Listener accepts authenticated connections on the peer port and hands
 // each to the sub-listener of the protocol it asked for; join requests go
@@ -36,12 +33,10 @@ type Listener struct {
 	protocols map[Protocol]*SubListener
 	join      JoinHandler
 
-	refusalLog       *rate.Limiter
-	refusalsUnlogged atomic.Int64
-	closeOnce        sync.Once
-	closed           chan struct{}
-	ctx              context.Context // cancelled by Close: ends join handlers
-	cancel           context.CancelFunc
+	closeOnce sync.Once
+	closed    chan struct{}
+	ctx       context.Context // cancelled by Close: ends join handlers
+	cancel    context.CancelFunc
 }
 
 // Listen opens the peer port, serving as the node creds names.
@@ -54,13 +49,12 @@ func Listen(address string, creds *Credentials, logger *slog.Logger) (*Listener,
 		return nil, err
 	}
 	pl := &Listener{
-		listener:   l,
-		creds:      creds,
-		tlsConfig:  creds.serverConfig(),
-		logger:     logger,
-		protocols:  map[Protocol]*SubListener{},
-		refusalLog: rate.NewLimiter(rate.Every(refusalLogInterval), refusalLogBurst),
-		closed:     make(chan struct{}),
+		listener:  l,
+		creds:     creds,
+		tlsConfig: creds.serverConfig(),
+		logger:    logging.WithBounds(logger),
+		protocols: map[Protocol]*SubListener{},
+		closed:    make(chan struct{}),
 	}
 	pl.ctx, pl.cancel = context.WithCancel(context.Background())
 	go pl.acceptLoop()
@@ -176,16 +170,9 @@ func (l *Listener) handshake(raw net.Conn) {
 	}
 }
 
-// refused logs a refused connection at Warn, within the rate limit.
+// refused logs a refused connection at Warn, bounded.
 func (l *Listener) refused(remote net.Addr, what string, err error, attrs ...any) {
-	if !l.refusalLog.Allow() {
-		l.refusalsUnlogged.Add(1)
-		return
-	}
-	attrs = append([]any{"from", remote.String(), "reason", err.Error()}, attrs...)
-	if n := l.refusalsUnlogged.Swap(0); n > 0 {
-		attrs = append(attrs, "refusals_not_logged", n)
-	}
+	attrs = append([]any{logging.From(logPort, remote), "reason", err.Error()}, attrs...)
 	l.logger.Warn("peer: refused connection: "+what, attrs...)
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/bufpool"
+	"github.com/herd-storage/herd/internal/logging"
 	"github.com/herd-storage/herd/internal/netserve"
 )
 
@@ -294,7 +295,7 @@ func (c *objectServerConnection) serve() {
 			if errors.Is(err, ErrObjectProtocol) || errors.Is(err, io.ErrUnexpectedEOF) {
 				level = slog.LevelWarn
 			}
-			c.server.logger().Log(context.Background(), level, "peer: closing object connection", "from", c.remote, "reason", err.Error())
+			c.server.logger().Log(context.Background(), level, "peer: closing object connection", logging.From(logPort, c.remote), "reason", err.Error())
 		}
 		c.abort()
 		c.handlers.Wait()

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/logging"
 	"github.com/herd-storage/herd/internal/peer"
 	"github.com/herd-storage/herd/internal/pki"
 )
@@ -413,7 +414,7 @@ func (cr *credentials) joinHandler(c joinState, gossipAddr string, logger *slog.
 			return peer.JoinResponse{}, fmt.Errorf("%w: this node does not know the cluster's join secret yet (the cluster is starting)", peer.ErrJoinNotReady)
 		}
 		if !pki.SecretMatches(hash, req.Secret) {
-			logger.Warn("refused a join: wrong join secret", "from", remote.String(), "node", req.NodeID)
+			logger.Warn("refused a join: wrong join secret", logging.From("peer", remote), "node", req.NodeID)
 			return peer.JoinResponse{}, errors.New("wrong join secret (the token was rotated, or is from another cluster)")
 		}
 		if len(req.NodeID) != 16 {
@@ -426,7 +427,7 @@ func (cr *credentials) joinHandler(c joinState, gossipAddr string, logger *slog.
 			return peer.JoinResponse{}, fmt.Errorf("node %s was removed from the cluster for good; start it on a new data directory", req.NodeID)
 		}
 		if level, supported := c.Level(), max(req.Level, cluster.LevelBase); supported < level {
-			logger.Warn("refused a join: the node's herd is older than the cluster's feature level", "from", remote.String(), "node", req.NodeID, "supports", supported, "cluster_level", level)
+			logger.Warn("refused a join: the node's herd is older than the cluster's feature level", logging.From("peer", remote), "node", req.NodeID, "supports", supported, "cluster_level", level)
 			return peer.JoinResponse{}, fmt.Errorf("the cluster is at feature level %d and this node's herd supports only %d: run the herd version the other nodes run (herd version on a member, herd node list)", level, supported)
 		}
 		if len(req.IPs) == 0 || len(req.IPs) > 8 {
