@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/herd-storage/herd/internal/netserve"
 )
 
 const readBufferSize = 64 << 10
@@ -49,6 +51,14 @@ type connection struct {
 	// client counted in MaxConnectionsPerClient ("" for none).
 	admitted  bool
 	clientKey string
+	// unauthenticated is the connection's place in the Server's pool of
+	// connections not authenticated yet (unauthenticated.go), until its
+	// TLS handshake verified a client certificate; nil if it never was
+	// in it (no TLS required) or has left it.
+	unauthenticated *netserve.Pending
+	// handshakeDeadline ends the handshake; an unauthenticated
+	// connection's deadline is earlier (Server.UnauthenticatedTimeout).
+	handshakeDeadline time.Time
 	// refusal, when set, is why every option from now on is refused: the
 	// client's certificate is over MaxConnectionsPerClient.
 	refusal string
@@ -96,11 +106,13 @@ func (c *connection) serve(ctx context.Context) {
 	defer c.netConn.Close()
 	defer c.closeTLS()
 	defer func() { c.server.admission.release(c.clientKey, c.admitted) }()
+	defer c.leaveUnauthenticated()
 	c.logger.Debug("nbd: connection opened")
 	// The handshake deadline bounds the client (through the socket) and
 	// the Backend calls made while negotiating (through the context).
 	deadline := time.Now().Add(c.server.handshakeTimeout())
-	c.setDeadline(deadline)
+	c.handshakeDeadline = deadline
+	c.setDeadline(c.unauthenticatedDeadline(deadline))
 	handshakeContext, cancel := context.WithDeadline(ctx, deadline)
 	transmission, err := c.negotiate(handshakeContext)
 	cancel()
@@ -159,24 +171,34 @@ func (c *connection) closeGracefully() {
 
 // logEnd logs why a connection ended, loudly only for the unusual reasons.
 func (c *connection) logEnd(message string, err error) {
+	negotiating := c.active.Load() == nil
 	switch {
+	case c.unauthenticated != nil && c.unauthenticated.Evicted():
+		// Logged when it was closed (startConnection).
+		c.logger.Debug(message, "reason", "closed to admit another unauthenticated connection")
 	// The kinds a scan or a misconfigured client repeats at a high rate
-	// are rate-limited, each with its own message. A failed TLS handshake
-	// comes first: it may wrap io.EOF, and is worth a line even then.
+	// are bounded refusal lines, each with its own message, and so is
+	// every other end of a negotiation (whoever reaches the port can
+	// cause one). A failed TLS handshake comes first: it may wrap io.EOF,
+	// and is worth a line even then.
 	case errors.Is(err, errTLSHandshake):
-		c.server.logLimited(c.logger, slog.LevelWarn, "nbd: TLS handshake failed; connection closed", "error", err)
+		c.logLimited(slog.LevelWarn, "nbd: TLS handshake failed; connection closed", "error", err)
 	case errors.Is(err, errTLSRequired):
-		c.server.logLimited(c.logger, slog.LevelWarn, "nbd: plaintext client on a server that requires TLS; connection closed", "error", err)
+		c.logLimited(slog.LevelWarn, "nbd: plaintext client on a server that requires TLS; connection closed", "error", err)
 	case errors.Is(err, errTooManyOptions):
-		c.server.logLimited(c.logger, slog.LevelWarn, "nbd: too many options in one handshake; connection closed", "error", err)
+		c.logLimited(slog.LevelWarn, "nbd: too many options in one handshake; connection closed", "error", err)
 	case errors.Is(err, errClientRefused):
-		c.server.logLimited(c.logger, slog.LevelWarn, "nbd: refused client sent NBD_OPT_EXPORT_NAME; connection closed", "error", err)
+		c.logLimited(slog.LevelWarn, "nbd: refused client sent NBD_OPT_EXPORT_NAME; connection closed", "error", err)
 	case err == nil, errors.Is(err, io.EOF), errors.Is(err, errAborted), errors.Is(err, net.ErrClosed):
 		c.logger.Debug(message, "reason", err)
 	case c.wasInterrupted() && errors.Is(err, os.ErrDeadlineExceeded):
 		c.logger.Debug(message, "reason", "server shutdown")
+	case errors.Is(err, ErrProtocol) && negotiating:
+		c.logLimited(slog.LevelWarn, message, "error", err)
 	case errors.Is(err, ErrProtocol):
 		c.logger.Warn(message, "error", err)
+	case negotiating:
+		c.logLimited(slog.LevelInfo, message, "error", err)
 	default:
 		c.logger.Info(message, "error", err)
 	}

@@ -224,7 +224,7 @@ func (c *connection) infoOrGo(ctx context.Context, option uint32, data []byte) (
 	}
 	export, info, err := c.openExport(ctx, request.name, option == wire.OptInfo)
 	if err != nil {
-		c.logger.Info("nbd: cannot open export", "export", request.name, "error", err)
+		c.logLimited(slog.LevelInfo, "nbd: cannot open export", "export", request.name, "error", err)
 		return nil, c.sendOptionReply(option, optionReplyFor(err), []byte(messageFor(err)))
 	}
 	flags := transmissionFlags(info, c.negotiation.structuredReplies)
@@ -298,7 +298,7 @@ func (c *connection) list(ctx context.Context, data []byte) error {
 	}
 	exports, err := c.server.Backend.List(ctx, c.session)
 	if err != nil {
-		c.logger.Info("nbd: cannot list exports", "error", err)
+		c.logLimited(slog.LevelInfo, "nbd: cannot list exports", "error", err)
 		return c.sendOptionReply(wire.OptList, optionReplyFor(err), []byte(messageFor(err)))
 	}
 	for _, export := range exports {
@@ -362,7 +362,7 @@ func (c *connection) metaContext(ctx context.Context, option uint32, data []byte
 	if backend, ok := c.server.Backend.(MetaContexter); ok && (all || len(others) > 0) {
 		found, err := backend.MetaContexts(ctx, request.exportName, c.session, others, !set)
 		if err != nil {
-			c.logger.Info("nbd: cannot answer a metadata context query", "export", request.exportName, "error", err)
+			c.logLimited(slog.LevelInfo, "nbd: cannot answer a metadata context query", "export", request.exportName, "error", err)
 			return c.sendOptionReply(option, optionReplyFor(err), []byte(messageFor(err)))
 		}
 		names = append(names, c.checkMetaContexts(found, others, set)...)

@@ -6,14 +6,18 @@ import (
 	"log/slog"
 	"net"
 	"sync"
-	"time"
+
+	"github.com/herd-storage/herd/internal/logging"
+	"github.com/herd-storage/herd/internal/netserve"
 )
 
 // This file holds the bounds a Server keeps against clients that are
 // hostile but may well be authenticated: how many connections in all and
-// per client (admission), and a log that says once a second, not once per
-// connection, that a bound bit (limitLog). The memory bound is the
-// Server's shared bufpool.Budget, taken in transmission.go.
+// per client (admission), and a log that says once per interval and
+// address, not once per connection, that a bound bit (logLimited). The
+// memory bound is the Server's shared bufpool.Budget, taken in
+// transmission.go; the pool of connections not authenticated yet is in
+// unauthenticated.go.
 
 // Client keys name the client a connection counts against in
 // MaxConnectionsPerClient. The prefixes keep a certificate named like an
@@ -120,53 +124,16 @@ func (a *admission) connections(key string) (total, client int) {
 	return a.total, a.clients[key]
 }
 
-// limitLogInterval is the least time between two log lines of one kind.
-const limitLogInterval = time.Second
+// logPort names the NBD servers in refusal lines (internal/logging).
+const logPort = "nbd"
 
-// limitLog rate-limits log lines by message: a limit that bites for many
-// connections at once (a flood, a client whose every connection stalls)
-// says so once a second, with the number of lines it did not write.
-type limitLog struct {
-	// now is the clock; nil means time.Now (tests set their own).
-	now func() time.Time
-
-	mu    sync.Mutex // guards kinds
-	kinds map[string]*limitLogKind
-}
-
-type limitLogKind struct {
-	last       time.Time
-	suppressed int
-}
-
-// logLimited logs message with args at level, unless a line with the same
-// message was logged less than limitLogInterval ago.
-func (s *Server) logLimited(logger *slog.Logger, level slog.Level, message string, args ...any) {
-	l := &s.limitLog
-	now := time.Now
-	if l.now != nil {
-		now = l.now
-	}
-	at := now()
-	l.mu.Lock()
-	if l.kinds == nil {
-		l.kinds = make(map[string]*limitLogKind)
-	}
-	kind := l.kinds[message]
-	if kind == nil {
-		kind = &limitLogKind{}
-		l.kinds[message] = kind
-	}
-	if !kind.last.IsZero() && at.Sub(kind.last) < limitLogInterval {
-		kind.suppressed++
-		l.mu.Unlock()
-		return
-	}
-	suppressed := kind.suppressed
-	kind.last, kind.suppressed = at, 0
-	l.mu.Unlock()
-	if suppressed > 0 {
-		args = append(args, "similar_lines_suppressed", suppressed)
-	}
-	logger.Log(context.Background(), level, message, args...)
+// logLimited logs message with args at level on the connection's logger
+// as a refusal line of its remote address: bounded (internal/logging:
+// values cut, one line per address and message per interval with a count
+// of the ones left out, a burst per port), so that a limit that bites for
+// many connections at once (a flood, a client whose every connection
+// stalls), or a refusal a client repeats as fast as it can, says so
+// without filling the log.
+func (c *connection) logLimited(level slog.Level, message string, args ...any) {
+	c.logger.Log(context.Background(), level, message, append([]any{logging.Refusal(logPort, netserve.Source(c.netConn))}, args...)...)
 }

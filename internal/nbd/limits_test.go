@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herd-storage/herd/internal/logging"
 	"github.com/herd-storage/herd/internal/nbd/wire"
 )
 
@@ -203,28 +204,46 @@ func TestMaxOptions(t *testing.T) {
 	}
 }
 
-// TestLogLimited: a limit that bites many times in a second logs once,
-// then says how many lines it left out.
+// TestLogLimited: a limit that bites many times in an interval logs once
+// per address (a bounded refusal line, internal/logging), then says how
+// many lines it left out.
 func TestLogLimited(t *testing.T) {
 	var logs logCapture
 	clock := time.Unix(1000, 0)
-	server := &Server{}
-	server.limitLog.now = func() time.Time { return clock }
-	logger := slog.New(slog.NewTextHandler(&logs, nil))
-	for range 5 {
-		server.logLimited(logger, slog.LevelWarn, "nbd: some limit bit", "n", 1)
-		clock = clock.Add(limitLogInterval / 10)
+	server := &Server{Logger: slog.New(logging.Bounded(slog.NewTextHandler(&logs, nil), logging.BoundOptions{Now: func() time.Time { return clock }}))}
+	from := func(address string) *connection {
+		a, b := net.Pipe()
+		t.Cleanup(func() { a.Close(); b.Close() })
+		return newConnection(server, &addressConn{Conn: a, remote: &net.TCPAddr{IP: net.ParseIP(address), Port: 10000}})
 	}
-	server.logLimited(logger, slog.LevelWarn, "nbd: another limit bit")
-	if got := strings.Count(logs.String(), "some limit bit"); got != 1 {
-		t.Fatalf("%d lines of one kind in %v, want 1:\n%s", got, limitLogInterval/2, logs.String())
+	first, second, other := from("10.0.0.1"), from("10.0.0.1"), from("10.0.0.2")
+	for range 5 {
+		first.logLimited(slog.LevelWarn, "nbd: some limit bit", "n", 1, "name", strings.Repeat("x", 4096))
+		second.logLimited(slog.LevelWarn, "nbd: some limit bit", "n", 1)
+		clock = clock.Add(logging.DefaultRefusalInterval / 20)
+	}
+	first.logLimited(slog.LevelWarn, "nbd: another limit bit")
+	other.logLimited(slog.LevelWarn, "nbd: some limit bit")
+	if got := strings.Count(logs.String(), "some limit bit"); got != 2 {
+		t.Fatalf("%d lines of one kind from two addresses, want 2:\n%s", got, logs.String())
 	}
 	if got := strings.Count(logs.String(), "another limit bit"); got != 1 {
 		t.Fatalf("%d lines of another kind, want 1:\n%s", got, logs.String())
 	}
-	clock = clock.Add(limitLogInterval)
-	server.logLimited(logger, slog.LevelWarn, "nbd: some limit bit", "n", 1)
-	if !strings.Contains(logs.String(), "some limit bit\" n=1 similar_lines_suppressed=4") {
-		t.Fatalf("no line counting the 4 suppressed ones:\n%s", logs.String())
+	if len(logs.String()) > 2048 {
+		t.Fatalf("a 4 KB name was not cut:\n%s", logs.String())
+	}
+	clock = clock.Add(logging.DefaultRefusalInterval)
+	first.logLimited(slog.LevelWarn, "nbd: some limit bit", "n", 1)
+	if !strings.Contains(logs.String(), "some limit bit\" connection=1 remote=10.0.0.1:10000 n=1 suppressed=9") {
+		t.Fatalf("no line counting the 9 suppressed ones:\n%s", logs.String())
 	}
 }
+
+// addressConn is a connection with the remote address of a test's choice.
+type addressConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (c *addressConn) RemoteAddr() net.Addr { return c.remote }

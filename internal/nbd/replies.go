@@ -187,7 +187,7 @@ func (t *transmission) writeReplies(batch []*outgoing) error {
 		// between its replicas would leave them different).
 		t.cut.Store(true)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
-			connection.server.logLimited(connection.logger, slog.LevelWarn,
+			connection.logLimited(slog.LevelWarn,
 				"nbd: client did not read its replies within the reply timeout; disconnecting it",
 				"reply_timeout", timeout)
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/bufpool"
+	"github.com/herd-storage/herd/internal/logging"
 	"github.com/herd-storage/herd/internal/nbd/wire"
 	"github.com/herd-storage/herd/internal/netserve"
 )
@@ -90,7 +91,11 @@ type Server struct {
 	// freed. Zero means 30 s.
 	ReplyTimeout time.Duration
 	// MaxConnections bounds the connections served at once; a connection
-	// beyond it is closed right after accept. Zero means 1024.
+	// beyond it is closed right after accept or, with RequireTLS, refused
+	// once its TLS handshake is done (every option but NBD_OPT_ABORT gets
+	// NBD_REP_ERR_POLICY saying why). With RequireTLS, connections not yet
+	// through their TLS handshake are not counted here but in a pool of
+	// their own (MaxUnauthenticated). Zero means 1024.
 	MaxConnections int
 	// MaxConnectionsPerClient bounds the connections of one client: its
 	// certificate's CommonName once TLS is up, before that (or without
@@ -104,6 +109,20 @@ type Server struct {
 	// MaxOptions bounds the options of one handshake; the connection
 	// ends when a client sends more. Zero means 1024.
 	MaxOptions int
+	// MaxUnauthenticated and MaxUnauthenticatedPerSource bound, with
+	// RequireTLS, the connections whose TLS handshake has not verified a
+	// client certificate yet, in all and per remote IP address. They are
+	// not refused when the pool is full: the oldest one is closed to
+	// admit the new one (netserve.Unauthenticated says which), so that
+	// strangers holding connections never keep a client with a
+	// certificate out. Zero means 512 and 64.
+	MaxUnauthenticated          int
+	MaxUnauthenticatedPerSource int
+	// UnauthenticatedTimeout bounds, with RequireTLS, the time from
+	// accept to the end of a successful TLS handshake; the rest of the
+	// handshake has the rest of HandshakeTimeout. Zero means 10 s (and
+	// never more than HandshakeTimeout).
+	UnauthenticatedTimeout time.Duration
 
 	initOnce sync.Once
 	// forceContext is cancelled when a Shutdown's context expires: every
@@ -129,8 +148,12 @@ type Server struct {
 	// admission counts connections against MaxConnections and
 	// MaxConnectionsPerClient.
 	admission admission
-	// limitLog rate-limits the log lines of limits that bite.
-	limitLog limitLog
+	// unauthenticated is the pool of connections not through TLS yet.
+	unauthenticatedOnce sync.Once
+	unauthenticated     *netserve.Unauthenticated
+	// boundedLogger is Logger, its refusal lines bounded (logger).
+	loggerOnce    sync.Once
+	boundedLogger *slog.Logger
 
 	// tracker holds the listeners being served and the connections
 	// running; it is closed once, by the first Shutdown, and never
@@ -189,11 +212,17 @@ type clientBudget struct {
 	users  int // transmissions using it
 }
 
+// logger is Logger (or slog.Default()) with its refusal lines bounded
+// (internal/logging), which herd's own logger does already.
 func (s *Server) logger() *slog.Logger {
-	if s.Logger != nil {
-		return s.Logger
-	}
-	return slog.Default()
+	s.loggerOnce.Do(func() {
+		logger := s.Logger
+		if logger == nil {
+			logger = slog.Default()
+		}
+		s.boundedLogger = logging.WithBounds(logger)
+	})
+	return s.boundedLogger
 }
 
 func (s *Server) maxRequestsInFlight() int {
@@ -294,18 +323,27 @@ func (s *Server) Serve(ctx context.Context, listener net.Listener) error {
 }
 
 func (s *Server) startConnection(serveContext context.Context, netConn net.Conn) {
-	// Refuse before anything is sent or allocated: a flood of
-	// connections costs one accept and one close each.
-	key := addressClientKey(netConn)
-	if message, reason := s.admission.admit(s, key); message != "" {
-		s.logLimited(s.logger(), slog.LevelWarn, message, "remote", netConn.RemoteAddr().String(), "reason", reason)
-		netConn.Close()
-		return
+	var c *connection
+	if s.authenticates() {
+		// Not authenticated yet: into the pool of such connections,
+		// which closes its oldest rather than refuse (unauthenticated.go).
+		c = newConnection(s, netConn)
+		s.admitUnauthenticated(c)
+	} else {
+		// Refuse before anything is sent or allocated: a flood of
+		// connections costs one accept and one close each.
+		key := addressClientKey(netConn)
+		if message, reason := s.admission.admit(s, key); message != "" {
+			s.logger().Warn(message, logging.From(logPort, netConn.RemoteAddr()), "reason", reason)
+			netConn.Close()
+			return
+		}
+		c = newConnection(s, netConn)
+		c.admitted, c.clientKey = true, key
 	}
-	c := newConnection(s, netConn)
-	c.admitted, c.clientKey = true, key
 	if !s.tracker.Add(c) {
-		s.admission.release(key, true)
+		s.admission.release(c.clientKey, c.admitted)
+		c.leaveUnauthenticated()
 		netConn.Close()
 		return
 	}

@@ -92,14 +92,18 @@ func (c *connection) startTLS(ctx context.Context, data []byte) error {
 	c.logger.Debug("nbd: TLS established", "version", tls.VersionName(state.Version))
 
 	// The connection now counts against its certificate rather than its
-	// address. Over the limit, it is refused by option replies, which
-	// tell the client why (closing it here would only show a dropped
-	// connection).
+	// address (or, if it was in the pool of unauthenticated connections,
+	// leaves it and counts for the first time). Over the limit, it is
+	// refused by option replies, which tell the client why (closing it
+	// here would only show a dropped connection).
+	if c.unauthenticated != nil {
+		return c.authenticated(client)
+	}
 	key := clientKeyCertified + client
 	if reason := c.server.admission.switchClient(c.server, c.clientKey, key); reason != "" {
 		c.clientKey = ""
 		c.refusal = "nbd: too many connections: " + reason
-		c.server.logLimited(c.logger, slog.LevelWarn, refusedClientFull, "reason", reason)
+		c.logLimited(slog.LevelWarn, refusedClientFull, "reason", reason)
 		return nil
 	}
 	c.clientKey = key

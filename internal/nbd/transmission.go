@@ -302,7 +302,7 @@ func (t *transmission) acquireClientMemory(n int64) {
 		return
 	}
 	server := t.connection.server
-	server.logLimited(t.connection.logger, slog.LevelInfo,
+	t.connection.logLimited(slog.LevelInfo,
 		"nbd: the client's share of the memory budget exhausted; connection stops reading requests until its replies free memory",
 		"client_memory", server.memoryPerClient())
 	t.client.Acquire(n)
@@ -317,7 +317,7 @@ func (t *transmission) acquireMemory(n int64) {
 		return
 	}
 	server := t.connection.server
-	server.logLimited(t.connection.logger, slog.LevelInfo,
+	t.connection.logLimited(slog.LevelInfo,
 		"nbd: node memory budget exhausted; connection stops reading requests until replies free memory",
 		"memory_budget", server.memoryBudget())
 	t.memory.Acquire(n)
