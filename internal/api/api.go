@@ -191,11 +191,14 @@ type Server struct {
 	sec     Security
 	logger  *slog.Logger
 	http    *http.Server
+	// conns bounds and counts the port's connections (conns.go).
+	conns *connections
 }
 
 // NewServer builds the handler set; Serve starts it.
 func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Logger) *Server {
 	s := &Server{cluster: c, data: data, sec: sec, logger: logger}
+	s.conns = newConnections(s, ConnectionLimits{})
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, HealthResponse{Status: "ok"})
@@ -448,15 +451,17 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 		ReadHeaderTimeout: 5 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
+		ConnContext:       connContext,
 	}
 	return s
 }
 
-// Serve serves HTTPS on l until Shutdown. A plain HTTP request gets
-// "400 Client sent an HTTP request to an HTTPS server" from net/http.
+// Serve serves HTTPS on l until Shutdown, within the connection limits
+// (conns.go). A plain HTTP request gets "400 Client sent an HTTP request
+// to an HTTPS server" from net/http.
 func (s *Server) Serve(l net.Listener) error {
 	s.http.TLSConfig = s.sec.ServerTLS
-	err := s.http.ServeTLS(l, "", "")
+	err := s.http.ServeTLS(&connectionListener{Listener: l, conns: s.conns}, "", "")
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}

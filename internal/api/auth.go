@@ -115,6 +115,9 @@ func (s *Server) guardWith(need access, h http.HandlerFunc) http.HandlerFunc {
 			writeError(w, err)
 			return
 		}
+		if !s.authenticatedConnection(w, r) {
+			return
+		}
 		h(w, r.WithContext(context.WithValue(r.Context(), tokenContextKey{}, raw)))
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/herd-storage/herd/internal/api"
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/gateway"
 	"github.com/herd-storage/herd/internal/logging"
@@ -45,7 +46,9 @@ hypervisor.`,
 				o.JoinToken = token
 			}
 			for name, value := range map[string]int{"--pieces-per-request": o.Gateway.PiecesPerRequest, "--zero-pieces": o.Gateway.ZeroPieces,
-				"--nbd-max-connections": o.NBDLimits.MaxConnections, "--nbd-max-connections-per-client": o.NBDLimits.MaxConnectionsPerClient, "--nbd-max-options": o.NBDLimits.MaxOptions} {
+				"--nbd-max-connections": o.NBDLimits.MaxConnections, "--nbd-max-connections-per-client": o.NBDLimits.MaxConnectionsPerClient, "--nbd-max-options": o.NBDLimits.MaxOptions,
+				"--nbd-max-unauthenticated": o.NBDLimits.MaxUnauthenticated, "--nbd-max-unauthenticated-per-source": o.NBDLimits.MaxUnauthenticatedPerSource,
+				"--admin-max-connections": o.AdminLimits.MaxConnections, "--admin-max-unauthenticated": o.AdminLimits.MaxUnauthenticated, "--admin-max-unauthenticated-per-source": o.AdminLimits.MaxUnauthenticatedPerSource} {
 				if value < 1 {
 					return fmt.Errorf("%s %d: must be at least 1", name, value)
 				}
@@ -140,6 +143,11 @@ hypervisor.`,
 	f.IntVar(&o.NBDLimits.MaxConnections, "nbd-max-connections", 1024, "NBD connections in all")
 	f.IntVar(&o.NBDLimits.MaxConnectionsPerClient, "nbd-max-connections-per-client", 64, "NBD connections per client certificate (or remote IP)")
 	f.IntVar(&o.NBDLimits.MaxOptions, "nbd-max-options", 1024, "options per NBD handshake")
+	f.IntVar(&o.NBDLimits.MaxUnauthenticated, "nbd-max-unauthenticated", 512, "NBD connections not through their TLS handshake yet, in all (when full, the oldest is closed to admit a new one)")
+	f.IntVar(&o.NBDLimits.MaxUnauthenticatedPerSource, "nbd-max-unauthenticated-per-source", 64, "NBD connections not through their TLS handshake yet, per remote IP")
+	f.IntVar(&o.AdminLimits.MaxConnections, "admin-max-connections", api.DefaultMaxConnections, "admin API connections that carried a valid token, in all")
+	f.IntVar(&o.AdminLimits.MaxUnauthenticated, "admin-max-unauthenticated", api.DefaultMaxUnauthenticated, "admin API connections without a valid token yet, in all (when full, the oldest is closed to admit a new one)")
+	f.IntVar(&o.AdminLimits.MaxUnauthenticatedPerSource, "admin-max-unauthenticated-per-source", api.DefaultMaxUnauthenticatedPerSource, "admin API connections without a valid token yet, per remote IP")
 	f.DurationVar(&o.NBDLimits.HandshakeTimeout, "nbd-handshake-timeout", 30*time.Second, "time allowed for an NBD handshake, TLS included")
 	f.IntVar(&o.Gateway.PiecesPerRequest, "pieces-per-request", gateway.DefaultPiecesPerRequest, "object pieces of one NBD request handled at once")
 	f.IntVar(&o.Gateway.ZeroPieces, "zero-pieces", gateway.DefaultZeroPieces, "TRIM/WRITE_ZEROES object pieces in flight on this node")

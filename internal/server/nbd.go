@@ -28,6 +28,10 @@ type NBDLimits struct {
 	MaxOptions              int           // options per handshake
 	HandshakeTimeout        time.Duration // the whole handshake, TLS included
 	ReplyTimeout            time.Duration // a client that does not read its replies this long is cut off
+	// connections not through their TLS handshake yet, in all and per
+	// remote IP (the oldest closed to admit a new one when full)
+	MaxUnauthenticated          int
+	MaxUnauthenticatedPerSource int
 }
 
 // server is an NBD server within these limits; servers given the same
@@ -43,6 +47,9 @@ func (l NBDLimits) server(backend nbd.Backend, memory *bufpool.Budget, logger *s
 		MaxOptions:              l.MaxOptions,
 		HandshakeTimeout:        l.HandshakeTimeout,
 		ReplyTimeout:            l.ReplyTimeout,
+
+		MaxUnauthenticated:          l.MaxUnauthenticated,
+		MaxUnauthenticatedPerSource: l.MaxUnauthenticatedPerSource,
 	}
 }
 
