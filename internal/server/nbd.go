@@ -62,11 +62,26 @@ func (l NBDLimits) memory() *bufpool.Budget {
 	return bufpool.NewBudget(max(bytes, 32<<20))
 }
 
+// nbdTLS12Suites are the TLS 1.2 suites NBD accepts (TLS 1.3's are all
+// AEAD): ECDHE with AES-GCM or ChaCha20-Poly1305.
+var nbdTLS12Suites = []uint16{
+	tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+	tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+	tls.TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+	tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+	tls.TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+}
+
 // nbdTLS is the NBD server's TLS configuration: a client certificate from
 // the cluster CA is required.
 func (cr *credentials) nbdTLS() *tls.Config {
 	return &tls.Config{
-		MinVersion:   tls.VersionTLS12, // QEMU's and libnbd's GnuTLS speak 1.3 too; 1.2 keeps older hosts working
+		// QEMU's and libnbd's GnuTLS speak 1.3; 1.2 keeps older hosts
+		// working, with AEAD suites and forward secrecy only (no CBC, no
+		// SHA-1 MACs, no RSA key exchange).
+		MinVersion:   tls.VersionTLS12,
+		CipherSuites: nbdTLS12Suites,
 		Certificates: []tls.Certificate{cr.node},
 		ClientAuth:   tls.RequireAndVerifyClientCert,
 		ClientCAs:    cr.pool,
