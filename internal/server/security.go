@@ -102,12 +102,16 @@ func setupCredentials(ctx context.Context, o Options, id string, ip net.IP, memb
 		return nil, err
 	}
 	// The first node keeps its initial secrets until the log has them.
-	if token, err := pki.ReadSecretFile(filepath.Join(dir, JoinTokenFile)); err == nil {
+	if token, err := readTokenFile(dir, JoinTokenFile); err != nil {
+		return nil, err
+	} else if token != nil {
 		if cr.joinToken, err = pki.ParseJoinToken(strings.TrimSpace(string(token))); err != nil {
 			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, JoinTokenFile), err)
 		}
 	}
-	if token, err := pki.ReadSecretFile(filepath.Join(dir, AdminTokenFile)); err == nil {
+	if token, err := readTokenFile(dir, AdminTokenFile); err != nil {
+		return nil, err
+	} else if token != nil {
 		if cr.adminToken, err = pki.ParseAdminToken(strings.TrimSpace(string(token))); err != nil {
 			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, AdminTokenFile), err)
 		}
