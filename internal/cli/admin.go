@@ -215,7 +215,7 @@ func clusterCommand(g *globals) *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(format, info, health, epochs, finalize, rotateJoinTokenCommand(g))
+	cmd.AddCommand(format, info, health, epochs, finalize, rotateJoinTokenCommand(g), joinTokenCommand(g))
 	return cmd
 }
 

@@ -36,6 +36,9 @@ type nodeAdmitCommand struct {
 	ID     string    `json:"id"`
 	Serial string    `json:"serial"`
 	Time   time.Time `json:"time"`
+	// JoinToken is the id of the join token the node presented ("": the
+	// cluster's join secret); the admission uses it up (jointokens.go).
+	JoinToken string `json:"join_token,omitempty"`
 }
 
 // maxSerialLength bounds a certificate serial in hex (pki uses 16 bytes).
@@ -76,6 +79,11 @@ func applyNodeAdmit(s *State, data []byte) (any, error) {
 	if _, ok := s.Nodes[c.ID]; ok {
 		return nil, fmt.Errorf("node %s %w: it is a member", c.ID, ErrAlreadyExists)
 	}
+	if c.JoinToken != "" {
+		if err := s.useJoinToken(c.JoinToken, c.Time); err != nil {
+			return nil, err
+		}
+	}
 	if s.Admitted == nil {
 		s.Admitted = map[string]string{}
 	}
@@ -84,12 +92,13 @@ func applyNodeAdmit(s *State, data []byte) (any, error) {
 	return nil, nil
 }
 
-// Admit records that node id may join with the certificate of serial.
-func (c *Cluster) Admit(ctx context.Context, id, serial string) error {
+// Admit records that node id may join with the certificate of serial,
+// through join token joinToken ("": the cluster's join secret).
+func (c *Cluster) Admit(ctx context.Context, id, serial, joinToken string) error {
 	if err := validAdmission(id, serial); err != nil {
 		return err
 	}
-	_, err := c.propose(ctx, commandNodeAdmit, nodeAdmitCommand{ID: id, Serial: serial, Time: time.Now().UTC()})
+	_, err := c.propose(ctx, commandNodeAdmit, nodeAdmitCommand{ID: id, Serial: serial, Time: time.Now().UTC(), JoinToken: joinToken})
 	return err
 }
 

@@ -250,6 +250,8 @@ type State struct {
 	// Admitted names, from LevelSecurity on, every node allowed on the
 	// peer port by id and node certificate serial (admission.go).
 	Admitted map[string]string `json:"admitted,omitempty"`
+	// JoinTokens are join secrets with a lifetime (jointokens.go).
+	JoinTokens map[string]*JoinToken `json:"join_tokens,omitempty"`
 
 	// Events is the cluster's history in words, the newest MaxEvents
 	// (events.go); pending holds those of the entry being applied.

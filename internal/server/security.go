@@ -404,7 +404,12 @@ type joinState interface {
 	// KnownNode says whether the id is a member, admitted or removed;
 	// Admit records a new node's admission (cluster/admission.go).
 	KnownNode(nodeID string) bool
-	Admit(ctx context.Context, nodeID, serial string) error
+	Admit(ctx context.Context, nodeID, serial, joinToken string) error
+	// Sync waits for this node to apply what the leader had committed;
+	// MatchJoinSecret finds the join secret or token a secret matches
+	// (cluster/jointokens.go).
+	Sync(ctx context.Context) error
+	MatchJoinSecret(secret string, now time.Time) (tokenID string, err error)
 }
 
 // joinHandler admits a node that presents the join secret: it receives a
@@ -417,9 +422,15 @@ func (cr *credentials) joinHandler(c joinState, gossipAddr string, logger *slog.
 			// --join-timeout).
 			return peer.JoinResponse{}, fmt.Errorf("%w: this node does not know the cluster's join secret yet (the cluster is starting)", peer.ErrJoinNotReady)
 		}
-		if !pki.SecretMatches(hash, req.Secret) {
+		// A read index first: a rotation or a revoke the leader committed
+		// before this join holds here too (jointokens.go).
+		if err := c.Sync(ctx); err != nil {
+			return peer.JoinResponse{}, fmt.Errorf("%w: this node cannot confirm it is up to date with the cluster's log: %v", peer.ErrJoinNotReady, err)
+		}
+		joinToken, secretErr := c.MatchJoinSecret(req.Secret, time.Now())
+		if secretErr != nil {
 			logger.Warn("refused a join: wrong join secret", logging.From("peer", remote), "node", req.NodeID)
-			return peer.JoinResponse{}, errors.New("wrong join secret (the token was rotated, or is from another cluster)")
+			return peer.JoinResponse{}, errors.New(strings.TrimPrefix(secretErr.Error(), cluster.ErrUnauthorized.Error()+": "))
 		}
 		if len(req.NodeID) != 16 {
 			return peer.JoinResponse{}, fmt.Errorf("malformed node id %q", req.NodeID)
@@ -463,7 +474,7 @@ func (cr *credentials) joinHandler(c joinState, gossipAddr string, logger *slog.
 		if err != nil {
 			return peer.JoinResponse{}, fmt.Errorf("%w: %v", peer.ErrJoinNotReady, err)
 		}
-		if err := c.Admit(ctx, req.NodeID, signed.Serial); err != nil {
+		if err := c.Admit(ctx, req.NodeID, signed.Serial, joinToken); err != nil {
 			return peer.JoinResponse{}, fmt.Errorf("%w: recording the admission: %v", peer.ErrJoinNotReady, err)
 		}
 		logger.Info("admitted a new node", "node", req.NodeID, "certificate", signed.Serial, "from", remote.String())

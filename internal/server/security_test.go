@@ -46,7 +46,18 @@ func (s *startingState) Level() int { return max(s.level, cluster.LevelBase) }
 
 func (s *startingState) KnownNode(string) bool { return false }
 
-func (s *startingState) Admit(context.Context, string, string) error { return nil }
+func (s *startingState) Admit(context.Context, string, string, string) error { return nil }
+
+func (s *startingState) Sync(context.Context) error { return nil }
+
+func (s *startingState) MatchJoinSecret(secret string, _ time.Time) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !pki.SecretMatches(s.hash, secret) {
+		return "", errors.New("wrong join secret")
+	}
+	return "", nil
+}
 
 func (s *startingState) readCount() int {
 	s.mu.Lock()
