@@ -26,11 +26,11 @@ func clusterCommand(g *globals) *cobra.Command {
 		Args:  args(0, "--copies N [--object-size 4MiB]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !cmd.Flags().Changed("copies") {
-				return fmt.Errorf("--copies is required: how many replicas of every object (e.g. --copies 3)")
+				return usage(fmt.Errorf("--copies is required: how many replicas of every object (e.g. --copies 3)"))
 			}
 			bytes, err := size.Parse(objectSize)
 			if err != nil {
-				return fmt.Errorf("--object-size: %w", err)
+				return usage(fmt.Errorf("--object-size: %w", err))
 			}
 			ctx, cancel := g.context()
 			defer cancel()
@@ -422,7 +422,7 @@ func vdiCommand(g *globals) *cobra.Command {
 		Args:  args(1, "NAME --to TAG"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			if to == "" {
-				return fmt.Errorf("--to TAG is required: the snapshot to roll back to (see herd vdi tree)")
+				return usage(fmt.Errorf("--to TAG is required: the snapshot to roll back to (see herd vdi tree)"))
 			}
 			ctx, cancel := g.context()
 			defer cancel()
@@ -455,14 +455,14 @@ func vdiCommand(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, a []string) error {
 			bytes, err := size.Parse(a[1])
 			if err != nil {
-				return err
+				return usage(err)
 			}
 			ctx, cancel := g.context()
 			defer cancel()
 			req := api.CreateVDIRequest{Name: a[0], Size: bytes, Exclusive: createExclusive}
 			if cmd.Flags().Changed("copies") {
 				if createCopies < 1 || createCopies > cluster.MaxCopies {
-					return fmt.Errorf("--copies %d: must be between 1 and %d", createCopies, cluster.MaxCopies)
+					return usage(fmt.Errorf("--copies %d: must be between 1 and %d", createCopies, cluster.MaxCopies))
 				}
 				// A node older than feature levels would ignore the
 				// field and create the VDI with the cluster's copies.
@@ -639,7 +639,7 @@ func vdiCommand(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, a []string) error {
 			bytes, err := size.Parse(a[1])
 			if err != nil {
-				return err
+				return usage(err)
 			}
 			ctx, cancel := g.context()
 			defer cancel()
@@ -879,7 +879,7 @@ recovery copies the rest as after any failure.`,
 				return fmt.Errorf("give --for DURATION (e.g. --for 30m) or --end")
 			}
 			if !end && window <= 0 {
-				return fmt.Errorf("--for must be a positive duration such as 30m or 2h, not %s (--end ends a window)", window)
+				return usage(fmt.Errorf("--for must be a positive duration such as 30m or 2h, not %s (--end ends a window)", window))
 			}
 			ctx, cancel := g.context()
 			defer cancel()
@@ -970,7 +970,7 @@ recovery moves objects to match the new placement.`,
 			if cmd.Flags().Changed("capacity") {
 				bytes, err := size.Parse(capacity)
 				if err != nil {
-					return fmt.Errorf("--capacity: %w", err)
+					return usage(fmt.Errorf("--capacity: %w", err))
 				}
 				settings.Capacity = &bytes
 			}

@@ -39,7 +39,7 @@ one snapshot per VDI and store). Every backup restores on its own.`,
 			if chunkSize != "" {
 				var err error
 				if bytes, err = size.Parse(chunkSize); err != nil {
-					return fmt.Errorf("--chunk-size: %w", err)
+					return usage(fmt.Errorf("--chunk-size: %w", err))
 				}
 			}
 			store, err := backup.Open(a[1], int(bytes), false)

@@ -109,6 +109,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			return int(code) // the command printed what it had to say
 		}
 		fmt.Fprintf(stderr, "herd: %s\n", strings.TrimSpace(err.Error()))
+		if isUsageError(err) {
+			return exUsage
+		}
 		return 1
 	}
 	return 0
@@ -120,11 +123,47 @@ type exitCode int
 
 func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
 
+// exUsage is the exit status of a command line herd cannot take
+// (sysexits.h EX_USAGE): a wrong number of arguments, an unknown command
+// or flag, a flag value it cannot read. Failures of a command that was
+// understood exit 1; `herd cluster health` keeps 0, 1 and 2.
+const exUsage = 64
+
+// usageError marks an error as the command line's fault (exUsage).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// usage marks err as a usage error.
+func usage(err error) error {
+	if err == nil {
+		return nil
+	}
+	return usageError{err}
+}
+
+// isUsageError: err is marked, or is one of cobra's own about the command
+// line (it returns them before any command runs).
+func isUsageError(err error) bool {
+	var u usageError
+	if errors.As(err, &u) {
+		return true
+	}
+	text := err.Error()
+	for _, prefix := range []string{"unknown command ", "unknown flag: ", "unknown shorthand flag: ", "flag needs an argument: ", "invalid argument ", "required flag(s) ", "if any flags in the group ", "accepts "} {
+		if strings.HasPrefix(text, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
 // args returns a cobra.PositionalArgs that explains the usage.
-func args(n int, usage string) cobra.PositionalArgs {
+func args(n int, usageText string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, a []string) error {
 		if len(a) != n {
-			return fmt.Errorf("usage: %s %s", cmd.CommandPath(), usage)
+			return usage(fmt.Errorf("usage: %s %s", cmd.CommandPath(), usageText))
 		}
 		return nil
 	}

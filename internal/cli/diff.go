@@ -61,7 +61,7 @@ formatted otherwise): a write of one byte marks its whole object changed.`,
 // exportDiff is `herd vdi export NAME@S2 --since S1 FILE`.
 func exportDiff(ctx context.Context, g *globals, t *transferCommand, vdi, since, file string) error {
 	if !strings.Contains(vdi, "@") {
-		return fmt.Errorf("--since exports the changes between two snapshots: give NAME@TAG, not %q (take one with herd vdi snapshot %s --tag TAG)", vdi, vdi)
+		return usage(fmt.Errorf("--since exports the changes between two snapshots: give NAME@TAG, not %q (take one with herd vdi snapshot %s --tag TAG)", vdi, vdi))
 	}
 	d, err := g.client().Diff(ctx, vdi, since)
 	if err != nil {
@@ -87,7 +87,7 @@ func exportDiff(ctx context.Context, g *globals, t *transferCommand, vdi, since,
 // and no change since, so that its content is that snapshot's.
 func importDiff(ctx context.Context, g *globals, t *transferCommand, vdi, file string) error {
 	if file == "-" {
-		return fmt.Errorf("--diff needs a file, not stdin: it is checked whole before any of it is applied")
+		return usage(fmt.Errorf("--diff needs a file, not stdin: it is checked whole before any of it is applied"))
 	}
 	header, err := transfer.ReadDiffHeader(file)
 	if err != nil {

@@ -22,7 +22,7 @@ func eventsCommand(g *globals) *cobra.Command {
 		Args:  args(0, ""),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if last < 0 {
-				return fmt.Errorf("--last must be 0 (all) or more, not %d", last)
+				return usage(fmt.Errorf("--last must be 0 (all) or more, not %d", last))
 			}
 			ctx, cancel := g.context()
 			events, err := g.client().Events(ctx, 0)

@@ -25,10 +25,10 @@ func joinTokenCommand(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			lifetime, err := parseLifetime(ttl)
 			if err != nil {
-				return fmt.Errorf("--ttl: %w", err)
+				return usage(fmt.Errorf("--ttl: %w", err))
 			}
 			if uses < 0 {
-				return fmt.Errorf("--uses %d: at least 0 (0: any number)", uses)
+				return usage(fmt.Errorf("--uses %d: at least 0 (0: any number)", uses))
 			}
 			ctx, cancel := g.context()
 			defer cancel()

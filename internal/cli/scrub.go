@@ -27,7 +27,7 @@ func scrubCommand(g *globals) *cobra.Command {
 					return err
 				}
 				if rate == 0 {
-					return fmt.Errorf("--max-rate %q: the scrub is always limited; give a size per second such as 50MiB/s", maxRate)
+					return usage(fmt.Errorf("--max-rate %q: the scrub is always limited; give a size per second such as 50MiB/s", maxRate))
 				}
 				req.MaxRate = rate
 			}

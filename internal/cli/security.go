@@ -45,7 +45,7 @@ longer reads VDI data. --data needs cluster feature level 3.`,
 		Args: args(1, "NAME [--read-only [--data]] [--out FILE]"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			if data && !readOnly {
-				return fmt.Errorf("--data goes with --read-only: an admin token reads VDI data already")
+				return usage(fmt.Errorf("--data goes with --read-only: an admin token reads VDI data already"))
 			}
 			ctx, cancel := g.context()
 			defer cancel()
@@ -131,10 +131,10 @@ and client-key.pem (mode 0600), usable unchanged by:
 		Args: args(1, "NAME --vdi PATTERN [--read-only] --out DIR"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			if pattern == "" {
-				return fmt.Errorf("--vdi PATTERN is required: the VDI names this client may open (for example 'vm*', or '*' for all)")
+				return usage(fmt.Errorf("--vdi PATTERN is required: the VDI names this client may open (for example 'vm*', or '*' for all)"))
 			}
 			if out == "" {
-				return fmt.Errorf("--out DIR is required: the directory to write the client's certificate and key into")
+				return usage(fmt.Errorf("--out DIR is required: the directory to write the client's certificate and key into"))
 			}
 			if err := os.MkdirAll(out, 0o700); err != nil {
 				return err

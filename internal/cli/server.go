@@ -41,7 +41,7 @@ hypervisor.`,
 			if joinTokenFile != "" {
 				token, err := tokenFromFile(joinTokenFile)
 				if err != nil {
-					return fmt.Errorf("--join-token-file: %w", err)
+					return usage(fmt.Errorf("--join-token-file: %w", err))
 				}
 				o.JoinToken = token
 			}
@@ -54,46 +54,46 @@ hypervisor.`,
 				}
 			}
 			if o.NBDLimits.HandshakeTimeout <= 0 || o.NBDLimits.ReplyTimeout <= 0 {
-				return fmt.Errorf("--nbd-handshake-timeout and --nbd-reply-timeout must be positive durations")
+				return usage(fmt.Errorf("--nbd-handshake-timeout and --nbd-reply-timeout must be positive durations"))
 			}
 			if o.ScrubDeepEvery < 1 {
-				return fmt.Errorf("--scrub-deep-every %d: must be at least 1", o.ScrubDeepEvery)
+				return usage(fmt.Errorf("--scrub-deep-every %d: must be at least 1", o.ScrubDeepEvery))
 			}
 			if o.ScrubInterval <= 0 {
-				return fmt.Errorf("--scrub-interval %v: must be a positive duration (such as 168h)", o.ScrubInterval)
+				return usage(fmt.Errorf("--scrub-interval %v: must be a positive duration (such as 168h)", o.ScrubInterval))
 			}
 			if o.DownOutInterval < 0 || o.DownOutInterval > cluster.MaxMaintenance {
-				return fmt.Errorf("--down-out-interval %v: between 0 (recover a stopped node's objects elsewhere at once) and %v", o.DownOutInterval, cluster.MaxMaintenance)
+				return usage(fmt.Errorf("--down-out-interval %v: between 0 (recover a stopped node's objects elsewhere at once) and %v", o.DownOutInterval, cluster.MaxMaintenance))
 			}
 			if cpus < 0 {
-				return fmt.Errorf("--cpus %d: a number of cores, at least 1 (0: every core the host or its cgroup allows)", cpus)
+				return usage(fmt.Errorf("--cpus %d: a number of cores, at least 1 (0: every core the host or its cgroup allows)", cpus))
 			}
 			rate, err := parseRate(scrubRate)
 			if err != nil || rate == 0 {
-				return fmt.Errorf("--scrub-max-rate %q: a size per second such as 50MiB/s (the scrub is always limited)", scrubRate)
+				return usage(fmt.Errorf("--scrub-max-rate %q: a size per second such as 50MiB/s (the scrub is always limited)", scrubRate))
 			}
 			o.ScrubMaxRate = rate
 			if cowMemory != "" {
 				bytes, err := size.Parse(cowMemory)
 				if err != nil {
-					return fmt.Errorf("--cow-memory: %w", err)
+					return usage(fmt.Errorf("--cow-memory: %w", err))
 				}
 				o.Gateway.CopyBytes = int64(bytes)
 			}
 			if zoneLag != "" {
 				bytes, err := size.Parse(zoneLag)
 				if err != nil {
-					return fmt.Errorf("--zone-lag: %w", err)
+					return usage(fmt.Errorf("--zone-lag: %w", err))
 				}
 				if bytes == 0 {
-					return fmt.Errorf("--zone-lag 0: give a size such as 64MiB (the bytes of writes acknowledged in this zone and not yet in the others)")
+					return usage(fmt.Errorf("--zone-lag 0: give a size such as 64MiB (the bytes of writes acknowledged in this zone and not yet in the others)"))
 				}
 				o.Gateway.LagBytes = int64(bytes)
 			}
 			if memoryBudget != "" {
 				bytes, err := size.Parse(memoryBudget)
 				if err != nil {
-					return fmt.Errorf("--nbd-memory: %w", err)
+					return usage(fmt.Errorf("--nbd-memory: %w", err))
 				}
 				o.NBDLimits.MemoryBudget = int64(bytes)
 			}
@@ -106,7 +106,7 @@ hypervisor.`,
 			}
 			var lv slog.Level
 			if err := lv.UnmarshalText([]byte(level)); err != nil {
-				return fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
+				return usage(fmt.Errorf("--log-level %q: use debug, info, warn or error", level))
 			}
 			logger, err := logging.New(os.Stderr, logFormat, lv)
 			if err != nil {
