@@ -37,6 +37,9 @@ func (w *World) checkAcknowledged() []string {
 	entry := make([]byte, 4)
 	perMap := w.cfg.ObjectSize / 4
 	for _, c := range w.clients {
+		if !c.running() {
+			continue
+		}
 		c.mu.Lock()
 		acked := slices.Clone(c.acked)
 		allowed := map[int][]uint64{}
@@ -122,12 +125,16 @@ func (w *World) checkStamps() []string {
 	return problems
 }
 
-// objects returns every object the clients' VDIs can have.
+// objects returns every object the clients' VDIs can have (those that
+// exist: a VDI created after the upgrade once it is).
 func (w *World) objects() []uint64 {
 	if w.oids == nil {
 		count := w.cfg.VDISize / w.cfg.ObjectSize
 		perMap := w.cfg.ObjectSize / 4
 		for _, c := range w.clients {
+			if !c.running() {
+				continue
+			}
 			for i := uint64(0); i < count; i++ {
 				w.oids = append(w.oids, object.DataOID(c.vdiID, uint32(i)))
 			}

@@ -44,6 +44,10 @@ type client struct {
 	vdiID uint32
 
 	opening chan struct{} // one lane (re)opens the export at a time
+	// started is closed once the client's VDI exists: at once, or, for
+	// the client of the VDI created after a rolling upgrade (World.late),
+	// when the step loop created it (start). vdiID is set before.
+	started chan struct{}
 
 	mu        sync.Mutex // guards the fields below
 	node      int        // the node it runs on
@@ -60,8 +64,25 @@ type client struct {
 
 func newClient(w *World, index int) *client {
 	blocks := int(w.cfg.VDISize / blockSize)
-	return &client{w: w, id: uint32(index + 1), vdi: fmt.Sprintf("vdi%d", index), node: index % w.cfg.Nodes, opening: make(chan struct{}, 1),
+	c := &client{w: w, id: uint32(index + 1), vdi: fmt.Sprintf("vdi%d", index), node: index % w.cfg.Nodes, opening: make(chan struct{}, 1), started: make(chan struct{}),
 		acked: make([]uint64, blocks), uncertain: map[int][]uint64{}, pending: map[int]uint64{}}
+	return c
+}
+
+// start lets the client's lanes run: its VDI, vdiID, exists.
+func (c *client) start(vdiID uint32) {
+	c.vdiID = vdiID
+	close(c.started)
+}
+
+// running says whether the client's VDI exists yet (start).
+func (c *client) running() bool {
+	select {
+	case <-c.started:
+		return true
+	default:
+		return false
+	}
 }
 
 // content and decode: the shared block model (internal/blockmodel).
@@ -179,6 +200,11 @@ func (c *client) lane(lane int, stop <-chan struct{}) {
 	lanes := c.w.cfg.Lanes
 	blocks := len(c.acked)
 	r := rand.New(rand.NewPCG(c.w.seed, uint64(c.id)<<8|uint64(lane)))
+	select {
+	case <-c.started:
+	case <-stop:
+		return
+	}
 	for {
 		think := time.Duration(r.Int64N(int64(thinkMax)))
 		roll := r.IntN(100)

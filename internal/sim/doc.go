@@ -87,7 +87,14 @@
 // (kill, restart, pause, resume, partition, heal, message drops and delays,
 // apply lag, the catch-up delay of each node that returns; often nodes
 // that return are followed at once by others that fail) over 15-30 fake
-// seconds, and a check every fake second. Each event
+// seconds, and a check every fake second. A quarter of the seeds are also
+// a rolling upgrade (Config.OldNodes, from a stream of their own): some
+// nodes start on an older herd of feature level 1 (cluster.Local.SetBuild)
+// and are restarted on this one partway through; the operator's
+// finalize-upgrade (Local.FinalizeUpgrade) and a VDI of its own copies
+// must be refused while one is a member, and once the level is raised a
+// VDI of one copy fewer than the format's (at least 1) gets a client
+// and readers of its own (World.finalize). Each event
 // is a step: it is applied, synctest.Wait lets the world settle (every
 // goroutine blocked), and the invariants are checked while nothing moves.
 // Then every fault heals, the clients finish, every block is read back

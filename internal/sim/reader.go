@@ -134,6 +134,9 @@ func (r *reader) lane(lane int, timeout time.Duration, stop <-chan struct{}) {
 			return
 		case <-time.After(think):
 		}
+		if !c.running() {
+			continue // its VDI is created after the upgrade (World.late)
+		}
 		export, proc, ok := r.open(c)
 		if !ok {
 			select {

@@ -17,6 +17,10 @@ const (
 	healthyLimit     = time.Minute
 	finalReadLimit   = 3 * time.Minute
 	convergeLimit    = 3 * time.Minute
+	// lateRun is how long the client of the VDI created after the upgrade
+	// writes before the clients stop when the finalize had to wait for
+	// the heal.
+	lateRun = 5 * time.Second
 )
 
 // Result is what one seed's run did.
@@ -39,6 +43,13 @@ type Result struct {
 	// ReaderReads are the reads the readers (reader.go) completed and
 	// checked; ReaderErrors those that failed (allowed).
 	ReaderReads, ReaderErrors int64
+
+	// Finalized is the fake time since the start at which the rolling
+	// upgrade (Config.OldNodes) was finalized (0: none);
+	// FinalizeRefused counts the finalizes refused while an old node
+	// was a member, as they must be.
+	Finalized       time.Duration
+	FinalizeRefused int
 }
 
 // Failure is a broken invariant (or a cluster that did not recover),
@@ -131,8 +142,8 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 		return r
 	}
 	defer w.close()
-	w.note("seed %d: %d nodes, %d copies%s, at most %d faulty at once, %d clients with %d lanes on %d-byte vdis of %d-byte objects, %v of faults",
-		seed, schedule.Config.Nodes, schedule.Config.Copies, schedule.Config.ownCopies(), schedule.Config.MaxFaulty, schedule.Config.Clients, schedule.Config.Lanes, schedule.Config.VDISize, schedule.Config.ObjectSize, schedule.Config.Faults)
+	w.note("seed %d: %d nodes, %d copies%s, at most %d faulty at once, %d clients with %d lanes on %d-byte vdis of %d-byte objects, %v of faults%s",
+		seed, schedule.Config.Nodes, schedule.Config.Copies, schedule.Config.ownCopies(), schedule.Config.MaxFaulty, schedule.Config.Clients, schedule.Config.Lanes, schedule.Config.VDISize, schedule.Config.ObjectSize, schedule.Config.Faults, schedule.Config.upgrade())
 	if err := w.start(); err != nil {
 		return fail("setting up: " + err.Error())
 	}
@@ -142,14 +153,21 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 		if err != nil {
 			return fail("setting up: " + err.Error())
 		}
-		c.vdiID = v.ID
+		c.start(v.ID)
 		w.clients = append(w.clients, c)
+	}
+	if schedule.Config.UpgradeCopies != 0 {
+		// The client of the VDI created once the upgrade is finalized:
+		// its lanes (and the readers of its VDI) wait until then.
+		w.late = newClient(w, schedule.Config.Clients)
+		w.clients = append(w.clients, w.late)
 	}
 	for i := range w.nodes {
 		w.readers = append(w.readers, newReader(w, i))
 	}
 	defer func() {
 		r.Steps, r.FakeTime, r.Epoch, r.Faults = step, w.elapsed(), w.log.Epoch(), w.counts
+		r.Finalized, r.FinalizeRefused = w.finalized, w.refused
 		for _, c := range w.clients {
 			r.Ops += c.ops.Load()
 			r.Reads += c.reads.Load()
@@ -222,6 +240,13 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 		if err := w.apply(e); err != nil {
 			return fail(fmt.Sprintf("applying %s: %v", e, err))
 		}
+		if e.Kind != Finalize {
+			// A finalize refused while a node is down: the operator
+			// tries again.
+			if err := w.finalize(); err != nil {
+				return fail(err.Error())
+			}
+		}
 		if problems := check(); len(problems) > 0 {
 			return fail(problems...)
 		}
@@ -236,6 +261,28 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 	w.note("heal everything; clients stop")
 	if err := w.healAll(); err != nil {
 		return fail("healing: " + err.Error())
+	}
+	if w.late != nil && !w.late.running() {
+		// The finalize was refused to the end of the faults (a node was
+		// down): the operator tries until every node is back, and the
+		// new VDI's client writes a while before the clients stop.
+		w.finalizing = true
+		deadline := time.Now().Add(healthyLimit)
+		for !w.late.running() {
+			if err := w.finalize(); err != nil {
+				return fail(err.Error())
+			}
+			if w.late.running() {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fail(fmt.Sprintf("finalize-upgrade was still refused %v after the heal", healthyLimit))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if problems, _ := w.waitFor(lateRun, nil, check, &step); len(problems) > 0 {
+			return fail(problems...)
+		}
 	}
 	close(stop)
 	stopped := make(chan struct{})

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -112,7 +113,7 @@ func TestReturningNodesServeNoStaleRead(t *testing.T) {
 }
 
 // returningSeeds are the first seeds that fail with lease-by-contact
-// (seeds 1-160: also 100, 101, 108, 115, 124, 130 and 150).
+// (seeds 1-160: also 28, 54, 80, 100, 101, 108, 115, 124 and 130).
 var returningSeeds = []uint64{16, 23, 49, 64, 78, 83, 91, 92}
 
 // vdiCopies is a cluster formatted with 3 copies holding a VDI of 2
@@ -147,5 +148,47 @@ func TestScenarioVDIsOwnCopies(t *testing.T) {
 			t.Fatal(r.Err)
 		}
 		t.Logf("seed %d: %d operations, %d failed, final epoch %d", seed, r.Ops, r.Errors, r.Epoch)
+	}
+}
+
+// rollingUpgrade: every node of 4 starts on an older herd (feature level
+// 1); the operator's finalize is refused at once and again with one node
+// left to upgrade; the nodes are restarted on this herd one by one (one
+// of them killed meanwhile, so it comes back upgraded); the finalize
+// that follows succeeds, and a VDI of 2 copies (the format's: 3) is
+// created and written, read by the readers, and must converge to 2
+// copies.
+func rollingUpgrade(seed uint64) Schedule {
+	return Schedule{
+		Seed:   seed,
+		Config: Config{Nodes: 4, Copies: 3, MaxFaulty: 1, ObjectSize: 64 << 10, VDISize: 1 << 20, Clients: 2, Lanes: 3, Faults: 20 * time.Second, OldNodes: []int{0, 1, 2, 3}, UpgradeCopies: 2},
+		Events: []Event{
+			{At: time.Second, Kind: Finalize},
+			{At: 2 * time.Second, Kind: Upgrade, Node: 0, CatchUp: 300 * time.Millisecond},
+			{At: 3 * time.Second, Kind: Kill, Node: 2},
+			{At: 4 * time.Second, Kind: Upgrade, Node: 1},
+			{At: 5 * time.Second, Kind: Upgrade, Node: 2},
+			{At: 6 * time.Second, Kind: Finalize},
+			{At: 8 * time.Second, Kind: Restart, Node: 2, CatchUp: time.Second},
+			{At: 9 * time.Second, Kind: Upgrade, Node: 3, CatchUp: 50 * time.Millisecond},
+			{At: 11 * time.Second, Kind: Finalize},
+		},
+	}
+}
+
+func TestScenarioRollingUpgrade(t *testing.T) {
+	if seededBug != "" {
+		t.Skipf("seeded bug %q is on", seededBug)
+	}
+	dir := scratch(t)
+	for seed := uint64(1); seed <= 3; seed++ {
+		r := runScenario(t, rollingUpgrade(seed), filepath.Join(dir, "s"+itoa(seed)))
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		if r.FinalizeRefused != 2 || r.Finalized == 0 || r.Finalized > r.Config.Faults {
+			t.Fatalf("seed %d: %d finalizes refused while old nodes were members (want 2), finalized at %v (want during the faults)\n%s", seed, r.FinalizeRefused, r.Finalized, strings.Join(r.Notes, "\n"))
+		}
+		t.Logf("seed %d: finalized at %v; %d operations, %d failed", seed, r.Finalized, r.Ops, r.Errors)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/herd-storage/herd/internal/cluster"
 )
 
 // Config is the shape of one simulated cluster, drawn from the seed.
@@ -29,6 +31,15 @@ type Config struct {
 	ClientCopies []int
 	// Faults is how long faults are injected; then everything heals.
 	Faults time.Duration
+	// OldNodes start on an older herd, whose binary supports only
+	// feature level 1 (cluster.Build, Local.SetBuild), until an Upgrade
+	// event restarts each on this one. Finalize events then raise the
+	// cluster's level (refused while an old node is a member), and once
+	// it is raised a VDI of UpgradeCopies copies of its own (not the
+	// format's) is created, with a client of its own. Empty: every node
+	// runs this herd from the start.
+	OldNodes      []int
+	UpgradeCopies int
 }
 
 // EventKind is what a scheduled event does.
@@ -45,9 +56,11 @@ const (
 	Network                      // message drops and delays change
 	Lag                          // how far behind the log the node applies
 	Maintenance                  // the node's maintenance window opens (Window)
+	Upgrade                      // the node's process restarts on this herd (Config.OldNodes)
+	Finalize                     // the operator runs `herd cluster finalize-upgrade`
 )
 
-var eventNames = map[EventKind]string{Check: "check", Kill: "kill", Restart: "restart", Pause: "pause", Resume: "resume", Partition: "partition", Heal: "heal", Network: "network", Lag: "lag", Maintenance: "maintenance"}
+var eventNames = map[EventKind]string{Check: "check", Kill: "kill", Restart: "restart", Pause: "pause", Resume: "resume", Partition: "partition", Heal: "heal", Network: "network", Lag: "lag", Maintenance: "maintenance", Upgrade: "upgrade", Finalize: "finalize-upgrade"}
 
 func (k EventKind) String() string { return eventNames[k] }
 
@@ -55,13 +68,13 @@ func (k EventKind) String() string { return eventNames[k] }
 type Event struct {
 	At           time.Duration // since the fault phase began
 	Kind         EventKind
-	Node         int   // Kill, Restart, Pause, Resume, Lag
+	Node         int   // Kill, Restart, Pause, Resume, Lag, Maintenance, Upgrade
 	Nodes        []int // Partition: the nodes cut off
 	DropPerMille int   // Network: requests (and, as often, answers) lost per 1000
 	DelayMax     time.Duration
 	Lag          time.Duration
 	Window       time.Duration // Maintenance
-	// CatchUp (Resume, Heal, Restart): how long the nodes this event
+	// CatchUp (Resume, Heal, Restart, Upgrade): how long the nodes this event
 	// connects to the majority again take before they apply the log
 	// entries they missed, while they have contact with the leader
 	// already (cluster.LocalMember.SetCatchUp).
@@ -76,6 +89,8 @@ func (e Event) String() string {
 	switch e.Kind {
 	case Restart, Resume:
 		return fmt.Sprintf("%s n%d%s", e.Kind, e.Node, catchUp)
+	case Upgrade:
+		return fmt.Sprintf("upgrade: n%d restarts on this herd (feature level %d)%s", e.Node, cluster.SupportedLevel, catchUp)
 	case Heal:
 		return e.Kind.String() + catchUp
 	case Kill, Pause:
@@ -272,6 +287,10 @@ func NewSchedule(seed uint64) Schedule {
 			faults[i].CatchUp = []time.Duration{0, 50 * time.Millisecond, 300 * time.Millisecond, time.Second}[u.IntN(4)]
 		}
 	}
+	// A rolling upgrade in a quarter of the seeds, from a stream of its
+	// own too (so each seed's other events are what they were before).
+	faults = append(faults, upgradeEvents(seed, &cfg)...)
+	s.Config = cfg
 	// Checks every second between the faults.
 	for at := checkInterval; at < cfg.Faults; at += checkInterval {
 		faults = append(faults, Event{At: at, Kind: Check})
@@ -310,5 +329,47 @@ func (c Config) ownCopies() string {
 			out += fmt.Sprintf(", vdi%d's %d", i, n)
 		}
 	}
+	if c.UpgradeCopies != 0 {
+		out += fmt.Sprintf(", vdi%d's %d (created after the upgrade)", c.Clients, c.UpgradeCopies)
+	}
 	return out
+}
+
+// upgradeEvents draws a rolling upgrade for a quarter of the seeds: 1 to
+// all nodes start on an older herd (Config.OldNodes); the operator tries
+// `herd cluster finalize-upgrade` before any is upgraded (it must be
+// refused), the old nodes are restarted on this herd one by one between
+// 10% and 50% of the fault phase, and the operator finalizes between 55%
+// and 70% of it (again at every step until it succeeds: a node that is
+// down has an unknown version and keeps it refused). Once the level is
+// raised, a VDI of one copy fewer than the format's (at least 1) gets a
+// client of its own. It returns the events and fills cfg's fields.
+func upgradeEvents(seed uint64, cfg *Config) []Event {
+	u := rand.New(rand.NewPCG(seed, 0x75706772))
+	if u.IntN(4) != 0 {
+		return nil
+	}
+	at := func(from, to int) time.Duration {
+		return cfg.Faults*time.Duration(from)/100 + time.Duration(u.Int64N(int64(cfg.Faults*time.Duration(to-from)/100)))
+	}
+	old := u.Perm(cfg.Nodes)[:1+u.IntN(cfg.Nodes)]
+	cfg.OldNodes = slices.Sorted(slices.Values(old))
+	cfg.UpgradeCopies = max(1, cfg.Copies-1)
+	events := []Event{{At: at(2, 10), Kind: Finalize}}
+	for _, n := range old {
+		events = append(events, Event{At: at(10, 50), Kind: Upgrade, Node: n, CatchUp: []time.Duration{0, 50 * time.Millisecond, 300 * time.Millisecond, time.Second}[u.IntN(4)]})
+	}
+	return append(events, Event{At: at(55, 70), Kind: Finalize})
+}
+
+// upgrade describes the rolling upgrade for the step log.
+func (c Config) upgrade() string {
+	if len(c.OldNodes) == 0 {
+		return ""
+	}
+	var ids []string
+	for _, n := range c.OldNodes {
+		ids = append(ids, fmt.Sprintf("n%d", n))
+	}
+	return fmt.Sprintf("; %s on an older herd (feature level %d) until upgraded, then finalize-upgrade", strings.Join(ids, ","), cluster.LevelBase)
 }

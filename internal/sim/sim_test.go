@@ -94,6 +94,7 @@ func TestSimulate(t *testing.T) {
 	var failed atomic.Int64
 	var mu sync.Mutex
 	var ops, faults, held, readerReads int64
+	var upgraded, finalized, refused int64
 	t.Run("seeds", func(t *testing.T) {
 		for i := 0; i < seeds; i++ {
 			seed := *startFlag + uint64(i)
@@ -106,6 +107,13 @@ func TestSimulate(t *testing.T) {
 				ops += r.Ops
 				held += int64(r.Held)
 				readerReads += r.ReaderReads
+				if len(r.Config.OldNodes) > 0 {
+					upgraded++
+				}
+				if r.Finalized > 0 && r.Finalized < r.Config.Faults {
+					finalized++
+				}
+				refused += int64(r.FinalizeRefused)
 				for _, n := range r.Faults {
 					faults += int64(n)
 				}
@@ -128,9 +136,15 @@ func TestSimulate(t *testing.T) {
 	if seeds >= 10 && readerReads == 0 {
 		t.Errorf("in %d seeds no reader through another node completed a read", seeds)
 	}
+	// A quarter of the seeds upgrade nodes from an older herd: some must
+	// have seen a finalize refused and one succeed during the faults (or
+	// the upgrades test nothing).
+	if seeds >= 100 && (refused == 0 || finalized == 0) {
+		t.Errorf("in %d seeds (%d with a rolling upgrade) %d finalizes were refused while an old node was a member and %d seeds finalized during the faults; want some of each", seeds, upgraded, refused, finalized)
+	}
 	elapsed := time.Since(started)
-	t.Logf("%d seeds from %d in %v (%v per seed, %.1f seeds/s on %d cores): %d client operations, %d reads by readers on every node, %d scheduled events, %d steps with copies held for a maintenance window; %d failed",
-		seeds, *startFlag, elapsed.Round(time.Millisecond), (elapsed / time.Duration(max(seeds, 1))).Round(time.Microsecond), float64(seeds)/elapsed.Seconds(), parallelism(), ops, readerReads, faults, held, failed.Load())
+	t.Logf("%d seeds from %d in %v (%v per seed, %.1f seeds/s on %d cores): %d client operations, %d reads by readers on every node, %d scheduled events, %d steps with copies held for a maintenance window, %d rolling upgrades (%d finalized during the faults, %d finalizes refused while an old node was a member); %d failed",
+		seeds, *startFlag, elapsed.Round(time.Millisecond), (elapsed / time.Duration(max(seeds, 1))).Round(time.Microsecond), float64(seeds)/elapsed.Seconds(), parallelism(), ops, readerReads, faults, held, upgraded, finalized, refused, failed.Load())
 }
 
 func logResult(t *testing.T, r Result) {

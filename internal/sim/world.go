@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -66,6 +67,18 @@ type World struct {
 	stamps  map[stampKey]uint64 // invariant (c); only the step loop uses it
 	oids    []uint64            // every object the clients' VDIs can have
 	counts  map[string]int      // faults injected, by kind
+
+	// The rolling upgrade (Config.OldNodes); only the step loop uses
+	// these. late is the client of the VDI created once the level is
+	// raised (Config.UpgradeCopies), finalizing says a finalize is due
+	// (retried at every step until it succeeds), finalized is the fake
+	// time it did (0: not yet), refused counts the finalizes refused while
+	// an old node was a member.
+	late       *client
+	finalizing bool
+	finalized  time.Duration
+	refused    int
+	waitNoted  bool // the step log said why a finalize waits
 }
 
 type stampKey struct {
@@ -79,6 +92,9 @@ type node struct {
 	id    string
 	dir   string
 	lag   time.Duration
+	// old: its processes run an older herd, of feature level 1, until an
+	// Upgrade (Config.OldNodes). Only the step loop changes it.
+	old bool
 
 	// Guarded by World.mu.
 	proc      *process // the current (or last, if killed) process
@@ -147,6 +163,7 @@ func (w *World) start() error {
 	for i := 0; i < w.cfg.Nodes; i++ {
 		n := &node{index: i, id: fmt.Sprintf("n%d", i), suspicion: suspicionMin + time.Duration(suspicions.next()%uint64(suspicionMax-suspicionMin))}
 		n.dir = filepath.Join(w.dir, n.id)
+		n.old = slices.Contains(w.cfg.OldNodes, i)
 		if err := os.MkdirAll(n.dir, 0o700); err != nil {
 			return err
 		}
@@ -236,6 +253,7 @@ func (w *World) startProcess(n *node) error {
 	}
 	p := &process{node: n, incarnation: fmt.Sprintf("%s.%d", n.id, n.starts), store: st}
 	p.ctx, p.cancel = context.WithCancel(w.ctx)
+	w.log.SetBuild(n.id, w.build(n))
 	p.member = w.log.Member(n.id, p.incarnation, from)
 	p.member.SetLag(n.lag)
 	p.replica = replica.New(epochSource(p.member), replica.LocalStore{Store: st})
@@ -394,7 +412,105 @@ func (w *World) apply(e Event) error {
 		p := n.proc
 		w.mu.Unlock()
 		p.member.SetLag(e.Lag)
+	case Upgrade:
+		return w.upgrade(w.nodes[e.Node])
+	case Finalize:
+		w.finalizing = true
+		return w.finalize()
 	}
+	return nil
+}
+
+// build is what n's processes report about their binary (gossip's
+// metadata): an older herd's, of feature level 1, until it is upgraded.
+func (w *World) build(n *node) cluster.Build {
+	if n.old {
+		return cluster.Build{Version: "sim-old", Level: cluster.LevelBase}
+	}
+	return cluster.Build{Version: "sim", Level: cluster.SupportedLevel}
+}
+
+// upgrade restarts n's process on this herd, as a rolling upgrade does
+// (the simulator's restarts are kill -9's): a paused process is killed
+// and the new one runs (a later Resume finds it running), one cut off
+// stays cut off; a node that is down starts on it when it is restarted.
+func (w *World) upgrade(n *node) error {
+	n.old = false
+	w.mu.Lock()
+	killed := n.killed
+	n.paused = false
+	w.mu.Unlock()
+	if killed {
+		w.log.SetBuild(n.id, w.build(n))
+		return nil
+	}
+	w.kill(n)
+	return w.startProcess(n)
+}
+
+// finalize is the operator's `herd cluster finalize-upgrade` and, once it
+// succeeds, the creation of a VDI of its own copies, whose client starts.
+// While an old node is a member, the finalize and a VDI of its own copies
+// must be refused, naming it (a violation otherwise); once every node
+// runs this herd it may still be refused while one is down (its version
+// unknown): finalizing stays set and the step loop tries again.
+func (w *World) finalize() error {
+	if !w.finalizing {
+		return nil
+	}
+	var old []string
+	for _, n := range w.nodes {
+		if n.old {
+			old = append(old, n.id)
+		}
+	}
+	level, err := w.log.FinalizeUpgrade(cluster.LevelVDICopies)
+	if len(old) > 0 {
+		w.finalizing = false // the operator tries again later (a Finalize event)
+		if err == nil {
+			w.violation("finalize-upgrade raised the cluster to level %d while %v run an older herd", level, old)
+			return nil
+		}
+		for _, id := range old {
+			if !errors.Is(err, cluster.ErrUpgradeRequired) || !strings.Contains(err.Error(), id+" (") {
+				w.violation("finalize-upgrade with %v on an older herd was refused without naming %s: %v", old, id, err)
+			}
+		}
+		if w.late != nil {
+			if _, err := w.log.CreateVDIWithCopies(w.late.vdi, w.cfg.VDISize, w.exclusive, w.cfg.UpgradeCopies); !errors.Is(err, cluster.ErrUpgradeRequired) {
+				w.violation("vdi create --copies %d below the level it needs: %v, want refused", w.cfg.UpgradeCopies, err)
+			}
+		}
+		w.refused++
+		w.note("log: finalize-upgrade refused while %v run an older herd, as it must be", old)
+		return nil
+	}
+	if err != nil {
+		if !errors.Is(err, cluster.ErrUpgradeRequired) {
+			return fmt.Errorf("finalize-upgrade: %w", err)
+		}
+		if !w.waitNoted {
+			w.waitNoted = true
+			w.note("log: finalize-upgrade refused, every node upgraded (tried again at every step): %v", err)
+		}
+		return nil // a node is down: again at the next step
+	}
+	w.finalizing = false
+	w.finalized = w.elapsed()
+	w.note("log: finalize-upgrade: the cluster is at feature level %d", level)
+	if w.late == nil {
+		return nil
+	}
+	v, err := w.log.CreateVDIWithCopies(w.late.vdi, w.cfg.VDISize, w.exclusive, w.cfg.UpgradeCopies)
+	if err != nil {
+		return fmt.Errorf("vdi create %s --copies %d after the finalize: %w", w.late.vdi, w.cfg.UpgradeCopies, err)
+	}
+	if v.Copies != w.cfg.UpgradeCopies {
+		w.violation("vdi create %s --copies %d made a VDI of %d copies", w.late.vdi, w.cfg.UpgradeCopies, v.Copies)
+	}
+	w.note("log: vdi %s created with %d copies of its own (the format's: %d)", v.Name, v.Copies, w.cfg.Copies)
+	w.late.start(v.ID)
+	w.oids = nil // its objects are checked from now on
 	return nil
 }
 
