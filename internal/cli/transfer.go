@@ -4,6 +4,7 @@ package cli
 // itself is internal/transfer's.
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -20,6 +21,8 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/size"
 	"github.com/herd-storage/herd/internal/transfer"
 )
 
@@ -48,9 +51,10 @@ func transferCommands(g *globals) []*cobra.Command {
 	var importFlags, exportFlags transferFlags
 	importCommand := &cobra.Command{
 		Use:   "import NAME FILE|- | import NAME --diff FILE",
-		Short: "copy a disk image into an existing VDI over NBD (raw; qcow2, vmdk, ... through qemu-img; - is raw from stdin)",
-		Long: `Copy a disk image into the existing VDI NAME, which must be at least as
-large as the image. The data goes straight to the NBD port of the node given
+		Short: "copy a disk image into a VDI over NBD, creating it from the image's size if it does not exist (raw; qcow2, vmdk, ... through qemu-img; - is raw from stdin)",
+		Long: `Copy a disk image into the VDI NAME. A VDI that does not exist is created
+first with the image's virtual size (as rbd import does); an existing one
+must be at least as large as the image. The data goes straight to the NBD port of the node given
 by --addr. A raw FILE is read in 4 MiB chunks sent over --connections
 connections; chunks of zeroes are not sent (nor zeroed, where the VDI already
 reads as zeroes). A qcow2, vmdk, vhdx, vdi, vpc or qed FILE is converted by
@@ -75,6 +79,9 @@ when it reports success, the data is on the replicas' disks.`,
 			if importFlags.diff != "" {
 				return importDiff(ctx, g, t, a[0], importFlags.diff)
 			}
+			if err := createForImport(ctx, g, t, a[0], a[1]); err != nil {
+				return err
+			}
 			summary, err := transfer.Import(ctx, t.options, a[0], a[1])
 			if err != nil {
 				if ctx.Err() != nil {
@@ -91,7 +98,7 @@ when it reports success, the data is on the replicas' disks.`,
 
 	exportCommand := &cobra.Command{
 		Use:   "export NAME[@TAG] FILE|- [--since S1]",
-		Short: "copy a VDI or snapshot into a raw image file over NBD (sparse; - writes to stdout)",
+		Short: "copy a VDI or snapshot into an image file over NBD: raw (sparse; - writes to stdout) or --format qcow2",
 		Long: `Copy the VDI NAME (opened read-only, so a VM may keep running on it; the
 copy is then not crash-consistent) or its snapshot NAME@TAG into a raw image.
 The data comes straight from the NBD port of the node given by --addr.
@@ -112,7 +119,16 @@ sparse. FILE must not exist, unless --force; "-" writes the image to stdout.`,
 			if exportFlags.since != "" {
 				return exportDiff(ctx, g, t, a[0], exportFlags.since, a[1])
 			}
-			summary, err := transfer.Export(ctx, t.options, a[0], a[1])
+			format, err := exportFormat(exportFlags.format, cmd.Flags().Changed("format"), a[1])
+			if err != nil {
+				return err
+			}
+			var summary transfer.Summary
+			if format == "raw" {
+				summary, err = transfer.Export(ctx, t.options, a[0], a[1])
+			} else {
+				summary, err = transfer.ExportConverted(ctx, t.options, a[0], a[1], format)
+			}
 			if err != nil {
 				if ctx.Err() != nil {
 					return fmt.Errorf("interrupted: %s was not exported", a[0])
@@ -124,6 +140,7 @@ sparse. FILE must not exist, unless --force; "-" writes the image to stdout.`,
 	}
 	addTransferFlags(exportCommand, &exportFlags)
 	exportCommand.Flags().BoolVar(&exportFlags.force, "force", false, "overwrite FILE if it exists")
+	exportCommand.Flags().StringVar(&exportFlags.format, "format", "raw", "image format of FILE: raw, or qcow2 (or another format qemu-img writes, through qemu-img)")
 	exportCommand.Flags().StringVar(&exportFlags.since, "since", "", "write only the changes since the earlier snapshot S1, as a herd diff (docs/DIFF.md), for vdi import --diff")
 	return []*cobra.Command{importCommand, exportCommand}
 }
@@ -252,4 +269,53 @@ func (t *transferCommand) report(s transfer.Summary) error {
 		return encoder.Encode(s)
 	}
 	return nil
+}
+
+// createForImport creates vdi with the image's virtual size when it does
+// not exist (rbd import's behaviour); an existing VDI is left to the
+// import's own size check.
+func createForImport(ctx context.Context, g *globals, t *transferCommand, vdi, file string) error {
+	if strings.Contains(vdi, "@") {
+		return nil // a snapshot: the import refuses it with its own message
+	}
+	client := g.client()
+	if _, err := client.VDI(ctx, vdi); err == nil || !errors.Is(err, cluster.ErrNotFound) {
+		return err
+	}
+	imageSize, format, err := transfer.ImageSize(ctx, t.options, file)
+	if err != nil {
+		return fmt.Errorf("vdi %s does not exist, and creating it needs the image's size: %w", vdi, err)
+	}
+	if imageSize == 0 {
+		return fmt.Errorf("vdi %s does not exist and %s is empty: nothing to create it from", vdi, file)
+	}
+	vdiSize := (imageSize + cluster.SectorSize - 1) / cluster.SectorSize * cluster.SectorSize
+	created, err := client.CreateVDI(ctx, vdi, vdiSize)
+	if err != nil {
+		return fmt.Errorf("creating vdi %s for the import: %w", vdi, err)
+	}
+	fmt.Fprintf(t.stderr, "created vdi %s of %s (the %s image's virtual size)\n", created.Name, size.Format(created.Size), format)
+	return nil
+}
+
+// imageExtensions are file name endings that say an image format; an
+// export to such a name without --format is refused rather than written
+// raw under a misleading name.
+var imageExtensions = map[string]string{".qcow2": "qcow2", ".qcow": "qcow2", ".vmdk": "vmdk", ".vhdx": "vhdx", ".vdi": "vdi", ".vhd": "vpc", ".qed": "qed"}
+
+// exportFormat checks --format against FILE's name.
+func exportFormat(format string, given bool, file string) (string, error) {
+	lower := strings.ToLower(file)
+	for extension, implied := range imageExtensions {
+		if strings.HasSuffix(lower, extension) && !given {
+			return "", usage(fmt.Errorf("%s is named like a %s image, and vdi export writes raw unless told otherwise: add --format %s (or --format raw to write raw under that name)", file, implied, implied))
+		}
+	}
+	switch format {
+	case "", "raw":
+		return "raw", nil
+	case "qcow2", "vmdk", "vhdx", "vdi", "vpc", "qed":
+		return format, nil
+	}
+	return "", usage(fmt.Errorf("--format %q: give raw or qcow2 (or vmdk, vhdx, vdi, vpc, qed)", format))
 }
