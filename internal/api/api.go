@@ -22,6 +22,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
@@ -193,6 +194,9 @@ type Server struct {
 	http    *http.Server
 	// conns bounds and counts the port's connections (conns.go).
 	conns *connections
+	// overcommit is the provisioned/usable ratio health warns above
+	// (capacity.go).
+	overcommit atomic.Pointer[float64]
 }
 
 // NewServer builds the handler set; Serve starts it.
@@ -262,6 +266,7 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 	s.handle(mux, "GET /v1/local/usage", func(r *http.Request) (any, error) { return data.Usage() })
 	s.scrubRoutes(mux)
 	s.joinTokenRoutes(mux)
+	s.capacityRoutes(mux)
 	s.handle(mux, "GET /v1/local/recovery", func(r *http.Request) (any, error) { return data.Recovery(), nil })
 	s.handle(mux, "GET /v1/recovery", func(r *http.Request) (any, error) { return s.recovery(r.Context()), nil })
 	s.handle(mux, "PUT /v1/local/recovery/limits", func(r *http.Request) (any, error) {

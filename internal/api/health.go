@@ -62,7 +62,11 @@ func (s *Server) health(ctx context.Context) Health {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	for _, n := range s.nodes(ctx) {
+	nodes := s.nodes(ctx)
+	if info.Formatted {
+		s.capacityHealth(&h, s.capacity(nodes))
+	}
+	for _, n := range nodes {
 		switch {
 		case n.State != cluster.NodeAlive && n.Stopped && n.InMaintenance(time.Now()):
 			h.add(HealthWarn, "node %s (%s) is stopped: down, not out, until %s (--down-out-interval): its objects have one copy fewer and are re-replicated only if it has not returned by then",

@@ -114,11 +114,13 @@ func clusterCommand(g *globals) *cobra.Command {
 				}
 				rec.Unavailable += st.Unavailable
 			}
+			capacity, capacityErr := g.client().Capacity(ctx)
 			type infoWithSpace struct {
 				cluster.Info
-				UsedBytes uint64 `json:"used_bytes"`
-				FreeBytes uint64 `json:"free_bytes"`
-				Objects   uint64 `json:"objects"`
+				Capacity  *api.Capacity `json:"capacity,omitempty"`
+				UsedBytes uint64        `json:"used_bytes"`
+				FreeBytes uint64        `json:"free_bytes"`
+				Objects   uint64        `json:"objects"`
 				// Blocks that failed their data checksum on any node
 				// since it started, and those repaired.
 				ChecksumErrors uint64              `json:"checksum_errors"`
@@ -127,6 +129,9 @@ func clusterCommand(g *globals) *cobra.Command {
 			}
 			out := infoWithSpace{Info: info, UsedBytes: space.Used, FreeBytes: space.Free, Objects: space.Objects,
 				ChecksumErrors: space.BadBlocks, BlocksRepaired: space.Repaired, Recovery: recovery}
+			if capacityErr == nil {
+				out.Capacity = &capacity
+			}
 			return g.output(out, func(w *tabwriter.Writer) {
 				if info.Format != nil {
 					fmt.Fprintf(w, "Format:\t%d copies, %s objects, since %s\n", info.Format.Copies, size.Format(info.Format.ObjectSize), info.Format.Created.Local().Format(time.DateTime))
@@ -157,6 +162,16 @@ func clusterCommand(g *globals) *cobra.Command {
 				fmt.Fprintf(w, "Quorum:\t%s: %s\n", quorum, info.QuorumDetail)
 				fmt.Fprintf(w, "Nodes:\t%d alive of %d\n", info.NodesAlive, info.NodesTotal)
 				fmt.Fprintf(w, "VDIs:\t%d\n", info.VDIs)
+				if capacityErr == nil && capacity.RawBytes > 0 {
+					fmt.Fprintf(w, "Capacity:\t%s raw (%s used, %s free); %s usable at %.1f copies; %s provisioned (%.2f of usable, warning above %.2f)\n",
+						size.Format(capacity.RawBytes), size.Format(capacity.UsedBytes), size.Format(capacity.FreeBytes), size.Format(capacity.UsableBytes), capacity.Copies,
+						size.Format(capacity.ProvisionedBytes), capacity.Overcommit, capacity.OvercommitLimit)
+					if capacity.Note != "" {
+						fmt.Fprintf(w, "Losing a node:\t%s\n", capacity.Note)
+					} else {
+						fmt.Fprintf(w, "Losing a node:\tthe others' free space (%s) holds a recovery of the largest share (%s, %s)\n", size.Format(capacity.FreeElsewhere), capacity.LargestShare, size.Format(capacity.LargestShareBytes))
+					}
+				}
 				if nodesErr == nil {
 					fmt.Fprintf(w, "Space:\t%s used by %d object copies, %s free\n", size.Format(space.Used), space.Objects, size.Format(space.Free))
 					fmt.Fprintf(w, "Checksums:\t%d bad blocks found, %d repaired since the nodes started (herd node list, herd scrub status)\n", space.BadBlocks, space.Repaired)

@@ -62,6 +62,9 @@ hypervisor.`,
 			if o.ScrubInterval <= 0 {
 				return usage(fmt.Errorf("--scrub-interval %v: must be a positive duration (such as 168h)", o.ScrubInterval))
 			}
+			if o.OvercommitRatio <= 0 || o.OvercommitRatio > 1e6 {
+				return usage(fmt.Errorf("--overcommit-ratio %g: a ratio above 0, such as 1.0 (warn when promised more than the disks hold) or 3 (thin provisioning)", o.OvercommitRatio))
+			}
 			if o.DownOutInterval < 0 || o.DownOutInterval > cluster.MaxMaintenance {
 				return usage(fmt.Errorf("--down-out-interval %v: between 0 (recover a stopped node's objects elsewhere at once) and %v", o.DownOutInterval, cluster.MaxMaintenance))
 			}
@@ -160,6 +163,7 @@ hypervisor.`,
 	f.IntVar(&o.ScrubDeepEvery, "scrub-deep-every", 4, "every Nth scrub pass also compares each object's replicas across nodes")
 	f.StringVar(&scrubRate, "scrub-max-rate", "50MiB/s", "bytes per second a scrub pass reads (herd scrub --max-rate changes it live)")
 	f.DurationVar(&o.JoinTimeout, "join-timeout", 30*time.Second, "how long a new node keeps trying --join before giving up")
+	f.Float64Var(&o.OvercommitRatio, "overcommit-ratio", 1.0, "cluster health warns when the VDIs' sizes add up to more than the usable space (raw space divided by the copies) times this")
 	f.DurationVar(&o.DownOutInterval, "down-out-interval", 10*time.Minute, "stopped cleanly (SIGTERM), this node is down but not out for this long: its objects are re-replicated elsewhere only if it has not returned by then (0: at once)")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json (one stream: raft's and gossip's lines too)")

@@ -80,6 +80,9 @@ type Options struct {
 	// DownOutInterval: stopped cleanly, this node is down but not out
 	// for this long (cluster.Config.DownOutInterval); 0: none.
 	DownOutInterval time.Duration
+	// OvercommitRatio: cluster health warns when the VDIs' sizes exceed
+	// the usable space times this (api.Capacity); 0: 1.0.
+	OvercommitRatio float64
 	// ScrubInterval is the time between two scrub passes' starts;
 	// ScrubMaxRate bounds the bytes a pass reads per second.
 	ScrubInterval time.Duration
@@ -299,6 +302,7 @@ func Run(ctx context.Context, o Options) error {
 	meters.AddGauges(metrics.Gauge{Name: "herd_gateway_zone_lag_bytes", Help: "Bytes of writes to VDIs set to --ack zone that this node acknowledged once its zone had them, not yet in the other zones.",
 		Read: func() []metrics.Sample { return []metrics.Sample{{Value: float64(gw.LagBytes())}} }})
 	apiServer := api.NewServer(c, dataPath{gateway: gw, store: objects, recovery: rec, maintenance: maint, metrics: meters, scrub: scrubber}, security, logger)
+	apiServer.SetOvercommitRatio(o.OvercommitRatio)
 	apiServer.SetConnectionLimits(o.AdminLimits)
 	served := make(chan error, 1)
 	go func() { served <- apiServer.Serve(adminListener) }()

@@ -89,7 +89,7 @@ func TestDashboard(t *testing.T) {
 		name string
 		want []string
 	}{
-		{"overview", []string{">OK<", "All well", "<th>bytes left</th>", nodes[2]}},
+		{"overview", []string{">OK<", "All well", "<th>bytes left</th>", "<th>provisioned</th>", "Losing a node:", nodes[2]}},
 		{"nodes", append([]string{"alive", "leader", fmt.Sprintf(" level %d<", cluster.SupportedLevel)}, nodes...)},
 		{"vdis", []string{"vm1@base", "test-vm", "snapshot", "24.0 MiB"}},
 		{"events", []string{`vdi "vm1" snapshotted as vm1@base`, `vdi "test-vm" cloned from vm1@base`, "cluster formatted: 3 copies"}},

@@ -91,6 +91,15 @@ function renderHealth(health, info) {
   }
 }
 
+// renderCapacity: raw, usable (by the VDIs' copies), provisioned, used.
+function renderCapacity(c) {
+  table($('#capacity'), ['raw', 'used', 'free', 'copies', 'usable', 'provisioned', 'of usable'],
+    [[cell(bytes(c.raw_bytes), 'num'), cell(bytes(c.used_bytes), 'num'), cell(bytes(c.free_bytes), 'num'),
+      cell(c.copies.toFixed(1), 'num'), cell(bytes(c.usable_bytes), 'num'), cell(bytes(c.provisioned_bytes), 'num'),
+      cell(c.overcommit.toFixed(2) + (c.overcommit > c.overcommit_limit ? ' (over ' + c.overcommit_limit.toFixed(2) + ')' : ''), 'num')]]);
+  $('#capacity-note').textContent = c.note ? 'Losing a node: ' + c.note : 'Losing a node: the others have room to re-create its share.';
+}
+
 function renderRecovery(entries) {
   table($('#recovery'), ['node', 'address', 'epoch', 'state', 'objects left', 'bytes left', 'rate', 'ETA', 'note'],
     entries.map((e) => {
@@ -200,10 +209,11 @@ function drawIO() {
 async function refresh() {
   if (!token) return showLogin();
   try {
-    const [info, health, nodes, recovery, tree, events, metrics] = await Promise.all([
+    const [info, health, nodes, recovery, tree, events, metrics, capacity] = await Promise.all([
       api('/v1/cluster'), api('/v1/cluster/health'), api('/v1/nodes'), api('/v1/recovery'),
-      api('/v1/tree'), api('/v1/events'), api('/metrics')]);
+      api('/v1/tree'), api('/v1/events'), api('/metrics'), api('/v1/cluster/capacity')]);
     renderHealth(health, info);
+    renderCapacity(capacity);
     renderNodes(nodes);
     renderRecovery(recovery);
     renderVDIs(tree);

@@ -1,0 +1,182 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/size"
+)
+
+// Capacity is what an operator plans with (`herd cluster info`, the
+// dashboard): raw space on the alive nodes' object disks, what it holds
+// once every VDI's copies are counted, what the VDIs were promised, and
+// whether the loss of the largest node's share could be re-created.
+type Capacity struct {
+	// RawBytes is the alive nodes' object disks (used + free); UsedBytes
+	// and FreeBytes split it.
+	RawBytes  uint64 `json:"raw_bytes"`
+	UsedBytes uint64 `json:"used_bytes"`
+	FreeBytes uint64 `json:"free_bytes"`
+	// Copies is the mean number of copies, weighted by the VDIs' sizes
+	// (the format's when there is no VDI).
+	Copies float64 `json:"copies"`
+	// UsableBytes is RawBytes divided by Copies: the VDI data the raw
+	// space can hold.
+	UsableBytes uint64 `json:"usable_bytes"`
+	// ProvisionedBytes is the sum of the writable VDIs' sizes.
+	ProvisionedBytes uint64 `json:"provisioned_bytes"`
+	// Overcommit is ProvisionedBytes / UsableBytes; OvercommitLimit the
+	// ratio above which health warns (herd server --overcommit-ratio).
+	Overcommit      float64 `json:"overcommit"`
+	OvercommitLimit float64 `json:"overcommit_limit"`
+	// Domains is the number of failure domains (alive nodes, or zones
+	// when zones are used); with no more domains than copies a lost
+	// domain's share cannot be re-created (Recoverable false, Note says
+	// so).
+	Domains int `json:"failure_domains"`
+	// LargestShareBytes is the most a failure domain holds; FreeElsewhere
+	// the free space of the others, which a recovery of that share needs.
+	LargestShare      string `json:"largest_share_domain,omitempty"`
+	LargestShareBytes uint64 `json:"largest_share_bytes"`
+	FreeElsewhere     uint64 `json:"free_elsewhere_bytes"`
+	Recoverable       bool   `json:"recoverable"`
+	// RecoveryShort: domains outnumber copies, but the free space of
+	// the others could not hold the largest share (health warns).
+	RecoveryShort bool   `json:"recovery_short,omitempty"`
+	Note          string `json:"note,omitempty"`
+	// Incomplete: some alive node did not report its usage.
+	Incomplete bool `json:"incomplete,omitempty"`
+}
+
+// DefaultOvercommitRatio is the provisioned/usable ratio above which
+// health warns, unless the operator sets another.
+const DefaultOvercommitRatio = 1.0
+
+// SetOvercommitRatio sets the ratio of provisioned to usable space above
+// which health warns (herd server --overcommit-ratio; 0: the default).
+func (s *Server) SetOvercommitRatio(ratio float64) {
+	if ratio <= 0 {
+		ratio = DefaultOvercommitRatio
+	}
+	s.overcommit.Store(&ratio)
+}
+
+func (s *Server) overcommitRatio() float64 {
+	if r := s.overcommit.Load(); r != nil {
+		return *r
+	}
+	return DefaultOvercommitRatio
+}
+
+func (s *Server) capacityRoutes(mux *http.ServeMux) {
+	s.handle(mux, "GET /v1/cluster/capacity", func(r *http.Request) (any, error) {
+		ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+		defer cancel()
+		s.cluster.SyncForRead(ctx)
+		return s.capacity(s.nodes(ctx)), nil
+	})
+}
+
+// capacity computes Capacity from the nodes' reports.
+func (s *Server) capacity(nodes []NodeEntry) Capacity {
+	c := Capacity{OvercommitLimit: s.overcommitRatio()}
+	format := 1
+	if info := s.cluster.Info(); info.Format != nil {
+		format = info.Format.Copies
+	}
+	domainBytes := map[string]uint64{}
+	domainFree := map[string]uint64{}
+	zoned := false
+	for _, n := range nodes {
+		if n.Zone != "" {
+			zoned = true
+		}
+	}
+	for _, n := range nodes {
+		if n.State != cluster.NodeAlive {
+			continue
+		}
+		if n.UsageError != "" {
+			c.Incomplete = true
+			continue
+		}
+		c.UsedBytes += n.UsedBytes
+		c.FreeBytes += n.FreeBytes
+		domain := n.ID
+		if zoned {
+			domain = "zone " + n.Zone
+		}
+		domainBytes[domain] += n.UsedBytes
+		domainFree[domain] += n.FreeBytes
+	}
+	c.RawBytes = c.UsedBytes + c.FreeBytes
+	var weighted float64
+	for _, v := range s.cluster.VDIs() {
+		c.ProvisionedBytes += v.Size
+		weighted += float64(v.Size) * float64(v.Copies)
+	}
+	c.Copies = float64(format)
+	if c.ProvisionedBytes > 0 {
+		c.Copies = weighted / float64(c.ProvisionedBytes)
+	}
+	if c.Copies > 0 {
+		c.UsableBytes = uint64(float64(c.RawBytes) / c.Copies)
+	}
+	if c.UsableBytes > 0 {
+		c.Overcommit = float64(c.ProvisionedBytes) / float64(c.UsableBytes)
+	}
+	c.Domains = len(domainBytes)
+	kind := "nodes"
+	if zoned {
+		kind = "zones"
+	}
+	maxCopies := format
+	for _, v := range s.cluster.VDIs() {
+		maxCopies = max(maxCopies, v.Copies)
+	}
+	domains := make([]string, 0, len(domainBytes))
+	for d := range domainBytes {
+		domains = append(domains, d)
+	}
+	sort.Strings(domains)
+	for _, d := range domains {
+		if domainBytes[d] > c.LargestShareBytes || c.LargestShare == "" {
+			c.LargestShare, c.LargestShareBytes = d, domainBytes[d]
+		}
+	}
+	c.FreeElsewhere = c.FreeBytes - domainFree[c.LargestShare]
+	switch {
+	case c.Domains <= maxCopies:
+		c.Note = fmt.Sprintf("%d alive %s for %d copies: a lost one's share cannot be re-created elsewhere (its objects keep one copy fewer until it returns)", c.Domains, kind, maxCopies)
+	case c.FreeElsewhere < c.LargestShareBytes:
+		c.RecoveryShort = true
+		c.Note = fmt.Sprintf("the free space of the other %s (%s) could not hold a recovery of %s's share (%s)", kind, size.Format(c.FreeElsewhere), c.LargestShare, size.Format(c.LargestShareBytes))
+	default:
+		c.Recoverable = true
+	}
+	return c
+}
+
+// capacityHealth adds the capacity reasons to h.
+func (s *Server) capacityHealth(h *Health, c Capacity) {
+	if c.Incomplete || c.RawBytes == 0 {
+		return
+	}
+	if c.Overcommit > c.OvercommitLimit {
+		h.add(HealthWarn, "overcommitted: the VDIs are promised %s, %.2f times the %s the disks hold at %.1f copies (limit %.2f, herd server --overcommit-ratio)",
+			size.Format(c.ProvisionedBytes), c.Overcommit, size.Format(c.UsableBytes), c.Copies, c.OvercommitLimit)
+	}
+	if c.RecoveryShort {
+		h.add(HealthWarn, "%s", c.Note)
+	}
+}
+
+// Capacity asks the node for the cluster's capacity.
+func (c *Client) Capacity(ctx context.Context) (Capacity, error) {
+	var out Capacity
+	return out, c.Do(ctx, http.MethodGet, "/v1/cluster/capacity", nil, &out)
+}
