@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/herd-storage/herd/internal/api"
+	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/nbdclient/nbdtest"
 	"github.com/herd-storage/herd/internal/pki"
 	"github.com/herd-storage/herd/internal/transfer"
@@ -37,6 +38,10 @@ func TestCommandLine(t *testing.T) {
 	}
 	var sessions atomic.Int32
 	admin := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/vdis/vm1" { // vdi import looks the VDI up (createForImport)
+			json.NewEncoder(w).Encode(cluster.VDI{Name: "vm1", Size: 2 << 20})
+			return
+		}
 		if r.URL.Path != "/v1/nbd-session" {
 			http.NotFound(w, r)
 			return
