@@ -519,6 +519,13 @@ func nodeGauges(c *cluster.Cluster, objects *store.Store, rec *recovery.Recovery
 			v := version.Get()
 			return []metrics.Sample{{Labels: []string{v.Version, v.Commit, strconv.Itoa(cluster.SupportedLevel)}, Value: 1}}
 		}},
+		{Name: "herd_cluster_provisioned_raw_bytes", Help: "The writable VDIs' sizes times their copies: the raw space they are promised (the same on every node; compare with the sum of herd_disk_capacity_bytes).", Read: func() []metrics.Sample {
+			var promised float64
+			for _, v := range c.VDIs() {
+				promised += float64(v.Size) * float64(v.Copies)
+			}
+			return one(promised)
+		}},
 		{Name: "herd_cluster_feature_level", Help: "The cluster's feature level as this node applied it (herd cluster finalize-upgrade raises it).", Read: func() []metrics.Sample { return one(float64(c.Level())) }},
 		{Name: "herd_cluster_quorum", Help: "1 if this node reaches a majority of the voters.", Read: func() []metrics.Sample {
 			ok, _ := c.QuorumStatus()
