@@ -353,7 +353,16 @@ func nodeCommand(g *globals) *cobra.Command {
 					if st.Limits.MaxRate > 0 {
 						limit = size.Format(st.Limits.MaxRate) + "/s"
 					}
-					fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%s x%d\t%s\n", e.Node, e.Address, st.Epoch, st.State,
+					// Epoch 0: no recovery pass since the node started
+					// (nothing to recover yet), not the cluster's epoch.
+					epoch := "-"
+					if st.Epoch > 0 {
+						epoch = fmt.Sprint(st.Epoch)
+					}
+					if note == "" && st.Epoch == 0 {
+						note = "no recovery pass since this node started"
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%d\t%s x%d\t%s\n", e.Node, e.Address, epoch, st.State,
 						st.Objects, st.Copied, st.Remaining, size.Format(st.Bytes), size.Format(st.BytesRemaining), rate, eta, st.Surplus, limit, st.Limits.Concurrency, note)
 				}
 			})

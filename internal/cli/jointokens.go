@@ -47,12 +47,14 @@ func joinTokenCommand(g *globals) *cobra.Command {
 				if created.Uses > 0 {
 					limit = fmt.Sprintf("%d node(s)", created.Uses)
 				}
-				fmt.Fprintf(w, "join token %s: admits %s until %s\n", created.ID, limit, created.Expires.Local().Format(time.DateTime))
 				if out != "" {
-					fmt.Fprintf(w, "written to %s\n", out)
-				} else {
-					fmt.Fprintf(w, "%s\n", created.Token)
+					fmt.Fprintf(w, "join token %s: admits %s until %s; written to %s\n", created.ID, limit, created.Expires.Local().Format(time.DateTime), out)
+					return
 				}
+				// The token alone on stdout (`> FILE` makes a usable
+				// --join-token-file); the words on stderr.
+				fmt.Fprintf(cmd.ErrOrStderr(), "join token %s: admits %s until %s\n", created.ID, limit, created.Expires.Local().Format(time.DateTime))
+				fmt.Fprintf(w, "%s\n", created.Token)
 			})
 		},
 	}

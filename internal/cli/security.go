@@ -65,7 +65,10 @@ longer reads VDI data. --data needs cluster feature level 3.`,
 					fmt.Fprintf(w, "token %s (%s, id %s) written to %s\n", created.Name, scope, created.ID, out)
 					return
 				}
-				fmt.Fprintf(w, "token %s (%s, id %s); it is not shown again:\n%s\n", created.Name, scope, created.ID, created.Secret)
+				// The token alone on stdout, so `> FILE` makes a usable
+				// token file; the words on stderr.
+				fmt.Fprintf(cmd.ErrOrStderr(), "token %s (%s, id %s); it is not shown again:\n", created.Name, scope, created.ID)
+				fmt.Fprintf(w, "%s\n", created.Secret)
 			})
 		},
 	}
@@ -255,7 +258,8 @@ func rotateJoinTokenCommand(g *globals) *cobra.Command {
 					fmt.Fprintf(w, "new join token written to %s\n", out)
 					return
 				}
-				fmt.Fprintf(w, "new join token (shown once):\n%s\n", r.Token)
+				fmt.Fprintf(cmd.ErrOrStderr(), "new join token (shown once):\n")
+				fmt.Fprintf(w, "%s\n", r.Token)
 			})
 		},
 	}

@@ -276,7 +276,7 @@ func (b Backend) Open(ctx context.Context, name string, session nbd.Session) (nb
 	if (access.ReadOnly || session.InfoOnly) && !readOnlyName {
 		openName = gateway.ReadOnlyPrefix + name
 	}
-	disk, err := b.openWaiting(gateway.WithClient(ctx, session.RemoteAddress), openName)
+	disk, err := b.openWaiting(gateway.WithClient(ctx, clientName(session)), openName)
 	switch {
 	case err == nil:
 		// The open may have waited (for the writer lock held through
@@ -543,4 +543,14 @@ func toNBD(err error) error {
 		return fmt.Errorf("%w: %v", nbd.ErrShutdown, err)
 	}
 	return fmt.Errorf("%w: %v", nbd.ErrIO, err)
+}
+
+// clientName is how vdi status names a connection's client: its
+// certificate's name and address ("hostA (10.0.0.5:51234)"), or the
+// address alone (the local socket, --insecure-nbd).
+func clientName(session nbd.Session) string {
+	if session.Client == "" {
+		return session.RemoteAddress
+	}
+	return session.Client + " (" + session.RemoteAddress + ")"
 }

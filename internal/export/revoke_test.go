@@ -50,3 +50,14 @@ func TestOpenRevokedWhileWaiting(t *testing.T) {
 		t.Fatal("the refused open kept the writer lock")
 	}
 }
+
+// TestClientName: vdi status names a certificate client by its name and
+// address, a client without one by its address.
+func TestClientName(t *testing.T) {
+	if got := clientName(nbd.Session{Client: "hostA", RemoteAddress: "10.0.0.5:51234"}); got != "hostA (10.0.0.5:51234)" {
+		t.Errorf("a certificate client: %q", got)
+	}
+	if got := clientName(nbd.Session{RemoteAddress: "@"}); got != "@" {
+		t.Errorf("a client without a certificate: %q", got)
+	}
+}

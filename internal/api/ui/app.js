@@ -107,7 +107,8 @@ function renderRecovery(entries) {
       let note = e.error || s.last_error || '';
       if (!note && s.deferred) note = `${s.deferred} objects wait for a maintenance window`;
       if (!note && s.unavailable) note = `${s.unavailable} objects unavailable`;
-      return [e.node, e.address, s.epoch ?? '-', s.state ?? '-', cell(String(s.remaining ?? 0), 'num'),
+      if (!note && !s.epoch) note = 'no recovery pass since this node started';
+      return [e.node, e.address, s.epoch || '-', s.state ?? '-', cell(String(s.remaining ?? 0), 'num'),
         cell(bytes(s.bytes_remaining || 0), 'num'), s.rate_bytes_per_second ? bytes(s.rate_bytes_per_second) + '/s' : '-',
         s.eta_seconds ? Math.round(s.eta_seconds) + ' s' : '-', note];
     }));
