@@ -44,9 +44,16 @@ const (
 	// would drop: nodes admitted by id and certificate serial (the peer
 	// allow-list; admission.go) and the scopes of admin tokens.
 	LevelSecurity = 3
+	// LevelCopyDigests: recovery asks other nodes for the content digest
+	// of their copies (the object protocol's STAT with
+	// peer.ObjectFlagDigest, which older binaries refuse), so that a node
+	// back from a restart restamps its copies that tie with the newest
+	// stamp when they hold the same bytes, and fetches them otherwise.
+	// Below it such a copy is fetched (internal/recovery).
+	LevelCopyDigests = 4
 
 	// SupportedLevel is the highest level this binary supports.
-	SupportedLevel = LevelSecurity
+	SupportedLevel = LevelCopyDigests
 )
 
 // Feature is one change gated by a level.

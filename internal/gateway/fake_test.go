@@ -595,16 +595,17 @@ func (m *memoryReplicas) Flush(ctx context.Context, node cluster.Node, epoch uin
 	return nil
 }
 
-func (m *memoryReplicas) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, error) {
+// Stat returns the copy's stamp; no digest (unknown).
+func (m *memoryReplicas) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.check(node, epoch); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if _, ok := m.objects[node.ID][oid]; !ok {
-		return 0, object.ErrNotFound
+		return 0, 0, object.ErrNotFound
 	}
-	return m.stamps[node.ID][oid], nil
+	return m.stamps[node.ID][oid], 0, nil
 }
 
 // holders returns the nodes holding oid.

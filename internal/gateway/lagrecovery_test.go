@@ -57,7 +57,7 @@ func (v recoveryView) VDICopies(id uint32) (int, bool) {
 // recoveryPeers reach the real replicas as recovery does (replica.Client).
 type recoveryPeers struct{ real *realReplicas }
 
-func (p recoveryPeers) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, error) {
+func (p recoveryPeers) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, uint64, error) {
 	return p.real.nodes[node.ID].Stat(ctx, epoch, oid)
 }
 

@@ -170,7 +170,7 @@ func (m *Maintenance) checkObject(ctx context.Context, oid uint64, vdi cluster.V
 			present = append(present, c)
 		}
 	}
-	stamps, answered := m.proof.Survey(ctx, rv, oid)
+	stamps, _, answered := m.proof.Survey(ctx, rv, oid)
 	var newest uint64
 	for _, stamp := range stamps {
 		newest = max(newest, stamp)

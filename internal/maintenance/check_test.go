@@ -134,12 +134,13 @@ func (f *fakeReplicas) put(node string, oid uint64, c fakeCopy) {
 	f.nodes[node][oid] = c
 }
 
-func (f *fakeReplicas) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, error) {
+// Stat returns the copy's stamp; no digest (unknown).
+func (f *fakeReplicas) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, uint64, error) {
 	c, ok := f.get(node.ID, oid)
 	if !ok {
-		return 0, object.ErrNotFound
+		return 0, 0, object.ErrNotFound
 	}
-	return c.stamp, nil
+	return c.stamp, 0, nil
 }
 
 func (f *fakeReplicas) Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte) (uint64, error) {

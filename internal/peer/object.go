@@ -39,6 +39,10 @@ package peer
 // the STAT or LIST body, or for a status other than OK an error message in
 // UTF-8 text of at most MaxObjectErrorMessage bytes.
 //
+// STAT with the DIGEST flag (ObjectFlagDigest) is answered with the copy's
+// content digest (8 bytes, 0 when unknown) as its body instead: see the
+// flag for when a requester may send it.
+//
 //	offset size field
 //	     0    2 magic          0x48 0x41 ("HA", herd answer)
 //	     2    2 status         ObjectStatus
@@ -110,6 +114,10 @@ const (
 	// body may also be empty: the epoch stamp, in the header, is all a
 	// requester needs to know which copy is current.
 	ObjectStatSize = 16
+	// ObjectDigestSize is the size of the body of an OK answer to STAT
+	// with ObjectFlagDigest: the copy's content digest (store.Info.Digest),
+	// 0 when the responder does not know it. May also be empty (unknown).
+	ObjectDigestSize = 8
 )
 
 const (
@@ -198,6 +206,21 @@ const (
 	// it fails its checksum; a good block is left alone, so a repair that
 	// raced with a newer write never undoes it.
 	ObjectFlagRepair ObjectFlags = 1 << 5
+	// ObjectFlagDigest (STAT): answer with the copy's content digest
+	// (ObjectDigestSize bytes) instead of its size and allocation; the
+	// stamp is in the header as always. Recovery compares digests of
+	// copies with the same stamp (internal/recovery).
+	//
+	// Compatibility: a herd built before it (commit add0e14 and older)
+	// answers a STAT with any flag INVALID (its allowedObjectFlags has
+	// none for STAT), and its client takes a STAT body of other than 0 or
+	// 16 bytes for a protocol error and closes the connection; neither
+	// ignores an addition, so nothing here is sent to one. A requester
+	// sets the flag only once the cluster's feature level is
+	// cluster.LevelCopyDigests (replica.Client.Digests), which no member
+	// running such a herd can reach, and a responder sends the digest
+	// body only when asked: an older requester never sees it.
+	ObjectFlagDigest ObjectFlags = 1 << 6
 )
 
 // allowedObjectFlags are the flags each opcode accepts; any other bit makes
@@ -208,6 +231,7 @@ var allowedObjectFlags = [...]ObjectFlags{
 	ObjectWriteZeroes: ObjectFlagForceUnitAccess | ObjectFlagCreate | ObjectFlagNoHole,
 	ObjectTrim:        ObjectFlagForceUnitAccess,
 	ObjectRemove:      ObjectFlagForceUnitAccess,
+	ObjectStat:        ObjectFlagDigest,
 	ObjectPing:        0,
 }
 
@@ -219,7 +243,7 @@ func (f ObjectFlags) String() string {
 	for _, flag := range []struct {
 		bit  ObjectFlags
 		name string
-	}{{ObjectFlagForceUnitAccess, "FUA"}, {ObjectFlagCreate, "CREATE"}, {ObjectFlagNoHole, "NOHOLE"}, {ObjectFlagAnyStamp, "ANY_STAMP"}, {ObjectFlagFresh, "FRESH"}, {ObjectFlagRepair, "REPAIR"}} {
+	}{{ObjectFlagForceUnitAccess, "FUA"}, {ObjectFlagCreate, "CREATE"}, {ObjectFlagNoHole, "NOHOLE"}, {ObjectFlagAnyStamp, "ANY_STAMP"}, {ObjectFlagFresh, "FRESH"}, {ObjectFlagRepair, "REPAIR"}, {ObjectFlagDigest, "DIGEST"}} {
 		if f&flag.bit != 0 {
 			names = append(names, flag.name)
 			f &^= flag.bit
@@ -550,6 +574,37 @@ func DecodeObjectStat(body []byte) (ObjectStatEntry, error) {
 		return ObjectStatEntry{}, fmt.Errorf("%w: STAT body of %d bytes, want %d", ErrObjectProtocol, len(body), ObjectStatSize)
 	}
 	return ObjectStatEntry{Size: binary.BigEndian.Uint64(body[0:]), Allocated: binary.BigEndian.Uint64(body[8:])}, nil
+}
+
+// AppendObjectDigest appends the body of an answer to STAT with
+// ObjectFlagDigest to dst.
+func AppendObjectDigest(dst []byte, digest uint64) []byte {
+	return binary.BigEndian.AppendUint64(dst, digest)
+}
+
+// DecodeObjectDigest decodes the body of an answer to STAT with
+// ObjectFlagDigest: 0 (unknown) for an empty one.
+func DecodeObjectDigest(body []byte) (uint64, error) {
+	switch len(body) {
+	case 0:
+		return 0, nil
+	case ObjectDigestSize:
+		return binary.BigEndian.Uint64(body), nil
+	}
+	return 0, fmt.Errorf("%w: STAT DIGEST body of %d bytes, want %d or none", ErrObjectProtocol, len(body), ObjectDigestSize)
+}
+
+// statBodyProblem says what is wrong with an OK answer of n bytes to a
+// STAT with flags, or "".
+func statBodyProblem(flags ObjectFlags, n int) string {
+	want := ObjectStatSize
+	if flags&ObjectFlagDigest != 0 {
+		want = ObjectDigestSize
+	}
+	if n != want && n != 0 {
+		return fmt.Sprintf("STAT (flags %s) answered with %d bytes, not %d or none", flags, n, want)
+	}
+	return ""
 }
 
 // AppendObjectListEntry appends the wire form of one LIST entry to dst.

@@ -177,7 +177,7 @@ func (c *ObjectClient) StartChecksummed(ctx context.Context, address string, req
 		return ObjectPending{}, err
 	}
 
-	call := &objectCall{payload: payload, into: into, opcode: r.Opcode, length: r.Length, done: make(chan struct{})}
+	call := &objectCall{payload: payload, into: into, opcode: r.Opcode, flags: r.Flags, length: r.Length, done: make(chan struct{})}
 	if len(payload) > 0 {
 		call.written = make(chan struct{})
 	}
@@ -393,6 +393,7 @@ type objectCall struct {
 	payload []byte
 	into    []byte
 	opcode  ObjectOpcode
+	flags   ObjectFlags
 	length  uint32
 	id      uint64
 
@@ -700,9 +701,7 @@ func objectResponseLengthProblem(call *objectCall, n int) string {
 			return fmt.Sprintf("READ of %d bytes answered with %d", call.length, n)
 		}
 	case ObjectStat:
-		if n != ObjectStatSize && n != 0 {
-			return fmt.Sprintf("STAT answered with %d bytes", n)
-		}
+		return statBodyProblem(call.flags, n)
 	case ObjectList:
 		if n%ObjectListEntrySize != 0 || n/ObjectListEntrySize > int(call.length) {
 			return fmt.Sprintf("LIST of at most %d entries answered with %d bytes", call.length, n)

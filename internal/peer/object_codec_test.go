@@ -138,6 +138,9 @@ func TestObjectValidateRequest(t *testing.T) {
 		{ObjectRequest{Opcode: ObjectFlush}, ObjectStatusOK},
 		{ObjectRequest{Opcode: ObjectFlush, Flags: ObjectFlagForceUnitAccess}, ObjectStatusInvalid},
 		{ObjectRequest{Opcode: ObjectStat, OID: 3}, ObjectStatusOK},
+		{ObjectRequest{Opcode: ObjectStat, Flags: ObjectFlagDigest, OID: 3}, ObjectStatusOK},
+		{ObjectRequest{Opcode: ObjectStat, Flags: ObjectFlagAnyStamp, OID: 3}, ObjectStatusInvalid},
+		{ObjectRequest{Opcode: ObjectRead, Flags: ObjectFlagDigest, Length: 1}, ObjectStatusInvalid},
 		{ObjectRequest{Opcode: ObjectList, OID: 3, Offset: 0xFFFFFFFF, Length: MaxObjectListEntries}, ObjectStatusOK},
 		{ObjectRequest{Opcode: ObjectPing, Epoch: 99}, ObjectStatusOK},
 		{ObjectRequest{Opcode: ObjectPing, Length: 1}, ObjectStatusInvalid},
@@ -191,6 +194,33 @@ func TestObjectBodies(t *testing.T) {
 	}
 	if _, err := DecodeObjectStat(make([]byte, 15)); !errors.Is(err, ErrObjectProtocol) {
 		t.Errorf("short STAT body: %v", err)
+	}
+	if digest, err := DecodeObjectDigest(AppendObjectDigest(nil, 0xfeedface12345678)); err != nil || digest != 0xfeedface12345678 {
+		t.Errorf("STAT DIGEST body: %016x, %v", digest, err)
+	}
+	if digest, err := DecodeObjectDigest(nil); err != nil || digest != 0 {
+		t.Errorf("empty STAT DIGEST body: %016x, %v; want 0 (unknown)", digest, err)
+	}
+	if _, err := DecodeObjectDigest(make([]byte, ObjectStatSize)); !errors.Is(err, ErrObjectProtocol) {
+		t.Errorf("STAT DIGEST body of %d bytes: %v", ObjectStatSize, err)
+	}
+	// The body a STAT may have depends on its DIGEST flag, on both sides:
+	// a plain STAT (all a herd before digests sends or accepts) is never
+	// answered with a digest.
+	for _, c := range []struct {
+		flags ObjectFlags
+		n     int
+		ok    bool
+	}{
+		{0, 0, true}, {0, ObjectStatSize, true}, {0, ObjectDigestSize, false},
+		{ObjectFlagDigest, 0, true}, {ObjectFlagDigest, ObjectDigestSize, true}, {ObjectFlagDigest, ObjectStatSize, false},
+	} {
+		request := ObjectRequest{Opcode: ObjectStat, Flags: c.flags, OID: 3}
+		server := objectBodyProblem(&request, &ObjectResponse{}, make([]byte, c.n)) == ""
+		client := objectResponseLengthProblem(&objectCall{opcode: ObjectStat, flags: c.flags}, c.n) == ""
+		if server != c.ok || client != c.ok {
+			t.Errorf("STAT (flags %s) answered with %d bytes: server accepts %v, client %v; want %v", c.flags, c.n, server, client, c.ok)
+		}
 	}
 	entries := []ObjectListEntry{{1, 2}, {1 << 63, 4}}
 	var body []byte

@@ -32,7 +32,9 @@ import (
 // The handler returns the response header and its body; the server fills in
 // ID, Length and Checksum. The body is, for status OK: READ, exactly
 // request.Length bytes; STAT, ObjectStatSize bytes (AppendObjectStat) or
-// nothing when the handler only knows the epoch stamp; LIST,
+// nothing when the handler only knows the epoch stamp, and with
+// ObjectFlagDigest ObjectDigestSize bytes (AppendObjectDigest) or nothing;
+// LIST,
 // at most request.Length entries (AppendObjectListEntry); nothing for the
 // other opcodes. For another status it is the error message (cut to
 // MaxObjectErrorMessage bytes); ObjectErrorResponse builds such answers from
@@ -527,9 +529,7 @@ func objectBodyProblem(request *ObjectRequest, response *ObjectResponse, body []
 			return fmt.Sprintf("READ of %d bytes answered with %d", request.Length, len(body))
 		}
 	case ObjectStat:
-		if len(body) != ObjectStatSize && len(body) != 0 {
-			return fmt.Sprintf("STAT answered with %d bytes, not %d or none", len(body), ObjectStatSize)
-		}
+		return statBodyProblem(request.Flags, len(body))
 	case ObjectList:
 		if len(body)%ObjectListEntrySize != 0 || len(body)/ObjectListEntrySize > int(request.Length) {
 			return fmt.Sprintf("LIST of at most %d entries answered with %d bytes", request.Length, len(body))

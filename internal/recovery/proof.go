@@ -19,7 +19,7 @@ type Proof struct {
 	cluster  Cluster
 	layouts  *layout.History
 	replicas interface {
-		Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (stamp uint64, err error)
+		Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (stamp, digest uint64, err error)
 	}
 }
 
@@ -51,11 +51,12 @@ const surveyTimeout = 5 * time.Second
 // current copy reachable) are not stale, so a node that returns with the
 // newest copy serves it again.
 
-// Survey asks every node of rv's epoch for its stamp of oid, in
+// Survey asks every node of rv's epoch for its stamp of oid, and its
+// content digest (where the node reported one: Replicas.Stat), in
 // parallel. A node that answered "not found" is in answered without a
 // stamp; one that did not answer is in neither.
-func (p *Proof) Survey(ctx context.Context, rv *layout.Epoch, oid uint64) (stamps map[string]uint64, answered func(string) bool) {
-	stamps = map[string]uint64{}
+func (p *Proof) Survey(ctx context.Context, rv *layout.Epoch, oid uint64) (stamps, digests map[string]uint64, answered func(string) bool) {
+	stamps, digests = map[string]uint64{}, map[string]uint64{}
 	ok := map[string]bool{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -65,19 +66,22 @@ func (p *Proof) Survey(ctx context.Context, rv *layout.Epoch, oid uint64) (stamp
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			stamp, err := p.replicas.Stat(scope, node, rv.Number, oid)
+			stamp, digest, err := p.replicas.Stat(scope, node, rv.Number, oid)
 			mu.Lock()
 			defer mu.Unlock()
 			switch {
 			case err == nil:
 				stamps[id], ok[id] = stamp, true
+				if digest != 0 {
+					digests[id] = digest
+				}
 			case errors.Is(err, object.ErrNotFound):
 				ok[id] = true
 			}
 		}()
 	}
 	wg.Wait()
-	return stamps, func(id string) bool { return ok[id] }
+	return stamps, digests, func(id string) bool { return ok[id] }
 }
 
 // Current returns nil when a copy of oid stamped newest (the newest

@@ -15,6 +15,13 @@
 //     replicas out of the epoch make it object.ErrNoCopy.
 //   - A fetched copy is installed whole and stamped at once
 //     (store.Replace): a copy cut short never exists, stamps never go back.
+//   - Copies with the newest stamp are not taken for identical: a change
+//     in flight (sent, not acknowledged, still retried) may have reached
+//     some of them only. Every node ranks their holders the same way
+//     (holders that stayed members of every epoch since the stamp first,
+//     then by id: rankHolders), and a node that left those epochs keeps
+//     its own tied copy only if its content digest equals the first
+//     ranked holder's that stayed (tie); otherwise it fetches that copy.
 //   - No copy is deleted before its replacement exists: a surplus copy is
 //     removed only when every replica of the current epoch holds a copy
 //     stamped with it, flushed, and only while that epoch lasts.
@@ -58,7 +65,10 @@ type Cluster interface {
 
 // Replicas reaches every node's replica (replica.Client).
 type Replicas interface {
-	Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (stamp uint64, err error)
+	// Stat returns the stamp of node's copy and its content digest
+	// (store.Info.Digest), 0 when not known: a node whose herd predates
+	// digests, or a cluster below cluster.LevelCopyDigests.
+	Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (stamp, digest uint64, err error)
 	// Fetch reads the whole copy, whatever its stamp.
 	Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte) (stamp uint64, err error)
 	Flush(ctx context.Context, node cluster.Node, epoch uint64) error
@@ -317,10 +327,11 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 	r.update(func(s *Status) {
 		*s = Status{Epoch: epoch, State: "listing", Started: started}
 	})
-	// Every node's objects, and the newest stamp and holder of each.
+	// Every node's objects, and the newest stamp and its holders (in
+	// id order) of each.
 	type best struct {
-		stamp  uint64
-		holder cluster.Node
+		stamp   uint64
+		holders []cluster.Node
 	}
 	newest := map[uint64]best{}
 	ids := make([]string, 0, len(rv.Nodes))
@@ -338,8 +349,14 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 			if stamp == 0 {
 				continue // never a source: no complete copy is stamped 0
 			}
-			if b, ok := newest[oid]; !ok || stamp > b.stamp {
-				newest[oid] = best{stamp: stamp, holder: node}
+			switch b, ok := newest[oid]; {
+			case !ok || stamp > b.stamp:
+				newest[oid] = best{stamp: stamp, holders: []cluster.Node{node}}
+			case stamp == b.stamp:
+				// Every holder: copies of one stamp may differ
+				// (makeCurrentLocked).
+				b.holders = append(b.holders, node)
+				newest[oid] = b
 			}
 		}
 	}
@@ -415,7 +432,7 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 					continue
 				}
 				b := newest[oid]
-				copied, err := r.makeCurrent(ctx, rv, oid, placedCopies[oid], b.stamp, []cluster.Node{b.holder}, answered, throttle)
+				copied, err := r.makeCurrent(ctx, rv, oid, placedCopies[oid], b.stamp, b.holders, nil, answered, throttle)
 				r.throttle.leave()
 				switch {
 				case errors.Is(err, object.ErrNoCopy):
@@ -505,7 +522,7 @@ func (r *Recovery) RecoverObject(ctx context.Context, epoch, oid uint64) error {
 		return nil // recovered meanwhile
 	}
 	copies, _ := r.copiesOf(rv).of(oid)
-	stamps, answered := r.proof.Survey(ctx, rv, oid)
+	stamps, digests, answered := r.proof.Survey(ctx, rv, oid)
 	var newest uint64
 	var holders []cluster.Node
 	for id, stamp := range stamps {
@@ -525,7 +542,7 @@ func (r *Recovery) RecoverObject(ctx context.Context, epoch, oid uint64) error {
 		}
 		return fmt.Errorf("%w: object %016x: no node of epoch %d holds it", object.ErrNotFound, oid, epoch)
 	}
-	copied, err := r.makeCurrent(ctx, rv, oid, copies, newest, holders, answered, nil) // I/O waits: never throttled
+	copied, err := r.makeCurrent(ctx, rv, oid, copies, newest, holders, digests, answered, nil) // I/O waits: never throttled
 	if errors.Is(err, object.ErrNoCopy) {
 		var silent []string
 		for id := range rv.Nodes {
@@ -544,17 +561,19 @@ func (r *Recovery) RecoverObject(ctx context.Context, epoch, oid uint64) error {
 }
 
 // makeCurrent makes this node's copy of oid current in rv's epoch, given
-// its VDI's copies, the newest stamp any answering node holds and nodes holding it: it
-// proves that copy current, then restamps its own copy if that is one,
-// or fetches the object from a holder. Under the object's exclusive
-// lock. Reports whether it copied data.
-func (r *Recovery) makeCurrent(ctx context.Context, rv *layout.Epoch, oid uint64, copies int, newest uint64, holders []cluster.Node, answered func(string) bool, throttle func(ctx context.Context, bytes uint64) error) (bool, error) {
-	copied, err := r.makeCurrentLocked(ctx, rv, oid, copies, newest, holders, answered, throttle != nil)
+// its VDI's copies, the newest stamp any answering node holds, the nodes
+// holding it and, where a survey learnt them, their content digests (nil:
+// none known): it proves that copy current, then restamps its own copy
+// if that is one with the newest content (tie), or fetches the object
+// from a holder. Under the object's exclusive lock. Reports whether it
+// copied data.
+func (r *Recovery) makeCurrent(ctx context.Context, rv *layout.Epoch, oid uint64, copies int, newest uint64, holders []cluster.Node, digests map[string]uint64, answered func(string) bool, throttle func(ctx context.Context, bytes uint64) error) (bool, error) {
+	copied, err := r.makeCurrentLocked(ctx, rv, oid, copies, newest, holders, digests, answered, throttle != nil)
 	if errors.Is(err, errNeedTokens) {
 		if err := throttle(ctx, rv.Format.ObjectSize); err != nil {
 			return false, err
 		}
-		copied, err = r.makeCurrentLocked(ctx, rv, oid, copies, newest, holders, answered, false)
+		copied, err = r.makeCurrentLocked(ctx, rv, oid, copies, newest, holders, digests, answered, false)
 	}
 	return copied, err
 }
@@ -563,7 +582,7 @@ func (r *Recovery) makeCurrent(ctx context.Context, rv *layout.Epoch, oid uint64
 // rate-limited.
 var errNeedTokens = errors.New("recovery: copy waits for the rate limit")
 
-func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *layout.Epoch, oid uint64, copies int, newest uint64, holders []cluster.Node, answered func(string) bool, throttle bool) (bool, error) {
+func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *layout.Epoch, oid uint64, copies int, newest uint64, holders []cluster.Node, digests map[string]uint64, answered func(string) bool, throttle bool) (bool, error) {
 	copied := false
 	err := r.local.Exclusive(oid, func(stamp uint64, found bool) error {
 		if found && stamp >= rv.Number {
@@ -575,11 +594,20 @@ func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *layout.Epoch, oid 
 		if err := r.proof.Current(oid, copies, rv, newest, answered); err != nil {
 			return err
 		}
+		stayed := r.stayedSince(newest, rv.Number)
+		sources := rankHolders(holders, stayed)
 		if found && stamp == newest && stamp > 0 {
-			return r.local.Store().SetEpoch(oid, rv.Number)
+			keep, from, err := r.tie(ctx, rv, oid, newest, sources, digests, stayed)
+			if err != nil {
+				return err
+			}
+			if keep {
+				return r.local.Store().SetEpoch(oid, rv.Number)
+			}
+			sources = from
 		}
 		var last error
-		for _, h := range holders {
+		for _, h := range sources {
 			if h.ID == r.self {
 				continue
 			}
@@ -610,6 +638,130 @@ func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *layout.Epoch, oid 
 		return last
 	})
 	return copied, err
+}
+
+// Copies with the same stamp.
+//
+// A change acknowledged in epoch e reached every replica of e, so the
+// copies stamped e that hold it are identical, and recovery used to take
+// any of them for the newest (restamping its own). A change still in
+// flight is another matter: sent in e to every replica, it may have
+// reached some and not others (a node killed just before it arrived),
+// and the gateway retries it through the epochs that follow without
+// failing it (so suspect repair, gateway/suspect.go, does not run). A
+// reader may read it from a copy that has it; if recovery then makes
+// current a copy of the same stamp that lacks it, a later read returns
+// the older data: not linearizable (TestRobustness, object
+// 0000000300000000: node 2 restarted with its copy stamped 17 without the
+// write in flight, restamped it in epoch 20 and served it; the gateway's
+// TestInFlightWriteNeverReadOldAfterNew replays it).
+//
+// A replica misses a change sent to it when it cannot be reached, and
+// one that stays unreachable is taken out of the next epoch; one that was
+// a member of every epoch after its copy's stamp got the change, or will
+// get its retry, which the gateway sends to every replica of the epoch it
+// retries in. So the holders of the newest stamp that stayed members
+// since it are the sources: every node ranks them first, the same way
+// (then by id), and a node that must copy fetches from the first it
+// reaches, rolling the partial change forward everywhere. A node that
+// left those epochs keeps its own tied copy only when its content digest
+// (store.Info.Digest) equals that of the first holder that stayed, so a
+// node back from a restart or a maintenance window still restamps its
+// unchanged copies instead of copying them (the "down, not out" promise).
+// A digest that is not known (a herd before digests, a cluster below
+// cluster.LevelCopyDigests, a copy written before checksums) counts as
+// different: it costs a copy, never data. When no holder stayed (every
+// holder left and came back) each keeps its own, as before.
+//
+// Not covered: a holder that stayed but missed a change in flight (its
+// connection broke, and the retry in the same epoch has not reached it
+// yet) ties with those that have it and may rank first; until the retry
+// lands, a read through it may return the older data after a read
+// elsewhere returned the newer, as for any write in flight whose replicas
+// readers meet in a different order.
+
+// stayedSince returns whether a node was a member of every epoch after
+// stamp up to now. It reads the epoch history once, on first use.
+func (r *Recovery) stayedSince(stamp, now uint64) func(id string) bool {
+	var epochs int
+	var in map[string]int // epochs of the range each node was a member of
+	return func(id string) bool {
+		if in == nil {
+			in = map[string]int{}
+			for _, e := range r.cluster.Epochs() {
+				if e.Number <= stamp || e.Number > now {
+					continue
+				}
+				epochs++
+				for _, n := range e.Nodes {
+					in[n]++
+				}
+			}
+		}
+		return in[id] == epochs
+	}
+}
+
+// rankHolders orders the holders of the newest stamp as every node does:
+// those that stayed members since the stamp first, then by id.
+func rankHolders(holders []cluster.Node, stayed func(string) bool) []cluster.Node {
+	out := slices.Clone(holders)
+	slices.SortFunc(out, func(a, b cluster.Node) int {
+		if sa, sb := stayed(a.ID), stayed(b.ID); sa != sb {
+			if sa {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return slices.CompactFunc(out, func(a, b cluster.Node) bool { return a.ID == b.ID })
+}
+
+// tie decides about this node's copy of oid, stamped newest like the
+// ranked holders' (see "Copies with the same stamp"): keep it (restamp)
+// or fetch, from the holders that stayed members since newest, in rank
+// order. The caller holds the object's exclusive lock.
+func (r *Recovery) tie(ctx context.Context, rv *layout.Epoch, oid, newest uint64, ranked []cluster.Node, digests map[string]uint64, stayed func(string) bool) (keep bool, from []cluster.Node, err error) {
+	if stayed(r.self) {
+		return true, nil, nil
+	}
+	for _, h := range ranked {
+		if h.ID != r.self && stayed(h.ID) {
+			from = append(from, h)
+		}
+	}
+	if len(from) == 0 {
+		return true, nil, nil
+	}
+	_, own, err := r.local.Store().Stat(oid)
+	if err != nil {
+		return false, nil, err
+	}
+	if own == 0 {
+		return false, from, nil
+	}
+	first := from[0]
+	digest, known := digests[first.ID]
+	if !known {
+		// The background pass listed stamps only: ask (bounded as a
+		// survey). An error leaves it unknown; the fetch will tell. Its
+		// copy may be stamped with this epoch by now (its own pass
+		// restamped it, or a client wrote it): it is current then, and
+		// the same content here is as current as a fetch of it would be
+		// (a write to the object in this epoch waits for this lock here,
+		// then lands on this copy too).
+		scope, cancel := layout.Scoped(ctx, r.cluster, rv.Number, surveyTimeout)
+		stamp, d, err := r.replicas.Stat(scope, first, rv.Number, oid)
+		cancel()
+		if err == nil && stamp >= newest {
+			digest = d
+		}
+	}
+	if digest != 0 && digest == own {
+		return true, nil, nil
+	}
+	return false, from, nil
 }
 
 // removeSurplus deletes the copies this node holds but epoch places on
@@ -691,7 +843,7 @@ func (r *Recovery) removeSurplusOnce(ctx context.Context, epoch uint64) (int, er
 		targets := placed[oid]
 		ok := true
 		for _, n := range targets {
-			stamp, err := r.replicas.Stat(ctx, n, epoch, oid)
+			stamp, _, err := r.replicas.Stat(ctx, n, epoch, oid)
 			if err != nil || stamp < epoch {
 				ok = false
 				break

@@ -19,6 +19,13 @@ type Client struct {
 	Peer  *peer.ObjectClient
 	// Metrics, if set, times every request to another node.
 	Metrics *metrics.Node
+	// Digests, if set, says whether Stat may ask other nodes for their
+	// copies' content digests: once the cluster's feature level is
+	// cluster.LevelCopyDigests, at which no member runs a herd that
+	// refuses STAT's DIGEST flag (peer.ObjectFlagDigest). Without it, or
+	// below that level, Stat reports another node's digest as 0
+	// (unknown).
+	Digests func() bool
 }
 
 func (p *Client) do(ctx context.Context, node cluster.Node, request peer.ObjectRequest, payload, into []byte) (peer.ObjectResponse, []byte, error) {
@@ -167,13 +174,26 @@ func (p *Client) Flush(ctx context.Context, node cluster.Node, epoch uint64) err
 	return err
 }
 
-// Stat on node's copy (see Replica).
-func (p *Client) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, error) {
+// Stat on node's copy (see Replica): its stamp and, when Digests allows
+// asking for it, its content digest (0: unknown).
+func (p *Client) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (stamp, digest uint64, err error) {
 	if node.ID == p.Self {
 		return p.Local.Stat(ctx, epoch, oid)
 	}
-	response, _, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectStat, Epoch: epoch, OID: oid}, nil, nil)
-	return response.ObjectEpoch, err
+	request := peer.ObjectRequest{Opcode: peer.ObjectStat, Epoch: epoch, OID: oid}
+	if p.Digests != nil && p.Digests() {
+		request.Flags |= peer.ObjectFlagDigest
+	}
+	response, body, err := p.do(ctx, node, request, nil, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	if request.Flags&peer.ObjectFlagDigest != 0 {
+		if digest, err = peer.DecodeObjectDigest(body); err != nil {
+			return 0, 0, err
+		}
+	}
+	return response.ObjectEpoch, digest, nil
 }
 
 // Fetch on node's copy (see Replica).

@@ -54,9 +54,9 @@ func (l LocalStore) Zero(oid uint64, offset, length uint32, epoch uint64, flags 
 
 func (l LocalStore) Remove(oid uint64) error { return (l.Store.Remove(oid)) }
 
-func (l LocalStore) Stat(oid uint64) (uint64, error) {
+func (l LocalStore) Stat(oid uint64) (uint64, uint64, error) {
 	info, err := l.Store.Stat(oid)
-	return info.Epoch, (err)
+	return info.Epoch, info.Digest, err
 }
 
 func (l LocalStore) Epoch(oid uint64) (uint64, error) {

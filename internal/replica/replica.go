@@ -50,7 +50,9 @@ type ObjectStore interface {
 	Write(oid uint64, p []byte, offset uint32, epoch uint64, flags object.Flags) error
 	Zero(oid uint64, offset, length uint32, epoch uint64, flags object.Flags) error
 	Remove(oid uint64) error
-	Stat(oid uint64) (stamp uint64, err error)
+	// Stat returns the copy's stamp and content digest (store.Info.Digest;
+	// 0: unknown).
+	Stat(oid uint64) (stamp, digest uint64, err error)
 	Epoch(oid uint64) (stamp uint64, err error) // Stat without the file size: cheap
 	SetEpoch(oid, epoch uint64) error
 	// Replace installs a whole copy stamped epoch at once: until then the
@@ -322,16 +324,17 @@ func (r *Replica) Remove(ctx context.Context, epoch, oid uint64) error {
 	return r.store.Remove(oid)
 }
 
-// Stat returns the epoch stamp of this node's copy, proven current or not.
-func (r *Replica) Stat(ctx context.Context, epoch, oid uint64) (uint64, error) {
+// Stat returns the epoch stamp of this node's copy, proven current or
+// not, and its content digest (0: unknown).
+func (r *Replica) Stat(ctx context.Context, epoch, oid uint64) (stamp, digest uint64, err error) {
 	if err := r.Check(ctx, epoch); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	stamp, err := r.store.Stat(oid)
+	stamp, digest, err = r.store.Stat(oid)
 	if err != nil {
-		return stamp, err
+		return stamp, 0, err
 	}
-	return stamp, r.stillServing(epoch)
+	return stamp, digest, r.stillServing(epoch)
 }
 
 // Flush makes every write this node acknowledged durable.

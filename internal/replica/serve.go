@@ -57,9 +57,14 @@ func (r *Replica) ServeObject(ctx context.Context, request *peer.ObjectRequest, 
 			return fail(err)
 		}
 	case peer.ObjectStat:
-		stamp, err := r.Stat(ctx, request.Epoch, request.OID)
+		stamp, digest, err := r.Stat(ctx, request.Epoch, request.OID)
 		if err != nil {
 			return fail(err)
+		}
+		if request.Flags&peer.ObjectFlagDigest != 0 {
+			// Only when asked: a herd before digests takes any STAT
+			// body but 16 bytes or none for a protocol error.
+			return peer.ObjectResponse{Epoch: epoch, ObjectEpoch: stamp}, peer.AppendObjectDigest(nil, digest)
 		}
 		return peer.ObjectResponse{Epoch: epoch, ObjectEpoch: stamp}, nil
 	case peer.ObjectList:

@@ -251,7 +251,10 @@ func Run(ctx context.Context, o Options) error {
 	defer objectServer.Close()
 	objectClient := peer.NewObjectClient(credentials.peer)
 	defer objectClient.Close()
-	replicas := &replica.Client{Self: id, Local: replicaSide, Peer: objectClient, Metrics: meters}
+	// Digests: STAT asks for copies' content digests only at the level
+	// where every member knows the flag (peer.ObjectFlagDigest).
+	replicas := &replica.Client{Self: id, Local: replicaSide, Peer: objectClient, Metrics: meters,
+		Digests: func() bool { return c.Level() >= cluster.LevelCopyDigests }}
 	layouts := layout.NewHistory(c, logger)
 	gw := gateway.New(c, layouts, replicas, logger, o.Gateway)
 	defer gw.Close()

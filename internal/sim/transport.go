@@ -279,18 +279,20 @@ func (t *transport) Flush(ctx context.Context, node cluster.Node, epoch uint64) 
 	})
 }
 
-// Stat implements gateway.Replicas.
-func (t *transport) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, error) {
-	var stamp uint64
+// Stat implements recovery.Replicas: the stamp and the content digest,
+// which every simulated node reports (the runtime asks for it only from
+// cluster.LevelCopyDigests on: replica.Client.Digests).
+func (t *transport) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, uint64, error) {
+	var stamp, digest uint64
 	err := t.call(ctx, node, "stat", oid, 0, epoch, func(ctx context.Context, r *replica.Replica) error {
 		var err error
-		stamp, err = r.Stat(ctx, epoch, oid)
+		stamp, digest, err = r.Stat(ctx, epoch, oid)
 		return err
 	})
 	if err != nil {
-		return 0, err
+		return 0, 0, err // the target may still be running: leave its variables alone
 	}
-	return stamp, nil
+	return stamp, digest, nil
 }
 
 // Fetch implements gateway.Replicas.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"hash/fnv"
 	"io"
 	"sync"
 )
@@ -286,6 +287,44 @@ func (s *Store) repairBlocks(h *handle, p []byte, offset uint32) (int, error) {
 		s.logger.Info("store: repaired blocks that failed their checksum", "oid", oidString(h.oid), "path", h.path, "blocks", repaired)
 	}
 	return repaired, nil
+}
+
+// contentDigest fingerprints the content of h's copy of length bytes
+// (Info.Digest): FNV-1a (64 bits) of its checksum table's entries for
+// those bytes, without the trailing zero entries. An entry is a
+// function of its block's bytes alone, 0 for a block of zeros as for a
+// hole, so two copies whose bytes read the same have the same digest,
+// however they were written and whatever their stamps or lengths (a copy
+// installed by Replace is ObjectSize long, the one it came from may be
+// shorter: the zeros beyond read the same). Copies that differ in a
+// block differ in its entry unless the two versions of the block have the
+// same CRC32C (a chance of 2^-32 for unrelated bytes; never when they
+// differ in one burst of at most 32 bits), then in the digest but for
+// a 64-bit hash collision. 0 for a copy written before checksums (no
+// table): unknown. Read under writeMu, so a write is in the digest whole
+// or not at all. The caller holds h.life.
+func (s *Store) contentDigest(h *handle, length uint64) (uint64, error) {
+	if h.legacy {
+		return 0, nil
+	}
+	_, blocks := blockSpan(0, min(length, MaxObjectSize))
+	table := make([]byte, blocks*sumSize)
+	h.writeMu.Lock()
+	err := s.readFile(h, table, headerSize)
+	h.writeMu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	end := len(table)
+	for end >= sumSize && binary.LittleEndian.Uint32(table[end-sumSize:end]) == 0 {
+		end -= sumSize
+	}
+	digest := fnv.New64a()
+	digest.Write(table[:end])
+	if sum := digest.Sum64(); sum != 0 {
+		return sum, nil
+	}
+	return 1, nil // 0 means unknown
 }
 
 // tableFor computes the checksum table of a whole copy's data.

@@ -94,6 +94,14 @@ type Info struct {
 	// Damaged is set by List for a copy that cannot be read: corrupt
 	// header, or a failed sync. It must be removed and recovered.
 	Damaged bool
+	// Digest fingerprints the copy's content (set by Stat; not by List):
+	// a hash of its checksum table (contentDigest), equal for two copies
+	// whose bytes read the same, whatever wrote them (writes, zeroes,
+	// holes, a whole copy installed by Replace) and whatever their
+	// stamps and lengths. Recovery compares it to tell a copy that
+	// missed a change from one that did not (internal/recovery). 0: not
+	// known (a copy written before checksums has no table).
+	Digest uint64
 }
 
 // Store is the object store of one node. All its methods are safe for
@@ -616,13 +624,16 @@ func (s *Store) Sync(oid uint64) error {
 	})
 }
 
-// Stat describes the object's copy: ErrNotFound if missing, ErrCorrupt if
-// damaged.
+// Stat describes the object's copy, its content digest included:
+// ErrNotFound if missing, ErrCorrupt if damaged.
 func (s *Store) Stat(oid uint64) (Info, error) {
 	var info Info
 	err := s.with("stat", oid, accessExisting, 0, func(h *handle) error {
 		var err error
-		info, err = handleInfo(h)
+		if info, err = handleInfo(h); err != nil {
+			return err
+		}
+		info.Digest, err = s.contentDigest(h, info.LengthBytes)
 		return err
 	})
 	return info, err

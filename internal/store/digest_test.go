@@ -1,0 +1,99 @@
+package store
+
+import (
+	"os"
+	"testing"
+)
+
+// The content digest (Info.Digest) is the same for copies that read the
+// same, however they were written, and differs when one block differs:
+// recovery restamps a returning node's unchanged copy by it instead of
+// copying it, and fetches a copy that missed a change.
+func TestDigestFollowsContent(t *testing.T) {
+	s := openTest(t, Options{})
+	digest := func(oid uint64) uint64 {
+		t.Helper()
+		info, err := s.Stat(oid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Digest == 0 {
+			t.Fatalf("object %d: no digest", oid)
+		}
+		return info.Digest
+	}
+	data := pattern(1, 5*blockSize+100)
+	// 1: written in one piece, stamped 3.
+	mustWrite(t, s, 1, data, 0, 3, Create)
+	// 2: the same bytes in pieces not aligned on blocks, in other epochs.
+	mustWrite(t, s, 2, data[:7000], 0, 4, Create)
+	mustWrite(t, s, 2, data[7000:], 7000, 5, 0)
+	// 3: installed whole, ObjectSize long: zeros beyond the data.
+	whole := make([]byte, 1<<20)
+	copy(whole, data)
+	if err := s.Replace(3, whole, 9); err != nil {
+		t.Fatal(err)
+	}
+	// 4: with a block of zeros past the end, written, then a hole punched
+	// over what was written there.
+	mustWrite(t, s, 4, data, 0, 3, Create)
+	if err := s.WriteZeroes(4, 8*blockSize, blockSize, 3, NoHole); err != nil {
+		t.Fatal(err)
+	}
+	mustWrite(t, s, 4, pattern(9, blockSize), 10*blockSize, 3, 0)
+	if err := s.Trim(4, 10*blockSize, blockSize, 3, 0); err != nil {
+		t.Fatal(err)
+	}
+	want := digest(1)
+	for _, oid := range []uint64{2, 3, 4} {
+		if got := digest(oid); got != want {
+			t.Errorf("object %d reads the same as object 1 but its digest is %016x, not %016x", oid, got, want)
+		}
+	}
+	// A restamp changes nothing.
+	if err := s.SetEpoch(1, 12); err != nil {
+		t.Fatal(err)
+	}
+	if got := digest(1); got != want {
+		t.Errorf("a restamp changed the digest")
+	}
+	// One changed byte, anywhere, does.
+	for _, at := range []uint32{0, 3 * blockSize, uint32(len(data) - 1), 20 * blockSize} {
+		mustWrite(t, s, 5, data, 0, 3, Create)
+		mustWrite(t, s, 5, []byte{data[min(int(at), len(data)-1)] ^ 1}, at, 3, 0)
+		if digest(5) == want {
+			t.Errorf("a byte changed at %d: same digest", at)
+		}
+		if err := s.Remove(5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An empty copy and a copy of zeros are the same content.
+	mustWrite(t, s, 6, make([]byte, blockSize), 0, 3, Create)
+	mustWrite(t, s, 7, []byte{0}, 100, 3, Create)
+	if digest(6) != digest(7) || digest(6) == want {
+		t.Errorf("copies of zeros: digests %016x and %016x", digest(6), digest(7))
+	}
+}
+
+// A copy written before checksums has no digest: unknown, so recovery
+// copies rather than trusts it.
+func TestLegacyCopyHasNoDigest(t *testing.T) {
+	options := Options{Disks: []Disk{{Path: tempDisk(t)}}}
+	s := openTest(t, options)
+	const oid = 31
+	mustWrite(t, s, oid, []byte{1}, 0, 4, Create)
+	path := s.disks[0].objectPath(oid)
+	s = reopen(t, s, options)
+	encoded := header{oid: oid, epoch: 4, legacy: true}.encode()
+	file := make([]byte, headerSize+blockSize)
+	copy(file, encoded[:])
+	copy(file[headerSize:], pattern(3, blockSize))
+	if err := os.WriteFile(path, file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s = reopen(t, s, options)
+	if info, err := s.Stat(oid); err != nil || info.Digest != 0 {
+		t.Fatalf("Stat of a version 1 copy: digest %016x, %v; want 0", info.Digest, err)
+	}
+}
