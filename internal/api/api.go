@@ -326,6 +326,11 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 		}
 		return c.RollbackVDI(r.Context(), r.PathValue("name"), req.Tag)
 	})
+	// Flatten is a request in the log: the node holding the VDI's writer
+	// lock (or the leader) copies, then records it (cluster/merge.go).
+	s.handle(mux, "POST /v1/vdis/{name}/flatten", func(r *http.Request) (any, error) {
+		return c.FlattenVDI(r.Context(), r.PathValue("name"))
+	})
 	s.handle(mux, "POST /v1/vdis/{name}/check", func(r *http.Request) (any, error) {
 		var req CheckRequest
 		if err := decodeBody(r, &req); err != nil {

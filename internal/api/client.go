@@ -247,6 +247,14 @@ func (c *Client) Rollback(ctx context.Context, name, tag string) (cluster.VDI, e
 	return v, c.Do(ctx, http.MethodPost, "/v1/vdis/"+url.PathEscape(name)+"/rollback", RollbackRequest{Tag: tag}, &v)
 }
 
+// Flatten asks for a VDI to copy what it reads from its parents, then
+// lose its parent; the copy runs in the background (poll the VDI's
+// Parent).
+func (c *Client) Flatten(ctx context.Context, name string) (cluster.VDI, error) {
+	var v cluster.VDI
+	return v, c.Do(ctx, http.MethodPost, "/v1/vdis/"+url.PathEscape(name)+"/flatten", nil, &v)
+}
+
 func (c *Client) Tree(ctx context.Context) ([]TreeEntry, error) {
 	var v []TreeEntry
 	return v, c.Do(ctx, http.MethodGet, "/v1/tree", nil, &v)

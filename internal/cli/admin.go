@@ -458,6 +458,37 @@ func vdiCommand(g *globals) *cobra.Command {
 		},
 	}
 	rollback.Flags().StringVar(&to, "to", "", "the snapshot's tag")
+	var flattenNoWait bool
+	flatten := &cobra.Command{
+		Use:   "flatten NAME",
+		Short: "make a clone independent of its parent snapshot, online (copies what it reads from it)",
+		Args:  args(1, "NAME"),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			ctx, cancel := g.context()
+			v, err := g.client().Flatten(ctx, a[0])
+			cancel()
+			if err != nil {
+				return err
+			}
+			// The copy runs in the background, on the node holding the
+			// VDI's writer lock (or the leader); wait for the log to say
+			// it is done, unless told not to.
+			for !flattenNoWait && v.Parent != 0 {
+				time.Sleep(500 * time.Millisecond)
+				ctx, cancel := g.context()
+				v, err = g.client().VDI(ctx, a[0])
+				cancel()
+				if err != nil {
+					return err
+				}
+				if !v.Flatten && v.Parent != 0 {
+					return fmt.Errorf("vdi %s has a parent again (a snapshot or rollback replaced it): flatten it again", a[0])
+				}
+			}
+			return printVDI(v)
+		},
+	}
+	flatten.Flags().BoolVar(&flattenNoWait, "no-wait", false, "return once the flatten is asked for; vdi tree shows it under way")
 	tree := &cobra.Command{
 		Use:   "tree",
 		Short: "the VDI tree: snapshots, clones, space used",
@@ -718,7 +749,7 @@ func vdiCommand(g *globals) *cobra.Command {
 		},
 	}
 	check.Flags().BoolVar(&repair, "repair", false, "replace differing or missing replicas with the newest copy, rewrite blocks that fail their checksum from a good replica")
-	cmd.AddCommand(create, list, info, remove, resize, snapshot, clone, rollback, tree, check, set, status, unlock)
+	cmd.AddCommand(create, list, info, remove, resize, snapshot, clone, rollback, flatten, tree, check, set, status, unlock)
 	return cmd
 }
 
@@ -809,16 +840,22 @@ func printTree(w *tabwriter.Writer, entries []api.TreeEntry) {
 			children[e.Parent] = append(children[e.Parent], e)
 		}
 	}
-	fmt.Fprintln(w, "NAME\tID\tTAG\tTIME\tSIZE\tALLOCATED\tSHARED\tUNIQUE")
+	// UNIQUE is what deleting the VDI or snapshot frees: at once when
+	// nothing descends from it, by a merge into its only child otherwise.
+	fmt.Fprintln(w, "NAME\tID\tTAG\tTIME\tSIZE\tALLOCATED\tSHARED\tUNIQUE (FREED BY DELETE)")
 	var walk func(e api.TreeEntry, depth int)
 	walk = func(e api.TreeEntry, depth int) {
 		name, tag, at := e.Name, "-", e.Created
 		if e.Snapshot {
 			tag, at = e.Tag, e.SnapshotTime
 		}
-		switch {
+		switch kids := len(children[e.ID]); {
+		case e.Deleted && kids == 1:
+			name += " (deleted, being merged into its child)"
 		case e.Deleted:
-			name += " (deleted, kept for its clones)"
+			name += fmt.Sprintf(" (deleted, kept for its clones: %d children; delete all but one and it merges away, freeing its UNIQUE)", kids)
+		case e.Flatten:
+			name += " (flattening)"
 		case !e.Snapshot:
 			name += " (current)"
 		}

@@ -20,7 +20,7 @@ import (
 
 func serverCommand() *cobra.Command {
 	var o server.Options
-	var capacity, level, logFormat, joinTokenFile, memoryBudget, cowMemory, zoneLag, scrubRate string
+	var capacity, level, logFormat, joinTokenFile, memoryBudget, cowMemory, zoneLag, scrubRate, mergeRate string
 	var cpus int
 	cmd := &cobra.Command{
 		Use:   "server",
@@ -76,6 +76,11 @@ hypervisor.`,
 				return usage(fmt.Errorf("--scrub-max-rate %q: a size per second such as 50MiB/s (the scrub is always limited)", scrubRate))
 			}
 			o.ScrubMaxRate = rate
+			mergeBytes, err := parseRate(mergeRate)
+			if err != nil {
+				return usage(fmt.Errorf("--merge-rate %q: a size per second such as 64MiB/s, or 0 for unlimited", mergeRate))
+			}
+			o.MergeRate = mergeBytes
 			if cowMemory != "" {
 				bytes, err := size.Parse(cowMemory)
 				if err != nil {
@@ -162,6 +167,7 @@ hypervisor.`,
 	f.DurationVar(&o.ScrubInterval, "scrub-interval", 7*24*time.Hour, "time between the starts of two scrub passes (every copy read and verified)")
 	f.IntVar(&o.ScrubDeepEvery, "scrub-deep-every", 4, "every Nth scrub pass also compares each object's replicas across nodes")
 	f.StringVar(&scrubRate, "scrub-max-rate", "50MiB/s", "bytes per second a scrub pass reads (herd scrub --max-rate changes it live)")
+	f.StringVar(&mergeRate, "merge-rate", "64MiB/s", "bytes per second merges of deleted snapshots and flattens copy (0: unlimited)")
 	f.DurationVar(&o.JoinTimeout, "join-timeout", 30*time.Second, "how long a new node keeps trying --join before giving up")
 	f.Float64Var(&o.OvercommitRatio, "overcommit-ratio", 1.0, "cluster health warns when the VDIs' sizes add up to more than the usable space (raw space divided by the copies) times this")
 	f.DurationVar(&o.DownOutInterval, "down-out-interval", 10*time.Minute, "stopped cleanly (SIGTERM), this node is down but not out for this long: its objects are re-replicated elsewhere only if it has not returned by then (0: at once)")

@@ -80,6 +80,7 @@ var fuzzPayloads = map[commandType][]any{
 	commandVDIRepaired:     {vdiRepairedCommand{Name: "db"}, vdiRepairedCommand{Name: "none"}},
 	commandNodeSpace:       {nodeSpaceCommand{ID: "c", Full: false, Time: t0}, nodeSpaceCommand{ID: "d", Full: true}},
 	commandVDIUnclean:      {vdiRepairedCommand{Name: "vm"}, vdiRepairedCommand{Name: "none"}},
+	commandVDILayer:        {vdiLayerCommand{Op: layerFlatten, Name: "clone", Time: t0}, vdiLayerCommand{Op: layerMerged, ID: 3, Child: 4, Time: t0}, vdiLayerCommand{Op: layerFlattened, ID: 3, Child: 5}, vdiLayerCommand{Op: "x"}},
 	commandSecurityInit:    {securityInitCommand{JoinHash: "j1", Admin: Token{ID: "t1", Name: "admin", Hash: "h1", Created: t0}}, securityInitCommand{JoinHash: "j2", Admin: Token{ID: "t2", Name: "admin", Hash: "h2"}}},
 	commandTokenCreate:     {Token{ID: "t3", Name: "ops", Hash: "h3", ReadOnly: true, Created: t0}, Token{ID: "t1", Name: "dup", Hash: "h"}},
 	commandTokenRevoke:     {tokenRevokeCommand{ID: "t1"}, tokenRevokeCommand{ID: "ops"}, tokenRevokeCommand{ID: "none"}},

@@ -184,6 +184,9 @@ type VDI struct {
 	BrokenGeneration uint64 `json:"broken_generation,omitempty"`
 	// Limits are the VDI's QoS limits, paced by each gateway (qos.go).
 	Limits Limits `json:"limits,omitzero"`
+	// Flatten: `herd vdi flatten` asked for the VDI to copy everything it
+	// reads from its ancestors, then lose its parent (merge.go).
+	Flatten bool `json:"flatten,omitempty"`
 }
 
 // Write acknowledgement modes (VDI.Ack, `herd vdi set --ack`).

@@ -113,7 +113,26 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 			clear(buffer)
 			return nil
 		}
-		return g.read(ctx, object.DataOID(owner, pc.index), vdi.Copies, buffer, pc.within)
+		err = g.read(ctx, object.DataOID(owner, pc.index), vdi.Copies, buffer, pc.within)
+		if err != nil && owner != vdi.ID && isGone(err) {
+			// An ancestor's object freed after a merge or flatten took
+			// its layer out of the chain (merge.go): read through the
+			// chain the log has now, every map page again.
+			g.refreshChain(state)
+			state.mu.Lock()
+			state.dropPagesLocked()
+			state.mu.Unlock()
+			v, c := state.current()
+			if owner, err = g.resolve(ctx, state, v, c, pc.index, false); err != nil {
+				return err
+			}
+			if owner == 0 {
+				clear(buffer)
+				return nil
+			}
+			err = g.read(ctx, object.DataOID(owner, pc.index), vdi.Copies, buffer, pc.within)
+		}
+		return err
 	})
 }
 

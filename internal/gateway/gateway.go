@@ -169,6 +169,11 @@ type Gateway struct {
 	options  Options
 	session  string // this gateway's lock session
 
+	// merges and mergeStats: the merge and flatten jobs under way here
+	// (merge.go).
+	merges     mergeState
+	mergeStats MergeStats
+
 	// repair makes an unclean VDI's replicas identical before its new
 	// writer serves it (maintenance.RepairUnclean; SetRepair).
 	repair atomic.Pointer[func(ctx context.Context, vdi cluster.VDI) error]

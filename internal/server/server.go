@@ -87,6 +87,9 @@ type Options struct {
 	// ScrubMaxRate bounds the bytes a pass reads per second.
 	ScrubInterval time.Duration
 	ScrubMaxRate  uint64
+	// MergeRate bounds the bytes per second that merges of deleted
+	// snapshots and flattens copy (gateway/merge.go); 0: unlimited.
+	MergeRate uint64
 	// ScrubDeepEvery makes every Nth pass compare replicas across nodes.
 	ScrubDeepEvery int
 	Logger         *slog.Logger
@@ -298,6 +301,15 @@ func Run(ctx context.Context, o Options) error {
 	go scrubber.Run(ctx)
 
 	go maint.RunGarbageCollector(ctx, c)
+	mergeRate := &gateway.MergeRate{}
+	mergeRate.Set(int64(o.MergeRate))
+	go gw.RunMerges(ctx, c, mergeRate)
+	meters.AddGauges(
+		metrics.Gauge{Name: "herd_merge_objects_copied_total", Help: "Objects this node copied into a child while merging a deleted snapshot or flattening.", Read: func() []metrics.Sample { return []metrics.Sample{{Value: float64(gw.Merges().Copied.Load())}} }},
+		metrics.Gauge{Name: "herd_merge_layers_merged_total", Help: "Deleted snapshots this node merged into their only child.", Read: func() []metrics.Sample { return []metrics.Sample{{Value: float64(gw.Merges().Merged.Load())}} }},
+		metrics.Gauge{Name: "herd_merge_flattened_total", Help: "VDIs this node flattened.", Read: func() []metrics.Sample { return []metrics.Sample{{Value: float64(gw.Merges().Flattens.Load())}} }},
+		metrics.Gauge{Name: "herd_merge_running", Help: "Merge and flatten jobs under way on this node.", Read: func() []metrics.Sample { return []metrics.Sample{{Value: float64(gw.Merges().Running.Load())}} }},
+	)
 	go maintenance.WatchSpace(ctx, c, objects, logger)
 	security := api.Security{Fingerprint: credentials.fingerprint, ServerTLS: credentials.serverTLS(), PeerTLS: credentials.peerTLS(), Authority: credentials}
 	meters.AddGauges(nodeGauges(c, objects, rec, nbdServer, localNBD)...)

@@ -1,0 +1,301 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/object"
+)
+
+// Merging deleted layers and flattening (issue 32; cluster/merge.go).
+//
+// A job copies into a child C every object C reads through its sources
+// (a deleted layer D, or for a flatten every ancestor) and does not own:
+// under the object's allocation lock of the open of C that serves the
+// guest, exactly as a copy-on-write first write does (copyObject, then
+// the map entry), so a guest's first write to the object and the merge's
+// copy are serialised and each sees the other's result: the copy is
+// skipped once C owns the object, and a guest write after the copy
+// writes C's own object. A tombstone of D becomes a tombstone of C. The
+// copies are written with FUA: when the job commits, the chain may lose
+// D at once. Then the log shortens the chain (merged/flattened) and D
+// goes to the garbage list.
+//
+// Who runs a job: the node holding C's writer lock, through its open
+// (the guest's); with no holder, the leader, which opens C for writing
+// itself (a guest opening C meanwhile takes the lock over by the usual
+// handover, and the job stops here to continue there). A snapshot child
+// is never written, so the leader copies into it without a lock. A job
+// is restartable at any point: it skips what C already owns.
+
+// MergeLog is what the merge runner needs from the cluster log.
+type MergeLog interface {
+	IsLeader() bool
+	LayerJobs() []cluster.LayerJob
+	LayerMerged(ctx context.Context, layer, child uint32) error
+	LayerFlattened(ctx context.Context, child, parent uint32) error
+}
+
+// errHandedOver stops a job whose writer lock went to another node.
+var errHandedOver = errors.New("the vdi's writer lock moved to another node: the job continues there")
+
+// MergeRate paces merge copies, in bytes per second (0: unlimited);
+// settable at run time.
+type MergeRate struct{ bytes atomic.Int64 }
+
+// Set changes the rate.
+func (r *MergeRate) Set(bytesPerSecond int64) { r.bytes.Store(bytesPerSecond) }
+
+// Get returns the rate.
+func (r *MergeRate) Get() int64 { return r.bytes.Load() }
+
+// MergeStats counts the merge work done by this node (metrics).
+type MergeStats struct {
+	Copied   atomic.Uint64 // objects copied into a child
+	Merged   atomic.Uint64 // layers merged away
+	Flattens atomic.Uint64 // VDIs flattened
+	Running  atomic.Int64  // jobs under way
+}
+
+// MergeProgress is one job under way on this node.
+type MergeProgress struct {
+	Child   uint32 `json:"child"`
+	Layer   uint32 `json:"layer,omitempty"`
+	Flatten bool   `json:"flatten,omitempty"`
+	Done    uint64 `json:"done"`  // objects looked at
+	Total   uint64 `json:"total"` // objects of the child
+}
+
+type mergeState struct {
+	mu       sync.Mutex
+	progress map[uint32]*MergeProgress
+}
+
+// MergeProgress returns the jobs under way on this node.
+func (g *Gateway) MergeProgress() []MergeProgress {
+	g.merges.mu.Lock()
+	defer g.merges.mu.Unlock()
+	var out []MergeProgress
+	for _, p := range g.merges.progress {
+		out = append(out, *p)
+	}
+	return out
+}
+
+// Merges returns this node's merge counters.
+func (g *Gateway) Merges() *MergeStats { return &g.mergeStats }
+
+// RunMerges runs, until ctx ends, the merge and flatten jobs this node
+// owns (see above), one at a time, rate paced.
+func (g *Gateway) RunMerges(ctx context.Context, log MergeLog, rate *MergeRate) {
+	ticker := time.NewTicker(time.Second)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		g.refreshChains()
+		for _, job := range log.LayerJobs() {
+			mine := job.Holder == g.cluster.ID() || (job.Holder == "" && log.IsLeader())
+			if !mine {
+				continue
+			}
+			if err := g.RunLayerJob(ctx, job, log, rate); err != nil {
+				if ctx.Err() == nil && !errors.Is(err, errHandedOver) {
+					g.logger.Warn("merge of a vdi layer failed; will retry", "child", job.Child.FullName(), "layer", job.Layer, "flatten", job.Flatten, "err", err)
+				}
+				continue
+			}
+			g.refreshChains()
+		}
+	}
+}
+
+// refreshChains gives every open VDI its chain as the log has it now (a
+// merge or flatten shortened it).
+func (g *Gateway) refreshChains() {
+	g.mu.Lock()
+	states := make([]*vdiState, 0, len(g.open))
+	for _, s := range g.open {
+		states = append(states, s)
+	}
+	g.mu.Unlock()
+	for _, s := range states {
+		g.refreshChain(s)
+	}
+}
+
+// refreshChain gives one open VDI its chain as the log has it now, and
+// forgets its cached map pages if the chain changed.
+func (g *Gateway) refreshChain(s *vdiState) {
+	s.mu.Lock()
+	id := s.vdi.ID
+	s.mu.Unlock()
+	chain := g.cluster.Chain(id)
+	if len(chain) == 0 {
+		return
+	}
+	s.mu.Lock()
+	if s.vdi.ID == id && !equalChain(s.chain, chain) {
+		s.chain = chain
+		s.dropPagesLocked()
+	}
+	s.mu.Unlock()
+}
+
+func equalChain(a, b []uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// RunLayerJob copies what job's child reads through its sources into it,
+// then records the merge or flatten in the log.
+func (g *Gateway) RunLayerJob(ctx context.Context, job cluster.LayerJob, log MergeLog, rate *MergeRate) error {
+	child := job.Child
+	state, done, err := g.jobState(ctx, child)
+	if err != nil {
+		return err
+	}
+	defer done()
+	objects := (child.Size + child.ObjectSize - 1) / child.ObjectSize
+	progress := &MergeProgress{Child: child.ID, Layer: job.Layer, Flatten: job.Flatten, Total: objects}
+	g.merges.mu.Lock()
+	if g.merges.progress == nil {
+		g.merges.progress = map[uint32]*MergeProgress{}
+	}
+	g.merges.progress[child.ID] = progress
+	g.merges.mu.Unlock()
+	g.mergeStats.Running.Add(1)
+	defer func() {
+		g.mergeStats.Running.Add(-1)
+		g.merges.mu.Lock()
+		delete(g.merges.progress, child.ID)
+		g.merges.mu.Unlock()
+	}()
+	started := time.Now()
+	var copiedBytes int64
+	for index := uint64(0); index < objects; index++ {
+		copied, err := g.mergeObject(ctx, state, job, uint32(index))
+		if err != nil {
+			return fmt.Errorf("object %d of %s: %w", index, child.FullName(), err)
+		}
+		g.merges.mu.Lock()
+		progress.Done = index + 1
+		g.merges.mu.Unlock()
+		if !copied {
+			continue
+		}
+		g.mergeStats.Copied.Add(1)
+		copiedBytes += int64(child.ObjectSize)
+		if r := rate.Get(); r > 0 {
+			due := started.Add(time.Duration(float64(copiedBytes) / float64(r) * float64(time.Second)))
+			if wait := time.Until(due); wait > 0 {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(wait):
+				}
+			}
+		}
+	}
+	if job.Flatten {
+		if err := log.LayerFlattened(ctx, child.ID, child.Parent); err != nil {
+			return err
+		}
+		g.mergeStats.Flattens.Add(1)
+		g.logger.Info("flattened a vdi", "vdi", child.FullName(), "parent", child.Parent, "took", time.Since(started).Round(time.Millisecond))
+		return nil
+	}
+	if err := log.LayerMerged(ctx, job.Layer, child.ID); err != nil {
+		return err
+	}
+	g.mergeStats.Merged.Add(1)
+	g.logger.Info("merged a deleted snapshot into its child", "layer", job.Layer, "child", child.FullName(), "took", time.Since(started).Round(time.Millisecond))
+	return nil
+}
+
+// jobState returns the open state the job copies through, and what to
+// call when done: the guest's open when this node holds the writer lock,
+// otherwise an open of the job's own.
+func (g *Gateway) jobState(ctx context.Context, child cluster.VDI) (*vdiState, func(), error) {
+	if child.Snapshot {
+		// Never written: a state of its own, for its caches and locks.
+		state := &vdiState{key: child.FullName(), vdi: child, chain: g.cluster.Chain(child.ID), pages: map[uint64][]uint32{}, disks: map[*Disk]struct{}{}}
+		return state, func() {}, nil
+	}
+	disk, err := g.Open(ctx, child.Name)
+	if err != nil {
+		return nil, nil, err
+	}
+	return disk.state, func() { disk.Close() }, nil
+}
+
+// mergeObject copies object index into the job's child if the child
+// reads it through the job's sources and does not own it; reports
+// whether it copied data.
+func (g *Gateway) mergeObject(ctx context.Context, state *vdiState, job cluster.LayerJob, index uint32) (bool, error) {
+	child := job.Child
+	if !child.Snapshot {
+		state.io.RLock()
+		defer state.io.RUnlock()
+		state.mu.Lock()
+		held, fenced := state.lockHeld, state.fenced
+		state.mu.Unlock()
+		if fenced != nil {
+			return false, fenced
+		}
+		if !held {
+			return false, errHandedOver
+		}
+		ctx = g.withFence(ctx, state)
+	}
+	lock := &state.allocation[index%uint32(len(state.allocation))]
+	lock.Lock()
+	defer lock.Unlock()
+	own, err := g.entry(ctx, state, child, child.ID, index, false)
+	if err != nil || own != 0 {
+		return false, err
+	}
+	for _, from := range job.Sources {
+		e, err := g.entry(ctx, state, child, from, index, false)
+		if err != nil {
+			return false, err
+		}
+		switch e {
+		case 0:
+			continue
+		case Tombstone:
+			if job.Flatten {
+				return false, nil // without a parent, no entry reads as zeros
+			}
+			return false, g.setEntry(ctx, state, child, child.ID, index, Tombstone, true)
+		}
+		// The copy-on-write path: the owner's object copied whole into
+		// the child's own, durable, then the entry.
+		if err := g.copyObject(ctx, child, e, index, true, func([]byte) {}); err != nil {
+			return false, err
+		}
+		return true, g.setEntry(ctx, state, child, child.ID, index, child.ID, true)
+	}
+	return false, nil
+}
+
+// isGone reports a read of an ancestor's object that a merge or flatten
+// freed after this open resolved it.
+func isGone(err error) bool {
+	return errors.Is(err, object.ErrNoObject) || errors.Is(err, object.ErrNotFound)
+}
