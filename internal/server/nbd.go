@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"strconv"
 	"time"
 
@@ -225,37 +223,6 @@ func nbdCredentialsView(c credentialLog) string {
 		tokens = append(tokens, tokenView{t.ID, t.ReadOnly, t.Data, t.Revoked})
 	}
 	return fmt.Sprint(c.Clients(), tokens)
-}
-
-// listenNBDSocket opens the local NBD socket (mode 0660).
-func listenNBDSocket(o Options) (string, net.Listener, error) {
-	path := o.NBDSocket
-	if path == "none" {
-		return "", nil, nil
-	}
-	if path == "" {
-		path = filepath.Join(o.DataDir, "nbd.sock")
-	}
-	if len(path) > 100 {
-		return "", nil, fmt.Errorf("--nbd-socket %s: a unix socket path is limited to about 100 bytes; give a shorter one", path)
-	}
-	// A socket left by a process that died is removed; the data
-	// directory lock says no other herd uses it.
-	if info, err := os.Lstat(path); err == nil {
-		if info.Mode()&os.ModeSocket == 0 {
-			return "", nil, fmt.Errorf("--nbd-socket %s exists and is not a socket", path)
-		}
-		os.Remove(path)
-	}
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return "", nil, fmt.Errorf("NBD socket: %w", err)
-	}
-	if err := os.Chmod(path, 0o660); err != nil {
-		l.Close()
-		return "", nil, fmt.Errorf("NBD socket: %w", err)
-	}
-	return path, l, nil
 }
 
 // gossipSeeds are the gossip addresses to join through: those the member

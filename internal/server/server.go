@@ -65,9 +65,13 @@ type Options struct {
 	GossipPort int
 	AdminPort  int
 	NBDPort    int
-	// NBDSocket is the local plaintext NBD socket (default DATA/nbd.sock;
-	// "none" for none); access is its file mode, 0660.
+	// NBDSocket is the local plaintext NBD socket (default DATA/nbd.sock,
+	// or SharedNBDSocket with NBDSocketGroup; "none" for none); access is
+	// its file mode, 0660.
 	NBDSocket string
+	// NBDSocketGroup, when set, is the socket's group (a name or id): the
+	// hypervisor's QEMU group, e.g. libvirt-qemu.
+	NBDSocketGroup string
 	// InsecureNBD serves plaintext NBD on the TCP port (labs only).
 	InsecureNBD bool
 	// NBDLimits bound what NBD clients may make the node spend.
