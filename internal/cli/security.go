@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/herd-storage/herd/internal/pki"
+	"github.com/herd-storage/herd/internal/reach"
 )
 
 // tokenFromFile reads a token from a file that only its owner can read.
@@ -118,20 +119,30 @@ longer reads VDI data. --data needs cluster feature level 3.`,
 
 func clientCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "client", Short: "NBD client certificates: add, list, revoke"}
-	var pattern, out string
+	var pattern, out, ownerSpec string
 	var readOnly bool
 	add := &cobra.Command{
-		Use:   "add NAME --vdi PATTERN [--read-only] --out DIR",
+		Use:   "add NAME --vdi PATTERN [--read-only] --out DIR [--owner USER[:GROUP]]",
 		Short: "issue an NBD client certificate into DIR (ca-cert.pem, client-cert.pem, client-key.pem: QEMU's tls-creds-x509 layout)",
 		Long: `Issue an NBD client certificate. The client sees and opens only the VDIs
 (and their snapshots) whose name matches PATTERN (shell syntax: vm*, db1,
 *), read-only with --read-only. DIR receives ca-cert.pem, client-cert.pem
-and client-key.pem (mode 0600), usable unchanged by:
+and client-key.pem (mode 0600, DIR 0700), usable unchanged by:
 
   qemu-img info --object tls-creds-x509,id=tls0,dir=DIR,endpoint=client \
     --image-opts driver=nbd,host=NODE,port=10809,export=NAME,tls-creds=tls0
-  nbdinfo 'nbds://NODE/NAME?tls-certificates=DIR'`,
-		Args: args(1, "NAME --vdi PATTERN [--read-only] --out DIR"),
+  nbdinfo 'nbds://NODE/NAME?tls-certificates=DIR'
+
+They belong to the user running the command, unless --owner gives them
+(DIR too, if this command made it or it was empty) to the user QEMU runs
+as, who alone can then read them: libvirt's QEMU runs as libvirt-qemu on
+Debian and Ubuntu, qemu on Fedora and RHEL:
+
+  herd client add kvm1 --vdi 'vm*' --out /etc/pki/herd-nbd --owner libvirt-qemu
+
+Every directory above DIR must let that user in; the command checks before
+it issues anything (docs/LIBVIRT.md).`,
+		Args: args(1, "NAME --vdi PATTERN [--read-only] --out DIR [--owner USER[:GROUP]]"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			if pattern == "" {
 				return usage(fmt.Errorf("--vdi PATTERN is required: the VDI names this client may open (for example 'vm*', or '*' for all)"))
@@ -139,13 +150,24 @@ and client-key.pem (mode 0600), usable unchanged by:
 			if out == "" {
 				return usage(fmt.Errorf("--out DIR is required: the directory to write the client's certificate and key into"))
 			}
-			if err := os.MkdirAll(out, 0o700); err != nil {
-				return err
+			var owner *reach.Owner
+			if ownerSpec != "" {
+				o, err := reach.ParseOwner(ownerSpec)
+				if err != nil {
+					return usage(fmt.Errorf("--owner %w", err))
+				}
+				if euid := os.Geteuid(); euid != 0 && euid != o.UID {
+					return fmt.Errorf("--owner %s: only root may give files to another user", ownerSpec)
+				}
+				owner = &o
 			}
 			for _, name := range []string{"ca-cert.pem", "client-cert.pem", "client-key.pem"} {
 				if _, err := os.Stat(filepath.Join(out, name)); err == nil {
 					return fmt.Errorf("%s already exists: give an empty directory", filepath.Join(out, name))
 				}
+			}
+			if err := makeClientDirectory(out, owner); err != nil {
+				return err
 			}
 			ctx, cancel := g.context()
 			defer cancel()
@@ -155,7 +177,12 @@ and client-key.pem (mode 0600), usable unchanged by:
 			}
 			files := map[string]string{"ca-cert.pem": added.CACert, "client-cert.pem": added.ClientCert, "client-key.pem": added.ClientKey}
 			for name, contents := range files {
-				if err := pki.WriteSecretFile(filepath.Join(out, name), []byte(contents)); err != nil {
+				path := filepath.Join(out, name)
+				err := pki.WriteSecretFile(path, []byte(contents))
+				if err == nil && owner != nil {
+					err = os.Chown(path, owner.UID, owner.GID)
+				}
+				if err != nil {
 					return fmt.Errorf("client %s was added but its files could not be written (revoke it and add it again): %w", added.Name, err)
 				}
 			}
@@ -165,13 +192,18 @@ and client-key.pem (mode 0600), usable unchanged by:
 				if added.ReadOnly {
 					scope = "read-only"
 				}
-				fmt.Fprintf(w, "client %s: vdis %q, %s; certificate and key in %s\n", added.Name, added.Pattern, scope, out)
+				readable := ""
+				if owner != nil {
+					readable = ", readable by " + owner.Who.Name
+				}
+				fmt.Fprintf(w, "client %s: vdis %q, %s; certificate and key in %s%s\n", added.Name, added.Pattern, scope, out, readable)
 			})
 		},
 	}
 	add.Flags().StringVar(&pattern, "vdi", "", "the VDI names the client may see and open (shell pattern, e.g. 'vm*')")
 	add.Flags().BoolVar(&readOnly, "read-only", false, "the client may only read")
 	add.Flags().StringVar(&out, "out", "", "directory for ca-cert.pem, client-cert.pem, client-key.pem")
+	add.Flags().StringVar(&ownerSpec, "owner", "", "give the files (and DIR, if new or empty) to USER[:GROUP], the user QEMU runs as (libvirt: libvirt-qemu); only that user can read them")
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "every NBD client: name, VDI pattern, scope, serial, state",
@@ -265,4 +297,52 @@ func rotateJoinTokenCommand(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&out, "out", "", "write the token to this file (mode 0600) instead of printing it")
 	return cmd
+}
+
+// makeClientDirectory makes DIR for a client's files (mode 0700). With an
+// owner it gives DIR to the owner when this made it or it is empty, makes
+// missing directories above it 0755 (they hold nothing secret, and the
+// owner must pass through them), and checks that the owner can reach DIR,
+// before any certificate is issued: a directory QEMU's user cannot enter
+// is otherwise seen only when a VM starts ("Unable to access credentials
+// ... Permission denied").
+func makeClientDirectory(dir string, owner *reach.Owner) error {
+	if owner == nil {
+		return os.MkdirAll(dir, 0o700)
+	}
+	parent := filepath.Dir(filepath.Clean(dir))
+	var missing []string
+	for d := parent; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil || d == filepath.Dir(d) {
+			break
+		}
+		missing = append(missing, d)
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		if err := os.Mkdir(missing[i], 0o755); err != nil && !os.IsExist(err) {
+			return err
+		}
+		if err := os.Chmod(missing[i], 0o755); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !os.IsExist(err) {
+		return err
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	if len(entries) == 0 {
+		if err := os.Chmod(dir, 0o700); err != nil {
+			return err
+		}
+		if err := os.Chown(dir, owner.UID, owner.GID); err != nil {
+			return fmt.Errorf("--owner: %w", err)
+		}
+	}
+	if err := reach.Directories(dir, owner.Who); err != nil {
+		return fmt.Errorf("--owner: %v: QEMU could not read the files; choose another --out, or let the user in", err)
+	}
+	return nil
 }
