@@ -136,7 +136,9 @@ func TestSystemdUnitVerifies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"User=herd", "ProtectSystem=strict", "NoNewPrivileges=true", "CapabilityBoundingSet=\n", "ExecStart=/usr/local/bin/herd server --data /var/lib/herd"} {
+	for _, want := range []string{"User=herd", "ProtectSystem=strict", "NoNewPrivileges=true", "CapabilityBoundingSet=\n", "ExecStart=/usr/local/bin/herd server --data /var/lib/herd",
+		// the local socket where libvirt's QEMU can reach it (docs/LIBVIRT.md)
+		"RuntimeDirectory=herd\n", "RuntimeDirectoryMode=0755\n", "SupplementaryGroups=libvirt-qemu\n", "--nbd-socket /run/herd/nbd.sock --nbd-socket-group libvirt-qemu "} {
 		if !strings.Contains(string(unit), want) {
 			t.Errorf("deploy/herd.service lacks %q", want)
 		}
