@@ -266,6 +266,7 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 	s.handle(mux, "GET /v1/local/usage", func(r *http.Request) (any, error) { return data.Usage() })
 	s.scrubRoutes(mux)
 	s.joinTokenRoutes(mux)
+	s.rotationRoutes(mux)
 	s.capacityRoutes(mux)
 	s.handle(mux, "GET /v1/local/recovery", func(r *http.Request) (any, error) { return data.Recovery(), nil })
 	s.handle(mux, "GET /v1/recovery", func(r *http.Request) (any, error) { return s.recovery(r.Context()), nil })

@@ -188,6 +188,7 @@ func clusterCommand(g *globals) *cobra.Command {
 						fmt.Fprintf(w, "Unavailable:\t%d objects whose newest copies may be on nodes that are down\n", rec.Unavailable)
 					}
 				}
+				securityInfo(w, info)
 				fmt.Fprintf(w, "This node:\t%s\n", info.NodeID)
 				if info.InsecureNBD {
 					fmt.Fprintf(w, "WARNING:\tthis node serves plaintext, unauthenticated NBD on its TCP port (--insecure-nbd)\n")
@@ -230,7 +231,7 @@ func clusterCommand(g *globals) *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(format, info, health, epochs, finalize, rotateJoinTokenCommand(g), joinTokenCommand(g))
+	cmd.AddCommand(format, info, health, epochs, finalize, rotateJoinTokenCommand(g), joinTokenCommand(g), rotateGossipKeyCommand(g))
 	return cmd
 }
 

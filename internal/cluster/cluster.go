@@ -48,7 +48,10 @@ type Config struct {
 	NBDAddr     string
 	Zone        string
 	Capacity    uint64
-	GossipKey   []byte   // 32 bytes: memberlist's AES key (gossip.go); the peer port uses PeerCredentials
+	GossipKey   []byte // 32 bytes: memberlist's AES key (gossip.go), unless GossipKeys is set; the peer port uses PeerCredentials
+	// GossipKeys is the node's gossip keyring, which rotations change
+	// (gossipkeys.go); nil: GossipKey alone, never rotated.
+	GossipKeys  *GossipKeys
 	Join        []string // gossip addresses of members to join through
 	JoinTimeout time.Duration
 	InsecureNBD bool // reported by Info (--insecure-nbd)
@@ -145,6 +148,15 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		c.Close()
 		return nil, err
 	}
+	if cfg.GossipKeys != nil {
+		// A node that was down while the gossip key was rotated needs
+		// the new key before gossip lets it in: ask a member over mTLS.
+		refresh, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := c.RefreshGossipKeys(refresh); err != nil {
+			c.logger.Info("gossip: no member gave its gossip keys at start; using this node's", "err", err)
+		}
+		cancel()
+	}
 	if err := c.startGossip(); err != nil {
 		c.Close()
 		return nil, err
@@ -156,7 +168,8 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			return nil, err
 		}
 	}
-	c.wg.Add(5)
+	c.wg.Add(6)
+	go c.gossipKeyLoop()
 	go c.serveForward(cfg.Peer.Protocol(peer.ProtocolForward))
 	go c.leaseLoop()
 	go c.reconcileLoop()

@@ -68,6 +68,7 @@ var fuzzPayloads = map[commandType][]any{
 	commandFeatureLevel:    {featureLevelCommand{Level: LevelVDICopies, Time: t0}, featureLevelCommand{Level: 1}},
 	commandJoinTokenCreate: {JoinToken{ID: "j1", Hash: "h", Created: t0, Expires: t0.Add(time.Hour), Uses: 1}, JoinToken{ID: "j2", Hash: "h", Created: t0, Expires: t0}},
 	commandJoinTokenRevoke: {joinTokenRevokeCommand{ID: "j1"}, joinTokenRevokeCommand{ID: "none"}},
+	commandGossipKey:       {gossipKeyCommand{Op: gossipKeyStart, Key: "00112233445566ff", Node: "a", Time: t0}, gossipKeyCommand{Op: gossipKeyInstalled, Key: "00112233445566ff", Node: "b"}, gossipKeyCommand{Op: gossipKeySwitch, Key: "00112233445566ff"}, gossipKeyCommand{Op: "bad", Key: "zz"}},
 	commandNodeAdmit:       {nodeAdmitCommand{ID: "h", Serial: "0c", Time: t0, JoinToken: "j1"}, nodeAdmitCommand{ID: "f", Serial: "0a1b", Time: t0}, nodeAdmitCommand{ID: "a", Serial: "ff"}, nodeAdmitCommand{ID: "g", Serial: "xyz"}},
 	commandVDIDelete:       {vdiDeleteCommand{Name: "vm@s1"}, vdiDeleteCommand{Name: "clone"}, vdiDeleteCommand{Name: "db"}},
 	commandVDIResize:       {vdiResizeCommand{Name: "db", Size: 128 << 20}, vdiResizeCommand{Name: "db", Size: 1 << 20}},
@@ -345,6 +346,18 @@ func checkState(s *State) error {
 	for id := range s.Admitted {
 		if _, removed := s.Removed[id]; removed {
 			return fmt.Errorf("node %s is both admitted and removed", id)
+		}
+	}
+	if k := s.GossipKeys; k.Primary != "" && !validGossipKeyID(k.Primary) {
+		return fmt.Errorf("gossip key id %q", k.Primary)
+	} else if r := k.Rotation; r != nil {
+		if !validGossipKeyID(r.Key) || r.Key == k.Primary || r.Old != k.Primary || (r.Phase != GossipKeyInstall && r.Phase != GossipKeyUse) {
+			return fmt.Errorf("gossip key rotation %+v, the cluster's key %q", *r, k.Primary)
+		}
+		for _, list := range [][]string{r.Installed, r.Using} {
+			if !slices.IsSorted(list) || len(slices.Compact(slices.Clone(list))) != len(list) {
+				return fmt.Errorf("gossip key rotation %+v lists nodes twice or unsorted", *r)
+			}
 		}
 	}
 	for key, l := range s.Locks {

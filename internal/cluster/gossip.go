@@ -45,7 +45,11 @@ func (c *Cluster) startGossip() error {
 	mc.BindPort = c.cfg.GossipPort
 	mc.AdvertiseAddr = c.cfg.BindIP
 	mc.AdvertisePort = c.cfg.GossipPort
-	mc.SecretKey = c.cfg.GossipKey
+	if c.cfg.GossipKeys != nil {
+		mc.Keyring = c.cfg.GossipKeys.Keyring
+	} else {
+		mc.SecretKey = c.cfg.GossipKey
+	}
 	mc.GossipVerifyIncoming = true
 	mc.GossipVerifyOutgoing = true
 	// Dead in about 3-5 s (probe, then suspicion of 3-6 s shortened by

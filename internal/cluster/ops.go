@@ -562,6 +562,9 @@ type Info struct {
 	// binary's (features.go).
 	Level          int `json:"feature_level"`
 	SupportedLevel int `json:"supported_feature_level"`
+	// GossipKey is the gossip key's id and any rotation of it under way
+	// (gossipkeys.go), from LevelSecurity on.
+	GossipKey *GossipKeyring `json:"gossip_key,omitempty"`
 }
 
 func (c *Cluster) roles() map[string]string {
@@ -633,6 +636,13 @@ func (c *Cluster) Info() Info {
 			info.LeaderAddr = n.Address
 		}
 	})
+	if info.Level >= FeatureGossipKeyRotation.Level {
+		k := c.GossipKeyState()
+		if k.Primary == "" && k.Rotation == nil && c.cfg.GossipKeys != nil {
+			k.Primary = c.cfg.GossipKeys.PrimaryID() // never rotated: the first key, as this node holds it
+		}
+		info.GossipKey = &k
+	}
 	info.AppliedIndex = c.fsm.Applied()
 	info.InsecureNBD = c.cfg.InsecureNBD
 	info.SupportedLevel = SupportedLevel

@@ -4,6 +4,7 @@ package cluster
 // (persisted in a peers file) until it is back.
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ func (c *Cluster) rejoinLoop() {
 	defer c.wg.Done()
 	ticker := time.NewTicker(rejoinInterval)
 	defer ticker.Stop()
+	var refreshed time.Time
 	for {
 		select {
 		case <-c.stop:
@@ -36,6 +38,18 @@ func (c *Cluster) rejoinLoop() {
 		if len(members) <= 1 {
 			targets = append(targets, c.cfg.Join...)
 			targets = append(targets, c.loadPeers()...)
+			// Alone in gossip: perhaps the others' gossip key was
+			// rotated while this node was away (gossipkeys.go).
+			if len(targets) > 0 && time.Since(refreshed) > gossipRefreshInterval {
+				refreshed = time.Now()
+				c.wg.Add(1)
+				go func() {
+					defer c.wg.Done()
+					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					c.RefreshGossipKeys(ctx)
+				}()
+			}
 		}
 		for _, t := range dedupe(targets) {
 			go func(address string) {
@@ -46,6 +60,10 @@ func (c *Cluster) rejoinLoop() {
 		}
 	}
 }
+
+// gossipRefreshInterval is how often a node alone in gossip asks a member
+// over mTLS for the current gossip keys.
+const gossipRefreshInterval = 10 * time.Second
 
 func dedupe(in []string) []string {
 	seen := map[string]bool{}

@@ -255,6 +255,9 @@ type State struct {
 	Admitted map[string]string `json:"admitted,omitempty"`
 	// JoinTokens are join secrets with a lifetime (jointokens.go).
 	JoinTokens map[string]*JoinToken `json:"join_tokens,omitempty"`
+	// GossipKeys is the gossip key's id and any rotation of it under way
+	// (gossipkeys.go).
+	GossipKeys GossipKeyring `json:"gossip_keys,omitzero"`
 
 	// Events is the cluster's history in words, the newest MaxEvents
 	// (events.go); pending holds those of the entry being applied.

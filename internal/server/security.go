@@ -50,10 +50,14 @@ const (
 type credentials struct {
 	ca          *pki.CA
 	fingerprint string
-	gossipKey   []byte
-	node        tls.Certificate // leaf + CA
-	pool        *x509.CertPool
-	peer        *peer.Credentials
+	gossipKey   []byte // the primary gossip key as loaded or received
+	// gossipOthers are the other keys of the keyring file (a rotation
+	// was under way); gossipRing the keyring the cluster rotates.
+	gossipOthers [][]byte
+	gossipRing   *cluster.GossipKeys
+	node         tls.Certificate // leaf + CA
+	pool         *x509.CertPool
+	peer         *peer.Credentials
 	// cluster is set once the cluster is running; until then no node is
 	// known to be removed.
 	cluster atomic.Pointer[cluster.Cluster]
@@ -117,6 +121,9 @@ func setupCredentials(ctx context.Context, o Options, id string, ip net.IP, memb
 		}
 	}
 	cr.peer = &peer.Credentials{Certificate: cr.node, CA: cr.pool, Allowed: cr.allowed}
+	if err := cr.setupGossipRing(dir); err != nil {
+		return nil, err
+	}
 	return cr, nil
 }
 
@@ -150,23 +157,13 @@ func (cr *credentials) load(dir string) error {
 			return fmt.Errorf("%s: %w", filepath.Join(dir, caCertFile), err)
 		}
 	}
-	if cr.gossipKey, err = readGossipKey(dir); err != nil {
+	keys, err := readGossipKeys(dir)
+	if err != nil {
 		return err
 	}
+	cr.gossipKey, cr.gossipOthers = keys[0], keys[1:]
 	cr.fingerprint = pki.Fingerprint(cr.ca.Cert)
 	return nil
-}
-
-func readGossipKey(dir string) ([]byte, error) {
-	text, err := pki.ReadSecretFile(filepath.Join(dir, gossipKeyFile))
-	if err != nil {
-		return nil, err
-	}
-	key, err := hex.DecodeString(strings.TrimSpace(string(text)))
-	if err != nil || len(key) != 32 {
-		return nil, fmt.Errorf("%s is damaged: it must hold 32 bytes in hex", filepath.Join(dir, gossipKeyFile))
-	}
-	return key, nil
 }
 
 // create makes a new cluster's secrets (first node).
@@ -263,25 +260,27 @@ func (cr *credentials) adopt(ctx context.Context, dir, member string, r peer.Joi
 	if pki.Fingerprint(ca.Cert) != fingerprint {
 		return errors.New("the member sent a CA that is not the one the join token names")
 	}
-	gossipKey := r.GossipKey
-	if len(gossipKey) == 0 {
+	gossipKeys := [][]byte{r.GossipKey}
+	if len(r.GossipKey) == 0 {
 		// Admitted (cluster/admission.go): the cluster's secrets come
 		// over mTLS, to the certificate the log now names.
 		secrets, err := fetchSecrets(ctx, member, r.NodeCert, r.NodeKey, r.CACert)
 		if err != nil {
 			return fmt.Errorf("admitted, but the cluster's secrets did not come from %s: %w", member, err)
 		}
-		gossipKey = secrets.GossipKey
+		if gossipKeys, err = secrets.keys(); err != nil {
+			return err
+		}
 	}
-	if len(gossipKey) != 32 {
+	if len(gossipKeys[0]) != 32 {
 		return errors.New("the member sent a damaged gossip key")
 	}
-	cr.ca, cr.fingerprint, cr.gossipKey, cr.seeds = ca, fingerprint, gossipKey, r.Gossip
+	cr.ca, cr.fingerprint, cr.gossipKey, cr.gossipOthers, cr.seeds = ca, fingerprint, gossipKeys[0], gossipKeys[1:], r.Gossip
 	files := []struct {
 		name string
 		data []byte
 	}{
-		{gossipKeyFile, []byte(hex.EncodeToString(gossipKey) + "\n")},
+		{gossipKeyFile, gossipKeysFile(gossipKeys)},
 		{nodeKeyFile, r.NodeKey},
 		{nodeCertFile, r.NodeCert},
 		{caKeyFile, r.CAKey},
@@ -461,7 +460,7 @@ func (cr *credentials) joinHandler(c joinState, gossipAddr string, logger *slog.
 				return peer.JoinResponse{}, err
 			}
 			logger.Info("admitted a new node", "node", req.NodeID, "from", remote.String())
-			return peer.JoinResponse{NodeCert: signed.Cert, NodeKey: signed.Key, CACert: cr.ca.CertPEM, CAKey: cr.ca.KeyPEM, GossipKey: cr.gossipKey, Gossip: []string{gossipAddr}}, nil
+			return peer.JoinResponse{NodeCert: signed.Cert, NodeKey: signed.Key, CACert: cr.ca.CertPEM, CAKey: cr.ca.KeyPEM, GossipKey: cr.gossipKeys()[0], Gossip: []string{gossipAddr}}, nil
 		}
 		// Admission before credentials (cluster/admission.go): the log
 		// names the node and its certificate first; the node receives

@@ -225,7 +225,7 @@ func Run(ctx context.Context, o Options) error {
 		NBDAddr:         nbdAddr,
 		Zone:            o.Zone,
 		Capacity:        capacity,
-		GossipKey:       credentials.gossipKey,
+		GossipKeys:      credentials.gossipRing,
 		Join:            credentials.gossipSeeds(members, o.GossipPort),
 		JoinTimeout:     o.JoinTimeout,
 		Logger:          logger,

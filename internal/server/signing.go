@@ -140,11 +140,15 @@ func (cr *credentials) serveSign(_ context.Context, nodeID string, request []byt
 
 // secrets is what ProtocolSecrets answers an admitted node.
 type secrets struct {
-	GossipKey []byte `json:"gossip_key"`
+	// GossipKey is the key this node encrypts gossip with; GossipKeys
+	// its whole keyring, that key first (a rotation under way has two).
+	GossipKey  []byte   `json:"gossip_key"`
+	GossipKeys [][]byte `json:"gossip_keys,omitempty"`
 }
 
 func (cr *credentials) serveSecrets(_ context.Context, nodeID string, _ []byte) ([]byte, error) {
-	return json.Marshal(secrets{GossipKey: cr.gossipKey})
+	keys := cr.gossipKeys()
+	return json.Marshal(secrets{GossipKey: keys[0], GossipKeys: keys})
 }
 
 // fetchSecrets asks member for the cluster's secrets as the node of
@@ -164,8 +168,8 @@ func fetchSecrets(ctx context.Context, member string, certPEM, keyPEM, caPEM []b
 	if err := json.Unmarshal(body, &s); err != nil {
 		return secrets{}, err
 	}
-	if len(s.GossipKey) != 32 {
-		return secrets{}, errors.New("the member sent a gossip key that is not 32 bytes")
+	if _, err := s.keys(); err != nil {
+		return secrets{}, err
 	}
 	return s, nil
 }

@@ -1,0 +1,650 @@
+package cluster
+
+// Gossip key rotation (from LevelSecurity): memberlist encrypts with the
+// first key of a node's keyring and decrypts with any of them, and its
+// keyring is per node. herd distributes: `herd cluster rotate-gossip-key`
+// makes a new key on the node asked, which adds it to its own keyring and
+// commits the key's id (never the key: secrets stay out of the log) with
+// the phase "install". Every node fetches the key over mTLS from a member
+// that holds it (the peer protocol "secrets", which only admitted nodes
+// reach), adds it, and reports it installed. Once every alive member did,
+// the leader commits "use": every node encrypts with the new key and
+// reports it. Once every alive member did, the leader commits the end:
+// the new key is the cluster's, and every node removes the others. At no
+// step may a node send with a key an alive member cannot read. A node that
+// was down fetches the keyring of a member over mTLS when it starts (and
+// whenever gossip has left it alone), so it never needs a key it missed.
+//
+// The log holds the phase and who reported what, so each step is in
+// `herd events` and the rules are checked by every node alike: the switch
+// is refused until every alive member installed the key, the end until
+// every alive member uses it.
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// GossipKeyring is the log's record of the cluster's gossip key.
+type GossipKeyring struct {
+	// Primary is the id of the key every node encrypts with ("": the
+	// key the first node made, never rotated).
+	Primary string `json:"primary,omitempty"`
+	// Rotated is when the last rotation ended.
+	Rotated time.Time `json:"rotated,omitzero"`
+	// Rotation is the rotation under way, if any.
+	Rotation *GossipKeyRotation `json:"rotation,omitempty"`
+}
+
+// GossipKeyRotation is a gossip key rotation under way.
+type GossipKeyRotation struct {
+	Key     string    `json:"key"`           // the new key's id
+	Old     string    `json:"old,omitempty"` // the id of the key it replaces ("": the first key)
+	Phase   string    `json:"phase"`         // GossipKeyInstall, then GossipKeyUse
+	Started time.Time `json:"started"`
+	// Holder is the node that made the key: the first to fetch it from.
+	Holder string `json:"holder"`
+	// Installed and Using are the nodes that reported the key in their
+	// keyring, and encrypting with it.
+	Installed []string `json:"installed,omitempty"`
+	Using     []string `json:"using,omitempty"`
+}
+
+// Phases of a gossip key rotation.
+const (
+	GossipKeyInstall = "install"
+	GossipKeyUse     = "use"
+)
+
+// FeatureGossipKeyRotation gates the rotation's log records.
+var FeatureGossipKeyRotation = Feature{Name: "gossip key rotation (cluster rotate-gossip-key)", Level: LevelSecurity}
+
+const commandGossipKey commandType = 34
+
+func init() {
+	if commands[commandGossipKey] != nil {
+		panic("cluster: command type 34 registered twice")
+	}
+	commands[commandGossipKey] = applyGossipKey
+}
+
+// Operations of commandGossipKey.
+const (
+	gossipKeyStart     = "start"     // a rotation begins: Key, Node (the holder)
+	gossipKeyInstalled = "installed" // Node holds Key
+	gossipKeySwitch    = "switch"    // every alive member holds Key: use it
+	gossipKeyUsing     = "using"     // Node encrypts with Key
+	gossipKeyDone      = "done"      // every alive member uses Key: the others go
+)
+
+type gossipKeyCommand struct {
+	Op   string    `json:"op"`
+	Key  string    `json:"key"`
+	Node string    `json:"node,omitempty"`
+	Time time.Time `json:"time"`
+}
+
+func (c gossipKeyCommand) check() error {
+	if err := checkLength("node id", c.Node, MaxOwnerLength); err != nil {
+		return err
+	}
+	if !validGossipKeyID(c.Key) {
+		return fmt.Errorf("%w: gossip key id %q", ErrInvalid, truncateRunes(c.Key, 64))
+	}
+	return nil
+}
+
+// gossipKeyIDLength is the length of GossipKeyID's result.
+const gossipKeyIDLength = 16
+
+func validGossipKeyID(id string) bool {
+	if len(id) != gossipKeyIDLength {
+		return false
+	}
+	_, err := hex.DecodeString(id)
+	return err == nil
+}
+
+// GossipKeyID names a gossip key in the log and in events: 8 bytes of a
+// hash of it, which says nothing about the key.
+func GossipKeyID(key []byte) string {
+	sum := sha256.Sum256(append([]byte("herd gossip key id\x00"), key...))
+	return hex.EncodeToString(sum[:gossipKeyIDLength/2])
+}
+
+// aliveMembers are the nodes the log has alive and not removed: the ones a
+// rotation waits for.
+func (s *State) aliveMembers() []string {
+	var out []string
+	for _, id := range s.AliveNodes() {
+		if _, removed := s.Removed[id]; !removed {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// missing returns the alive members not in reported.
+func (s *State) missing(reported []string) []string {
+	var out []string
+	for _, id := range s.aliveMembers() {
+		if !slices.Contains(reported, id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func applyGossipKey(s *State, data []byte) (any, error) {
+	var c gossipKeyCommand
+	if err := decode(data, &c); err != nil {
+		return nil, err
+	}
+	if s.Level() < FeatureGossipKeyRotation.Level {
+		return nil, fmt.Errorf("%w: gossip key rotation needs cluster feature level %d, the cluster is at %d", ErrUpgradeRequired, FeatureGossipKeyRotation.Level, s.Level())
+	}
+	r := s.GossipKeys.Rotation
+	if c.Op != gossipKeyStart && (r == nil || r.Key != c.Key) {
+		return nil, fmt.Errorf("%w: no rotation to gossip key %s is under way", ErrNotFound, c.Key)
+	}
+	switch c.Op {
+	case gossipKeyStart:
+		if r != nil {
+			return nil, fmt.Errorf("%w: a rotation to gossip key %s is under way (phase %s, since %s)", ErrBusy, r.Key, r.Phase, r.Started.UTC().Format(time.RFC3339))
+		}
+		if c.Key == s.GossipKeys.Primary {
+			return nil, fmt.Errorf("%w: gossip key %s is the cluster's already", ErrInvalid, c.Key)
+		}
+		if c.Node == "" {
+			return nil, fmt.Errorf("%w: a gossip key rotation names the node holding the new key", ErrInvalid)
+		}
+		s.GossipKeys.Rotation = &GossipKeyRotation{Key: c.Key, Old: s.GossipKeys.Primary, Phase: GossipKeyInstall, Started: c.Time, Holder: c.Node}
+		s.note("credentials", "gossip key rotation started: new key %s made by node %s; every node installs it", c.Key, c.Node)
+		return *s.GossipKeys.Rotation, nil
+	case gossipKeyInstalled, gossipKeyUsing:
+		if _, ok := s.Nodes[c.Node]; !ok {
+			return nil, fmt.Errorf("node %q: %w", c.Node, ErrNotFound)
+		}
+		list := &r.Installed
+		if c.Op == gossipKeyUsing {
+			if r.Phase != GossipKeyUse {
+				return nil, fmt.Errorf("%w: gossip key %s is not in use yet (phase %s)", ErrInvalid, c.Key, r.Phase)
+			}
+			list = &r.Using
+		}
+		if slices.Contains(*list, c.Node) {
+			return nil, nil // reported before (a retry)
+		}
+		*list = append(*list, c.Node)
+		sort.Strings(*list)
+		if c.Op == gossipKeyInstalled {
+			s.note("credentials", "node %s installed gossip key %s", c.Node, c.Key)
+		} else {
+			s.note("credentials", "node %s encrypts gossip with key %s", c.Node, c.Key)
+		}
+		return nil, nil
+	case gossipKeySwitch:
+		if r.Phase != GossipKeyInstall {
+			return nil, fmt.Errorf("%w: gossip key %s is in phase %s", ErrInvalid, c.Key, r.Phase)
+		}
+		if missing := s.missing(r.Installed); len(missing) > 0 {
+			return nil, fmt.Errorf("%w: nodes %s have not installed gossip key %s yet", ErrBusy, strings.Join(missing, ", "), c.Key)
+		}
+		r.Phase = GossipKeyUse
+		s.note("credentials", "every node holds gossip key %s: each switches to it", c.Key)
+		return nil, nil
+	case gossipKeyDone:
+		if r.Phase != GossipKeyUse {
+			return nil, fmt.Errorf("%w: gossip key %s is in phase %s", ErrInvalid, c.Key, r.Phase)
+		}
+		if missing := s.missing(r.Using); len(missing) > 0 {
+			return nil, fmt.Errorf("%w: nodes %s do not encrypt with gossip key %s yet", ErrBusy, strings.Join(missing, ", "), c.Key)
+		}
+		old := r.Old
+		if old == "" {
+			old = "(the first)"
+		}
+		s.GossipKeys = GossipKeyring{Primary: c.Key, Rotated: c.Time}
+		s.note("credentials", "gossip key %s in use on every node: the old key %s is removed everywhere", c.Key, old)
+		return nil, nil
+	}
+	return nil, fmt.Errorf("%w: gossip key operation %q", ErrInvalid, c.Op)
+}
+
+// GossipKeyState is the log's record of the gossip key.
+func (c *Cluster) GossipKeyState() (k GossipKeyring) {
+	c.fsm.View(func(s *State) {
+		k = s.GossipKeys
+		if r := s.GossipKeys.Rotation; r != nil {
+			copied := *r
+			copied.Installed, copied.Using = slices.Clone(r.Installed), slices.Clone(r.Using)
+			k.Rotation = &copied
+		}
+	})
+	return k
+}
+
+// NewGossipKey returns a new random gossip key (AES-256).
+func NewGossipKey() []byte {
+	key := make([]byte, 32)
+	rand.Read(key)
+	return key
+}
+
+// GossipKeys is a node's gossip keyring and how it keeps it: what the
+// server gives the cluster (server/gossipkeys.go).
+type GossipKeys struct {
+	// Keyring is memberlist's keyring: the first key encrypts, any
+	// decrypts. Only the cluster changes it once started.
+	Keyring *memberlist.Keyring
+	// Save writes the keyring (the primary first) where the node finds
+	// it at its next start.
+	Save func(keys [][]byte) error
+	// Fetch asks the member at a peer address, over mTLS, for the gossip
+	// keys it holds (its primary first).
+	Fetch func(ctx context.Context, peer string) ([][]byte, error)
+
+	mu sync.Mutex // serializes changes: memberlist's keyring is not safe for concurrent changes
+	// pending is a key this node made for a rotation it is starting:
+	// kept until the log says where the rotation is.
+	pending []byte
+}
+
+// NewGossipKeys makes a keyring of keys, the first the primary.
+func NewGossipKeys(keys [][]byte, save func([][]byte) error, fetch func(context.Context, string) ([][]byte, error)) (*GossipKeys, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("cluster: a gossip keyring needs a key")
+	}
+	ring, err := memberlist.NewKeyring(keys[1:], keys[0])
+	if err != nil {
+		return nil, fmt.Errorf("cluster: gossip keys: %w", err)
+	}
+	return &GossipKeys{Keyring: ring, Save: save, Fetch: fetch}, nil
+}
+
+// Keys returns a copy of the keys, the primary first.
+func (g *GossipKeys) Keys() [][]byte {
+	var out [][]byte
+	for _, key := range g.Keyring.GetKeys() {
+		out = append(out, bytes.Clone(key))
+	}
+	return out
+}
+
+// change runs fn on the keyring under the lock and saves it when fn says
+// it changed it.
+func (g *GossipKeys) change(fn func(ring *memberlist.Keyring) (bool, error)) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	changed, err := fn(g.Keyring)
+	if err != nil || !changed || g.Save == nil {
+		return err
+	}
+	return g.Save(g.Keyring.GetKeys())
+}
+
+func (g *GossipKeys) byID(id string) []byte {
+	for _, key := range g.Keyring.GetKeys() {
+		if GossipKeyID(key) == id {
+			return key
+		}
+	}
+	return nil
+}
+
+// PrimaryID is the id of the key this node encrypts gossip with.
+func (g *GossipKeys) PrimaryID() string { return GossipKeyID(g.Keyring.GetPrimaryKey()) }
+
+// IDs are the ids of the keys in the keyring, the primary first.
+func (g *GossipKeys) IDs() []string {
+	var out []string
+	for _, key := range g.Keyring.GetKeys() {
+		out = append(out, GossipKeyID(key))
+	}
+	return out
+}
+
+// add installs keys; with primary, the first of them becomes the primary
+// unless the keyring has it already.
+func (g *GossipKeys) add(keys [][]byte, primary bool) error {
+	return g.change(func(ring *memberlist.Keyring) (bool, error) {
+		changed := false
+		for _, key := range keys {
+			if slices.ContainsFunc(ring.GetKeys(), func(k []byte) bool { return bytes.Equal(k, key) }) {
+				continue
+			}
+			if err := ring.AddKey(key); err != nil {
+				return changed, err
+			}
+			changed = true
+		}
+		if primary && len(keys) > 0 && !bytes.Equal(ring.GetPrimaryKey(), keys[0]) {
+			if err := ring.UseKey(keys[0]); err != nil {
+				return changed, err
+			}
+			changed = true
+		}
+		return changed, nil
+	})
+}
+
+// use makes the key of id the primary.
+func (g *GossipKeys) use(id string) error {
+	return g.change(func(ring *memberlist.Keyring) (bool, error) {
+		key := g.byID(id)
+		if key == nil {
+			return false, fmt.Errorf("gossip key %s is not in this node's keyring", id)
+		}
+		if bytes.Equal(ring.GetPrimaryKey(), key) {
+			return false, nil
+		}
+		return true, ring.UseKey(key)
+	})
+}
+
+// keepPrimaryOnly removes every key but the primary. Keys are removed
+// from the end of the ring: memberlist's RemoveKey shifts the keys after
+// the one removed in place, under the feet of a reader decrypting with
+// them, unless it is the last.
+func (g *GossipKeys) keepPrimaryOnly() error {
+	return g.change(func(ring *memberlist.Keyring) (bool, error) {
+		if g.pending != nil {
+			return false, nil // a rotation is being started here
+		}
+		changed := false
+		for keys := ring.GetKeys(); len(keys) > 1; keys = ring.GetKeys() {
+			if err := ring.RemoveKey(keys[len(keys)-1]); err != nil {
+				return changed, err
+			}
+			changed = true
+		}
+		return changed, nil
+	})
+}
+
+// fetchGossipKey asks the members, the node named first before the
+// others, for the key of id and installs it.
+func (c *Cluster) fetchGossipKey(ctx context.Context, id string, first string) error {
+	var errs []string
+	for _, peer := range c.secretPeers(first) {
+		keys, err := c.fetchGossipKeys(ctx, peer)
+		if err != nil {
+			errs = append(errs, err.Error())
+			continue
+		}
+		for _, key := range keys {
+			if GossipKeyID(key) == id {
+				return c.cfg.GossipKeys.add([][]byte{key}, false)
+			}
+		}
+		errs = append(errs, peer+" does not hold it yet")
+	}
+	if len(errs) == 0 {
+		return errors.New("no other member is known to ask")
+	}
+	return fmt.Errorf("no member answered with it: %s", strings.Join(errs, "; "))
+}
+
+func (c *Cluster) fetchGossipKeys(ctx context.Context, peer string) ([][]byte, error) {
+	g := c.cfg.GossipKeys
+	if g == nil || g.Fetch == nil {
+		return nil, errors.New("this node cannot fetch gossip keys")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	keys, err := g.Fetch(ctx, peer)
+	if err != nil {
+		return nil, err
+	}
+	for _, key := range keys {
+		if err := memberlist.ValidateKey(key); err != nil {
+			return nil, fmt.Errorf("%s answered a gossip key that is no key: %v", peer, err)
+		}
+	}
+	return keys, nil
+}
+
+// secretPeers are the peer addresses to ask for secrets: the node named
+// first (if any) first, then every other member the log or raft knows.
+func (c *Cluster) secretPeers(first string) []string {
+	var out, rest []string
+	c.fsm.View(func(s *State) {
+		for id, n := range s.Nodes {
+			if id == c.cfg.NodeID || n.PeerAddr == "" {
+				continue
+			}
+			if _, removed := s.Removed[id]; removed {
+				continue
+			}
+			if id == first {
+				out = append(out, n.PeerAddr)
+			} else {
+				rest = append(rest, n.PeerAddr)
+			}
+		}
+	})
+	if c.raft != nil {
+		if future := c.raft.GetConfiguration(); future.Error() == nil {
+			for _, server := range future.Configuration().Servers {
+				if string(server.ID) != c.cfg.NodeID {
+					rest = append(rest, string(server.Address))
+				}
+			}
+		}
+	}
+	sort.Strings(rest)
+	return dedupe(append(out, rest...))
+}
+
+// RefreshGossipKeys asks a member over mTLS for its gossip keys and
+// installs those this node lacks, the member's primary as this node's if
+// it did not hold it: what a node that was down while the key was
+// rotated needs before gossip lets it in again. It changes nothing when
+// no member answers.
+func (c *Cluster) RefreshGossipKeys(ctx context.Context) error {
+	g := c.cfg.GossipKeys
+	if g == nil || g.Fetch == nil {
+		return nil
+	}
+	var errs []string
+	for _, peer := range c.secretPeers("") {
+		keys, err := c.fetchGossipKeys(ctx, peer)
+		if err != nil {
+			errs = append(errs, err.Error())
+			if ctx.Err() != nil {
+				break
+			}
+			continue
+		}
+		if len(keys) == 0 {
+			continue
+		}
+		before := g.PrimaryID()
+		held := g.byID(GossipKeyID(keys[0])) != nil
+		if err := g.add(keys, !held); err != nil {
+			return err
+		}
+		if after := g.PrimaryID(); after != before {
+			c.logger.Info("gossip: installed the cluster's current gossip key from a member", "key", after, "was", before, "from", peer)
+		}
+		return nil
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("no member gave its gossip keys: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// RotateGossipKey starts a rotation to key, which this node holds from
+// then on (it is added to its keyring first). The rotation goes on by
+// itself (gossipKeyLoop); GossipKeyState tells how far it is.
+func (c *Cluster) RotateGossipKey(ctx context.Context, key []byte) (GossipKeyRotation, error) {
+	if err := c.Requires(FeatureGossipKeyRotation); err != nil {
+		return GossipKeyRotation{}, err
+	}
+	g := c.cfg.GossipKeys
+	if g == nil {
+		return GossipKeyRotation{}, fmt.Errorf("%w: this node's gossip keyring cannot change", ErrInvalid)
+	}
+	if err := memberlist.ValidateKey(key); err != nil {
+		return GossipKeyRotation{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if r := c.GossipKeyState().Rotation; r != nil {
+		return GossipKeyRotation{}, fmt.Errorf("%w: a rotation to gossip key %s is under way (phase %s); wait for it to end (herd cluster info)", ErrBusy, r.Key, r.Phase)
+	}
+	g.mu.Lock()
+	g.pending = key
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		g.pending = nil
+		g.mu.Unlock()
+	}()
+	if err := g.add([][]byte{key}, false); err != nil {
+		return GossipKeyRotation{}, err
+	}
+	out, err := c.propose(ctx, commandGossipKey, gossipKeyCommand{Op: gossipKeyStart, Key: GossipKeyID(key), Node: c.cfg.NodeID, Time: time.Now().UTC()})
+	if err != nil {
+		return GossipKeyRotation{}, err
+	}
+	var r GossipKeyRotation
+	return r, json.Unmarshal(out, &r)
+}
+
+// gossipKeyInterval is how often a node compares its keyring with the log
+// when nothing was applied.
+const gossipKeyInterval = time.Second
+
+// gossipKeyLoop keeps this node's keyring where the log says the rotation
+// is, reports each step, and, on the leader, moves the rotation on.
+func (c *Cluster) gossipKeyLoop() {
+	defer c.wg.Done()
+	if c.cfg.GossipKeys == nil {
+		return
+	}
+	var lastErr string
+	for {
+		changed := c.fsm.changes()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := c.syncGossipKeys(ctx)
+		cancel()
+		if err != nil && err.Error() != lastErr {
+			c.logger.Warn("gossip key rotation: this node's step failed, retrying", "err", err)
+		}
+		lastErr = ""
+		if err != nil {
+			lastErr = err.Error()
+		}
+		select {
+		case <-c.stop:
+			return
+		case <-changed:
+		case <-time.After(gossipKeyInterval):
+		}
+	}
+}
+
+// syncGossipKeys is one turn of gossipKeyLoop.
+func (c *Cluster) syncGossipKeys(ctx context.Context) error {
+	g := c.cfg.GossipKeys
+	var ring GossipKeyring
+	var member bool
+	var missingInstall, missingUse []string
+	c.fsm.View(func(s *State) {
+		ring = s.GossipKeys
+		if r := ring.Rotation; r != nil {
+			copied := *r
+			copied.Installed, copied.Using = slices.Clone(r.Installed), slices.Clone(r.Using)
+			ring.Rotation = &copied
+			missingInstall, missingUse = s.missing(r.Installed), s.missing(r.Using)
+		}
+		_, member = s.Nodes[c.cfg.NodeID]
+	})
+	r := ring.Rotation
+	if r == nil {
+		if (ring.Primary == "" || g.PrimaryID() == ring.Primary) && len(g.Keyring.GetKeys()) == 1 {
+			return nil
+		}
+		// This node's view may be old (it just started): act on the
+		// leader's.
+		if err := c.Sync(ctx); err != nil {
+			return nil
+		}
+		if ring = c.GossipKeyState(); ring.Rotation != nil {
+			return nil // the next turn
+		}
+		if ring.Primary != "" && g.PrimaryID() != ring.Primary {
+			// The rotation ended while this node was away.
+			if g.byID(ring.Primary) == nil {
+				if err := c.fetchGossipKey(ctx, ring.Primary, ""); err != nil {
+					return fmt.Errorf("fetching the cluster's gossip key %s: %w", ring.Primary, err)
+				}
+			}
+			if err := g.use(ring.Primary); err != nil {
+				return err
+			}
+		}
+		if len(g.Keyring.GetKeys()) > 1 {
+			return g.keepPrimaryOnly()
+		}
+		return nil
+	}
+	if !member {
+		return nil // not in the log yet: its join reports nothing
+	}
+	if g.byID(r.Key) == nil {
+		if err := c.fetchGossipKey(ctx, r.Key, r.Holder); err != nil {
+			return fmt.Errorf("fetching gossip key %s: %w", r.Key, err)
+		}
+	}
+	self := c.cfg.NodeID
+	if !slices.Contains(r.Installed, self) {
+		if _, err := c.propose(ctx, commandGossipKey, gossipKeyCommand{Op: gossipKeyInstalled, Key: r.Key, Node: self, Time: time.Now().UTC()}); err != nil && !errors.Is(err, ErrNotFound) {
+			return fmt.Errorf("reporting gossip key %s installed: %w", r.Key, err)
+		}
+	}
+	if r.Phase == GossipKeyUse {
+		if err := g.use(r.Key); err != nil {
+			return err
+		}
+		if !slices.Contains(r.Using, self) {
+			if _, err := c.propose(ctx, commandGossipKey, gossipKeyCommand{Op: gossipKeyUsing, Key: r.Key, Node: self, Time: time.Now().UTC()}); err != nil && !errors.Is(err, ErrNotFound) {
+				return fmt.Errorf("reporting gossip key %s in use: %w", r.Key, err)
+			}
+		}
+	}
+	if !c.IsLeader() {
+		return nil
+	}
+	switch {
+	case r.Phase == GossipKeyInstall && len(missingInstall) == 0:
+		_, err := c.propose(ctx, commandGossipKey, gossipKeyCommand{Op: gossipKeySwitch, Key: r.Key, Time: time.Now().UTC()})
+		return ignoreRace(err)
+	case r.Phase == GossipKeyUse && len(missingUse) == 0:
+		_, err := c.propose(ctx, commandGossipKey, gossipKeyCommand{Op: gossipKeyDone, Key: r.Key, Time: time.Now().UTC()})
+		return ignoreRace(err)
+	}
+	return nil
+}
+
+// ignoreRace drops the refusals of a step another turn took already or
+// that a node's arrival postponed: the next turn looks again.
+func ignoreRace(err error) error {
+	if errors.Is(err, ErrBusy) || errors.Is(err, ErrNotFound) || errors.Is(err, ErrInvalid) {
+		return nil
+	}
+	return err
+}
