@@ -107,6 +107,13 @@ func (g *Gateway) RunMerges(ctx context.Context, log MergeLog, rate *MergeRate) 
 			if !mine {
 				continue
 			}
+			if job.Holder == "" && !job.Child.Snapshot && job.Child.Exclusive {
+				// The leader's own open would hold an exclusive VDI's
+				// writer lock and refuse the VM that opens it meanwhile
+				// (an exclusive VDI is never handed over): its merge
+				// waits until a writer opens it, and runs there.
+				continue
+			}
 			if err := g.RunLayerJob(ctx, job, log, rate); err != nil {
 				if ctx.Err() == nil && !errors.Is(err, errHandedOver) {
 					g.logger.Warn("merge of a vdi layer failed; will retry", "child", job.Child.FullName(), "layer", job.Layer, "flatten", job.Flatten, "err", err)
