@@ -361,11 +361,11 @@ func (d *Disk) zeroPiece(ctx context.Context, vdi cluster.VDI, chain []uint32, p
 		return g.setEntry(ctx, state, vdi, vdi.ID, pc.index, vdi.ID, fua)
 	}
 	flags := object.Flags{Sync: fua, NoHole: noHole}
-	return g.mutate(ctx, oid, vdi.Copies, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
+	return g.mutateOp(ctx, oid, vdi.Copies, replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
 		return g.changeHealing(ctx, node, rv, oid, vdi.Copies, pc.within, int(pc.length), func() error {
 			return g.replicas.Zero(ctx, node, rv.Number, oid, pc.within, uint32(pc.length), flags)
 		})
-	})
+	}, change: &failedChange{offset: pc.within, length: uint32(pc.length)}})
 }
 
 // Extent is a run of the disk that is all data or all hole.

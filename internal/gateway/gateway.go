@@ -114,6 +114,9 @@ type Starter interface {
 type replicaOp struct {
 	run   func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error
 	start func(ctx context.Context, node cluster.Node, rv *layout.Epoch) func() error
+	// change is what the change does to its object's bytes, which a
+	// repair re-applies if it fails (suspect.go); nil when not known.
+	change *failedChange
 }
 
 // then returns op with after applied to the error of every run and of
@@ -122,7 +125,7 @@ func (op replicaOp) then(after func(ctx context.Context, node cluster.Node, rv *
 	run := op.run
 	wrapped := replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
 		return after(ctx, node, rv, run(ctx, node, rv))
-	}}
+	}, change: op.change}
 	if start := op.start; start != nil {
 		wrapped.start = func(ctx context.Context, node cluster.Node, rv *layout.Epoch) func() error {
 			wait := start(ctx, node, rv)
@@ -198,9 +201,13 @@ type Gateway struct {
 	checksumRepairs atomic.Uint64
 	checksumLost    atomic.Uint64
 
-	suspectMu    sync.Mutex // guards suspects
+	suspectMu    sync.Mutex // guards suspects and failed
 	suspects     map[uint64]bool
 	suspectCount atomic.Int64
+	// failed are the changes that made objects suspect, in order, for
+	// their repair to re-apply (nil for an object whose failed change is
+	// not known: then none is).
+	failed map[uint64][]*failedChange
 
 	dirtyMu sync.Mutex      // guards dirty
 	dirty   map[string]bool // nodes written through this gateway since its last flush
@@ -446,7 +453,7 @@ func (g *Gateway) writeOn(ctx context.Context, oid uint64, copies int, p []byte,
 func (g *Gateway) writeOp(oid uint64, copies int, p []byte, offset uint32, flags object.Flags) replicaOp {
 	op := replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
 		return g.writeTo(ctx, node, rv, oid, copies, p, offset, flags)
-	}}
+	}, change: &failedChange{offset: offset, data: p, fresh: flags.Create && flags.Fresh}}
 	if g.starter == nil {
 		return op
 	}
@@ -522,6 +529,7 @@ func (g *Gateway) mutateOn(ctx context.Context, oid uint64, copies int, pick pic
 	err := g.mutateReplicas(ctx, oid, copies, pick, op)
 	if err != nil && !reachedNoReplica(err) {
 		g.suspect(oid, err)
+		g.keepFailed(oid, op.change)
 	}
 	return err
 }

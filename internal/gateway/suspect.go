@@ -27,9 +27,19 @@ import (
 // (repairSuspect): under the object's exclusive lock, so that no change
 // of this gateway (the VDI's only writer) runs meanwhile, it reads the
 // whole object from one replica and writes it to every replica of the
-// current epoch. A write acknowledged in this zone whose far part failed
-// was not reported failed: the copy read may lack it (lag.go, rule 6),
-// so the repair writes it over that copy first. A gateway that gives up
+// current epoch. The copy read may hold the failed change or not; the
+// repair applies it over that copy (a write or a zero; a remove, or a
+// change made some other way, is not known and not applied), so a failed
+// change resolves as applied: a reader elsewhere that read it from a
+// replica it reached never reads the older data afterwards (the same
+// promise as recovery's for a change still in flight, recovery.go "Copies
+// with the same stamp"). A write acknowledged in this zone whose far part
+// failed was not reported failed: the copy read may lack it (lag.go, rule
+// 6), so the repair writes it over that copy too, after the failed
+// changes (a far part newer than a failed change over the same bytes
+// would be undone by it otherwise; the reverse order, rarer, loses the
+// failed change's bytes there, which its client was told had failed).
+// A gateway that gives up
 // a VDI with suspect objects left
 // (they could not be repaired either) marks it unclean in the cluster
 // log before releasing its lock, and the next writer repairs the whole
@@ -66,6 +76,70 @@ func (g *Gateway) clearSuspect(oid uint64) {
 	if g.suspects[oid] {
 		delete(g.suspects, oid)
 		g.suspectCount.Add(-1)
+	}
+	delete(g.failed, oid)
+}
+
+// failedChange is a change to an object as its bytes: data written at
+// offset (fresh: the write started the object anew, emptying it), or,
+// with data nil, zeros over [offset, offset+length).
+type failedChange struct {
+	offset uint32
+	data   []byte
+	length uint32
+	fresh  bool
+}
+
+// apply makes the change to data, the whole object.
+func (c *failedChange) apply(data []byte) {
+	if c.fresh {
+		clear(data)
+	}
+	start := min(int(c.offset), len(data))
+	if c.data != nil {
+		copy(data[start:], c.data)
+		return
+	}
+	clear(data[start:min(start+int(c.length), len(data))])
+}
+
+// keepFailed records change, which failed and made oid suspect, for the
+// repair to apply (a copy: the caller's buffer is reused). An unknown
+// change (nil) voids those kept before it: applied over its effects,
+// they could undo them.
+func (g *Gateway) keepFailed(oid uint64, change *failedChange) {
+	g.suspectMu.Lock()
+	defer g.suspectMu.Unlock()
+	if g.failed == nil {
+		g.failed = map[uint64][]*failedChange{}
+	}
+	if change == nil {
+		g.failed[oid] = nil
+		return
+	}
+	kept := *change
+	kept.data = slices.Clone(change.data)
+	g.failed[oid] = append(g.failed[oid], &kept)
+}
+
+// failedChanges returns the failed changes kept for oid, oldest first.
+func (g *Gateway) failedChanges(oid uint64) []*failedChange {
+	g.suspectMu.Lock()
+	defer g.suspectMu.Unlock()
+	return slices.Clone(g.failed[oid])
+}
+
+// dropFailed forgets the first n failed changes kept for oid: a repair
+// wrote them to every replica. (The object may stay suspect for far
+// parts still on their way, lag.go; re-applied after a later change,
+// they would undo it.)
+func (g *Gateway) dropFailed(oid uint64, n int) {
+	g.suspectMu.Lock()
+	defer g.suspectMu.Unlock()
+	if kept := g.failed[oid]; len(kept) <= n {
+		delete(g.failed, oid)
+	} else {
+		g.failed[oid] = kept[n:]
 	}
 }
 
@@ -154,6 +228,10 @@ func (g *Gateway) repairSuspect(ctx context.Context, oid uint64, copies int) err
 	if err != nil {
 		return fmt.Errorf("object %016x: a failed change may have reached some of its replicas only, and reading it to make them identical failed: %w", oid, err)
 	}
+	failed := g.failedChanges(oid)
+	for _, change := range failed {
+		change.apply(data)
+	}
 	applyLag(data, apply)
 	flags := object.Flags{Create: true, Sync: true}
 	err = g.replicate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
@@ -172,8 +250,9 @@ func (g *Gateway) repairSuspect(ctx context.Context, oid uint64, copies int) err
 	if err != nil {
 		return fmt.Errorf("object %016x: a failed change may have reached some of its replicas only, and making them identical failed: %w", oid, err)
 	}
+	g.dropFailed(oid, len(failed))
 	g.lag.settle(oid, settle, clearSuspect)
-	g.logger.Info("gateway: made the replicas of a suspect object identical", "object", fmt.Sprintf("%016x", oid), "writes_acknowledged_in_this_zone", len(apply), "took", time.Since(started).Round(time.Millisecond))
+	g.logger.Info("gateway: made the replicas of a suspect object identical", "object", fmt.Sprintf("%016x", oid), "failed_changes_applied", len(failed), "writes_acknowledged_in_this_zone", len(apply), "took", time.Since(started).Round(time.Millisecond))
 	return nil
 }
 

@@ -58,6 +58,9 @@ type client struct {
 	uncertain map[int][]uint64 // per block: writes that failed
 	pending   map[int]uint64   // per block: the write in flight
 	errs      []string
+	// seen: per block, the newest write readers' completed reads
+	// returned (checkReadFloor, reader.go).
+	seen map[int][]readMark
 
 	ops, reads, writes, flushes, failures atomic.Int64
 }
