@@ -423,8 +423,8 @@ func established(t *testing.T, node *testcluster.Node, port int) int {
 	return n
 }
 
-// TestStrangersCannotTakeEverySlot: the 4 addresses x 64 silent
-// connections to the NBD port (a node with a lower connection cap, 128),
+// TestStrangersCannotTakeEverySlot: 16 addresses x 64 silent connections
+// (1,024) to the NBD port (a node with a lower connection cap, 128),
 // each reconnected a second after the node closes it, do not keep out a
 // client with a certificate: qemu-io over TLS writes and reads, nbdinfo
 // answers, each within its handshake. The admin port holds only its
@@ -449,9 +449,11 @@ func TestStrangersCannotTakeEverySlot(t *testing.T) {
 	vms := addClient(t, c, "vmhost", "vm*")
 	sources := strangerSources(4)
 
-	nbd := holdConnections(t, node.NBDAddr(), sources, 64, false)
-	testcluster.WaitFor(t, 30*time.Second, "the strangers to have opened 256 NBD connections", func() (bool, error) {
-		return nbd.opened.Load() >= 256, fmt.Errorf("%d opened", nbd.opened.Load())
+	// 16 addresses x 64: over 1,000 strangers' connections at the NBD
+	// port, reconnected as the node closes them.
+	nbd := holdConnections(t, node.NBDAddr(), strangerSources(16), 64, false)
+	testcluster.WaitFor(t, 60*time.Second, "the strangers to have opened 1,024 NBD connections", func() (bool, error) {
+		return nbd.opened.Load() >= 1024, fmt.Errorf("%d opened", nbd.opened.Load())
 	})
 	time.Sleep(2 * time.Second) // and to reconnect what the node closed
 	t.Logf("NBD: the strangers hold %d connections (%d opened); the node %d", nbd.held.Load(), nbd.opened.Load(), established(t, node, testcluster.NBDPort))
