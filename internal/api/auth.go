@@ -28,6 +28,55 @@ type Security struct {
 	PeerTLS *tls.Config
 	// Authority issues NBD client certificates.
 	Authority Authority
+	// Trust, if not nil, names the CAs whose fingerprint a token may
+	// carry (two during a CA rotation) and the one new tokens carry, in
+	// place of Fingerprint.
+	Trust Trust
+	// CA starts CA rotations (herd cluster rotate-ca; server/trust.go).
+	CA CARotator
+}
+
+// Trust is the CAs a node trusts (server/trust.go).
+type Trust interface {
+	Fingerprints() []string // trusted, the cluster's first
+	Fingerprint() string    // the one new tokens carry
+}
+
+// CARotator starts a CA rotation: on a node holding the cluster CA's
+// key, or by asking one.
+type CARotator interface {
+	StartCARotation(ctx context.Context) (cluster.CAState, error)
+}
+
+// fingerprint is the CA fingerprint new tokens carry.
+func (s *Server) fingerprint() string {
+	if s.sec.Trust != nil {
+		return s.sec.Trust.Fingerprint()
+	}
+	return s.sec.Fingerprint
+}
+
+// joinFingerprint is the CA fingerprint join tokens carry: the
+// cluster's (during a rotation the old one; a joining node receives its
+// certificate from it, and the new CA from the log).
+func (s *Server) joinFingerprint() string {
+	if s.sec.Trust != nil {
+		return s.sec.Trust.Fingerprints()[0]
+	}
+	return s.sec.Fingerprint
+}
+
+// trusted says whether a token's fingerprint names a CA this node trusts.
+func (s *Server) trusted(fingerprint string) bool {
+	if s.sec.Trust == nil {
+		return fingerprint == s.sec.Fingerprint
+	}
+	for _, f := range s.sec.Trust.Fingerprints() {
+		if f == fingerprint {
+			return true
+		}
+	}
+	return false
 }
 
 // Authority issues NBD client certificates signed by the cluster CA.
@@ -65,8 +114,8 @@ func (s *Server) authenticate(r *http.Request, need access) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", cluster.ErrUnauthorized, err)
 	}
-	if token.Fingerprint != s.sec.Fingerprint {
-		return "", fmt.Errorf("%w: the token belongs to another cluster (its CA fingerprint differs)", cluster.ErrUnauthorized)
+	if !s.trusted(token.Fingerprint) {
+		return "", fmt.Errorf("%w: the token belongs to another cluster (its CA fingerprint differs; after a CA rotation, a token names the new CA: herd token refresh)", cluster.ErrUnauthorized)
 	}
 	record, ok := s.cluster.LookupToken(token.ID)
 	if !ok {
@@ -146,6 +195,9 @@ type (
 		Name     string `json:"name"`
 		Pattern  string `json:"pattern"`
 		ReadOnly bool   `json:"read_only"`
+		// Renew issues a new certificate to a live client, same pattern
+		// and scope (Pattern and ReadOnly are ignored).
+		Renew bool `json:"renew,omitempty"`
 	}
 	// AddedClient carries the client's certificate and key (PEM), and the
 	// cluster CA's certificate: QEMU's tls-creds-x509 directory layout.
@@ -200,7 +252,7 @@ func (s *Server) securityRoutes(mux *http.ServeMux) {
 		if err != nil {
 			return nil, err
 		}
-		full := pki.AdminToken{Fingerprint: s.sec.Fingerprint, ID: id, Secret: secret}
+		full := pki.AdminToken{Fingerprint: s.fingerprint(), ID: id, Secret: secret}
 		return CreatedToken{Token: publicToken(created), Secret: full.String()}, nil
 	})
 	s.handle(mux, "DELETE /v1/tokens/{id}", func(r *http.Request) (any, error) {
@@ -222,17 +274,33 @@ func (s *Server) securityRoutes(mux *http.ServeMux) {
 		if err := cluster.ValidateCredentialName("client", req.Name); err != nil {
 			return nil, err
 		}
+		old, exists := c.LookupClient(req.Name)
+		exists = exists && !old.Revoked
+		if req.Renew {
+			// The same name, pattern and scope; a new certificate (from
+			// the new CA during a CA rotation).
+			if err := c.Requires(cluster.FeatureCARotation); err != nil {
+				return nil, err
+			}
+			if !exists {
+				return nil, fmt.Errorf("client %q: %w: nothing to renew", req.Name, cluster.ErrNotFound)
+			}
+			req.Pattern, req.ReadOnly = old.Pattern, old.ReadOnly
+		} else if exists {
+			return nil, fmt.Errorf("client %q: %w (revoke it first, or renew it: client add --renew)", req.Name, cluster.ErrAlreadyExists)
+		}
 		if err := cluster.ValidatePattern(req.Pattern); err != nil {
 			return nil, err
-		}
-		if old, ok := c.LookupClient(req.Name); ok && !old.Revoked {
-			return nil, fmt.Errorf("client %q: %w (revoke it first)", req.Name, cluster.ErrAlreadyExists)
 		}
 		certPEM, keyPEM, serial, err := s.sec.Authority.IssueClient(req.Name)
 		if err != nil {
 			return nil, err
 		}
-		added, err := c.AddClient(r.Context(), cluster.Client{Name: req.Name, Pattern: req.Pattern, ReadOnly: req.ReadOnly, Serial: serial})
+		record := cluster.Client{Name: req.Name, Pattern: req.Pattern, ReadOnly: req.ReadOnly, Serial: serial, Renew: req.Renew}
+		if cert, err := pki.ParseCertificate(certPEM); err == nil && c.Level() >= cluster.LevelSecurity {
+			record.Expires = cert.NotAfter.UTC()
+		}
+		added, err := c.AddClient(r.Context(), record)
 		if err != nil {
 			return nil, err
 		}
@@ -274,7 +342,7 @@ func (s *Server) securityRoutes(mux *http.ServeMux) {
 		if err := c.SetJoinHash(r.Context(), pki.HashSecret(secret)); err != nil {
 			return nil, err
 		}
-		return JoinTokenResponse{Token: pki.JoinToken{Fingerprint: s.sec.Fingerprint, Secret: secret}.String()}, nil
+		return JoinTokenResponse{Token: pki.JoinToken{Fingerprint: s.joinFingerprint(), Secret: secret}.String()}, nil
 	})
 }
 

@@ -49,6 +49,9 @@ func NewClient(address, token string) *Client {
 		// Verified below against the fingerprint instead of hostnames:
 		// nodes are reached by IP and the token pins the cluster CA.
 		InsecureSkipVerify: true,
+		// During a CA rotation the node shows its certificate from the
+		// CA the token names (pki.CAHint).
+		ServerName: pki.CAHint(fingerprint),
 		VerifyPeerCertificate: func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
 			_, err := pki.VerifyServerChain(rawCerts, fingerprint)
 			return err

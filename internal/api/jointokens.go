@@ -44,7 +44,7 @@ func (s *Server) joinTokenRoutes(mux *http.ServeMux) {
 		if err != nil {
 			return nil, err
 		}
-		return JoinTokenCreated{JoinToken: t, Token: pki.JoinToken{Fingerprint: s.sec.Fingerprint, Secret: secret}.String()}, nil
+		return JoinTokenCreated{JoinToken: t, Token: pki.JoinToken{Fingerprint: s.joinFingerprint(), Secret: secret}.String()}, nil
 	})
 	s.handle(mux, "GET /v1/join-tokens", func(r *http.Request) (any, error) {
 		c.SyncForRead(r.Context())

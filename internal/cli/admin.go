@@ -231,7 +231,7 @@ func clusterCommand(g *globals) *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(format, info, health, epochs, finalize, rotateJoinTokenCommand(g), joinTokenCommand(g), rotateGossipKeyCommand(g))
+	cmd.AddCommand(format, info, health, epochs, finalize, rotateJoinTokenCommand(g), joinTokenCommand(g), rotateGossipKeyCommand(g), rotateCACommand(g))
 	return cmd
 }
 

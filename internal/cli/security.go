@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/herd-storage/herd/internal/api"
 	"github.com/herd-storage/herd/internal/pki"
 	"github.com/herd-storage/herd/internal/reach"
 )
@@ -113,14 +114,14 @@ longer reads VDI data. --data needs cluster feature level 3.`,
 			return g.output(t, func(w *tabwriter.Writer) { fmt.Fprintf(w, "token %s (id %s) revoked\n", t.Name, t.ID) })
 		},
 	}
-	cmd.AddCommand(create, list, revoke)
+	cmd.AddCommand(create, list, revoke, tokenRefreshCommand(g))
 	return cmd
 }
 
 func clientCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "client", Short: "NBD client certificates: add, list, revoke"}
 	var pattern, out, ownerSpec string
-	var readOnly bool
+	var readOnly, renew bool
 	add := &cobra.Command{
 		Use:   "add NAME --vdi PATTERN [--read-only] --out DIR [--owner USER[:GROUP]]",
 		Short: "issue an NBD client certificate into DIR (ca-cert.pem, client-cert.pem, client-key.pem: QEMU's tls-creds-x509 layout)",
@@ -141,10 +142,19 @@ Debian and Ubuntu, qemu on Fedora and RHEL:
   herd client add kvm1 --vdi 'vm*' --out /etc/pki/herd-nbd --owner libvirt-qemu
 
 Every directory above DIR must let that user in; the command checks before
-it issues anything (docs/LIBVIRT.md).`,
+it issues anything (docs/LIBVIRT.md).
+
+--renew issues a new certificate to a client that exists, same name,
+pattern and scope (no --vdi), and replaces the three files in DIR: after
+a CA rotation starts (herd cluster rotate-ca), each client is renewed so
+that it works once the rotation finishes; its old certificate is accepted
+until then. Outside a rotation the old certificate is refused at once.`,
 		Args: args(1, "NAME --vdi PATTERN [--read-only] --out DIR [--owner USER[:GROUP]]"),
 		RunE: func(cmd *cobra.Command, a []string) error {
-			if pattern == "" {
+			if renew && (pattern != "" || readOnly) {
+				return usage(fmt.Errorf("--renew keeps the client's pattern and scope: give neither --vdi nor --read-only"))
+			}
+			if pattern == "" && !renew {
 				return usage(fmt.Errorf("--vdi PATTERN is required: the VDI names this client may open (for example 'vm*', or '*' for all)"))
 			}
 			if out == "" {
@@ -162,8 +172,8 @@ it issues anything (docs/LIBVIRT.md).`,
 				owner = &o
 			}
 			for _, name := range []string{"ca-cert.pem", "client-cert.pem", "client-key.pem"} {
-				if _, err := os.Stat(filepath.Join(out, name)); err == nil {
-					return fmt.Errorf("%s already exists: give an empty directory", filepath.Join(out, name))
+				if _, err := os.Stat(filepath.Join(out, name)); err == nil && !renew {
+					return fmt.Errorf("%s already exists: give an empty directory (or renew the client: --renew)", filepath.Join(out, name))
 				}
 			}
 			if err := makeClientDirectory(out, owner); err != nil {
@@ -171,7 +181,13 @@ it issues anything (docs/LIBVIRT.md).`,
 			}
 			ctx, cancel := g.context()
 			defer cancel()
-			added, err := g.client().AddClient(ctx, a[0], pattern, readOnly)
+			var added api.AddedClient
+			var err error
+			if renew {
+				added, err = g.client().RenewClient(ctx, a[0])
+			} else {
+				added, err = g.client().AddClient(ctx, a[0], pattern, readOnly)
+			}
 			if err != nil {
 				return err
 			}
@@ -203,6 +219,7 @@ it issues anything (docs/LIBVIRT.md).`,
 	add.Flags().StringVar(&pattern, "vdi", "", "the VDI names the client may see and open (shell pattern, e.g. 'vm*')")
 	add.Flags().BoolVar(&readOnly, "read-only", false, "the client may only read")
 	add.Flags().StringVar(&out, "out", "", "directory for ca-cert.pem, client-cert.pem, client-key.pem")
+	add.Flags().BoolVar(&renew, "renew", false, "issue a new certificate to an existing client (same pattern and scope), replacing the files in --out")
 	add.Flags().StringVar(&ownerSpec, "owner", "", "give the files (and DIR, if new or empty) to USER[:GROUP], the user QEMU runs as (libvirt: libvirt-qemu); only that user can read them")
 	list := &cobra.Command{
 		Use:   "list",

@@ -227,6 +227,7 @@ func nbdCredentials(g *globals) (*tls.Config, string, func(), error) {
 		// Verified against the cluster CA the token names, not by host
 		// name: nodes are reached by IP.
 		InsecureSkipVerify: true,
+		ServerName:         pki.CAHint(fingerprint), // during a CA rotation
 		VerifyPeerCertificate: func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
 			_, err := pki.VerifyServerChain(rawCerts, fingerprint)
 			return err

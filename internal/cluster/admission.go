@@ -105,11 +105,33 @@ func (c *Cluster) Admit(ctx context.Context, id, serial, joinToken string) error
 // PeerAllowed says whether a peer presenting a node certificate for id
 // with serial may talk to this node (peer.Credentials.Allowed).
 func (c *Cluster) PeerAllowed(id, serial string) (err error) {
-	c.fsm.View(func(s *State) { err = s.peerAllowed(id, serial) })
+	return c.PeerAllowedUnder(id, serial, "")
+}
+
+// PeerAllowedUnder is PeerAllowed for a certificate that verified against
+// the CA of fingerprint ca (peer.Credentials.AllowedUnder): during a CA
+// rotation a node's certificate from the new CA is let in before its
+// serial is recorded, and must match it once it is (carotation.go).
+func (c *Cluster) PeerAllowedUnder(id, serial, ca string) (err error) {
+	c.fsm.View(func(s *State) { err = s.peerAllowed(id, serial, ca) })
 	return err
 }
 
-func (s *State) peerAllowed(id, serial string) error {
+// PeerAdmitted says whether id is admitted and not removed, whatever its
+// certificate (a certificate from a CA this node learned from a member
+// before its log names it: server/trust.go).
+func (c *Cluster) PeerAdmitted(id string) (err error) {
+	c.fsm.View(func(s *State) {
+		if _, removed := s.Removed[id]; removed {
+			err = fmt.Errorf("node %s was removed from the cluster for good", id)
+		} else if _, ok := s.Admitted[id]; !ok && s.Level() >= LevelSecurity {
+			err = fmt.Errorf("node %s was never admitted to this cluster", id)
+		}
+	})
+	return err
+}
+
+func (s *State) peerAllowed(id, serial, ca string) error {
 	if _, removed := s.Removed[id]; removed {
 		return fmt.Errorf("node %s was removed from the cluster for good", id)
 	}
@@ -117,6 +139,12 @@ func (s *State) peerAllowed(id, serial string) error {
 		return nil
 	}
 	admitted, ok := s.Admitted[id]
+	if r := s.CA.Rotation; ok && r != nil && ca == r.Fingerprint {
+		if recorded, known := r.Certificates[id]; known && recorded != serial {
+			return fmt.Errorf("certificate %s is not node %s's from the new CA (the log names %s)", serial, id, recorded)
+		}
+		return nil
+	}
 	switch {
 	case !ok:
 		return fmt.Errorf("node %s was never admitted to this cluster", id)
@@ -144,7 +172,7 @@ func (c *Cluster) KnownNode(id string) (known bool) {
 // certificate it holds; gossip's word is not taken).
 func (c *Cluster) memberSerials(ctx context.Context) (map[string]string, error) {
 	creds := c.cfg.PeerCredentials
-	if creds == nil || creds.Certificate.Leaf == nil {
+	if creds == nil || creds.Leaf() == nil {
 		return nil, fmt.Errorf("%w: this node has no peer certificate to ask the others with", ErrInvalid)
 	}
 	type member struct{ id, address string }
@@ -160,7 +188,7 @@ func (c *Cluster) memberSerials(ctx context.Context) (map[string]string, error) 
 	serials := map[string]string{}
 	for _, m := range members {
 		if m.id == c.cfg.NodeID {
-			serials[m.id] = pki.Serial(creds.Certificate.Leaf)
+			serials[m.id] = pki.Serial(creds.Leaf())
 			continue
 		}
 		dialCtx, cancel := context.WithTimeout(ctx, 5*time.Second)

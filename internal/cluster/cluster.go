@@ -12,6 +12,8 @@ package cluster
 
 import (
 	"context"
+	"crypto/x509"
+	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -71,6 +73,9 @@ type Config struct {
 	// Build is what this node reports about its binary in gossip
 	// (features.go); Build.Level 0 means SupportedLevel.
 	Build Build
+	// CurrentCA, if set, returns the CA this node trusts as the
+	// cluster's (cluster info; carotation.go).
+	CurrentCA func() *x509.Certificate
 }
 
 // Cluster is the local node's view of and handle on the cluster.
@@ -152,10 +157,15 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		// A node that was down while the gossip key was rotated needs
 		// the new key before gossip lets it in: ask a member over mTLS.
 		refresh, cancel := context.WithTimeout(ctx, 5*time.Second)
-		if err := c.RefreshGossipKeys(refresh); err != nil {
+		err := c.RefreshGossipKeys(refresh)
+		cancel()
+		if errors.Is(err, ErrTrustLost) {
+			c.Close()
+			return nil, c.trustLost(err)
+		}
+		if err != nil {
 			c.logger.Info("gossip: no member gave its gossip keys at start; using this node's", "err", err)
 		}
-		cancel()
 	}
 	if err := c.startGossip(); err != nil {
 		c.Close()

@@ -69,6 +69,7 @@ var fuzzPayloads = map[commandType][]any{
 	commandJoinTokenCreate: {JoinToken{ID: "j1", Hash: "h", Created: t0, Expires: t0.Add(time.Hour), Uses: 1}, JoinToken{ID: "j2", Hash: "h", Created: t0, Expires: t0}},
 	commandJoinTokenRevoke: {joinTokenRevokeCommand{ID: "j1"}, joinTokenRevokeCommand{ID: "none"}},
 	commandGossipKey:       {gossipKeyCommand{Op: gossipKeyStart, Key: "00112233445566ff", Node: "a", Time: t0}, gossipKeyCommand{Op: gossipKeyInstalled, Key: "00112233445566ff", Node: "b"}, gossipKeyCommand{Op: gossipKeySwitch, Key: "00112233445566ff"}, gossipKeyCommand{Op: "bad", Key: "zz"}},
+	commandCA:              {caCommand{Op: caStart, Fingerprint: strings.Repeat("ab", 32), Cert: []byte("not a certificate"), Node: "a", Time: t0}, caCommand{Op: caCertificate, Fingerprint: strings.Repeat("ab", 32), Node: "b", Serial: "0b"}, caCommand{Op: caFinish, Fingerprint: strings.Repeat("ab", 32), Force: true}, caCommand{Op: caCancel, Fingerprint: strings.Repeat("ab", 32)}, caCommand{Op: "bad", Fingerprint: "x"}},
 	commandNodeAdmit:       {nodeAdmitCommand{ID: "h", Serial: "0c", Time: t0, JoinToken: "j1"}, nodeAdmitCommand{ID: "f", Serial: "0a1b", Time: t0}, nodeAdmitCommand{ID: "a", Serial: "ff"}, nodeAdmitCommand{ID: "g", Serial: "xyz"}},
 	commandVDIDelete:       {vdiDeleteCommand{Name: "vm@s1"}, vdiDeleteCommand{Name: "clone"}, vdiDeleteCommand{Name: "db"}},
 	commandVDIResize:       {vdiResizeCommand{Name: "db", Size: 128 << 20}, vdiResizeCommand{Name: "db", Size: 1 << 20}},

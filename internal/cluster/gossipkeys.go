@@ -36,6 +36,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/herd-storage/herd/internal/peer"
 )
 
 // GossipKeyring is the log's record of the cluster's gossip key.
@@ -460,10 +462,14 @@ func (c *Cluster) RefreshGossipKeys(ctx context.Context) error {
 		return nil
 	}
 	var errs []string
-	for _, peer := range c.secretPeers("") {
-		keys, err := c.fetchGossipKeys(ctx, peer)
+	refused := 0 // members that refused this node's certificate, or showed one it does not trust
+	for _, member := range c.secretPeers("") {
+		keys, err := c.fetchGossipKeys(ctx, member)
 		if err != nil {
 			errs = append(errs, err.Error())
+			if errors.Is(err, peer.ErrCertificateRefused) || errors.Is(err, peer.ErrWrongCluster) {
+				refused++
+			}
 			if ctx.Err() != nil {
 				break
 			}
@@ -478,15 +484,24 @@ func (c *Cluster) RefreshGossipKeys(ctx context.Context) error {
 			return err
 		}
 		if after := g.PrimaryID(); after != before {
-			c.logger.Info("gossip: installed the cluster's current gossip key from a member", "key", after, "was", before, "from", peer)
+			c.logger.Info("gossip: installed the cluster's current gossip key from a member", "key", after, "was", before, "from", member)
 		}
 		return nil
+	}
+	if len(errs) > 0 && refused == len(errs) {
+		return fmt.Errorf("%w: %s", ErrTrustLost, strings.Join(errs, "; "))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("no member gave its gossip keys: %s", strings.Join(errs, "; "))
 	}
 	return nil
 }
+
+// ErrTrustLost: every member asked refused this node's certificate or
+// showed one from a CA this node does not trust: the cluster's CA was
+// rotated while the node was away and it has no certificate from the new
+// one (carotation.go), or its data directory is another cluster's.
+var ErrTrustLost = errors.New("every member refused this node's certificate, or showed one from a CA this node does not trust")
 
 // RotateGossipKey starts a rotation to key, which this node holds from
 // then on (it is added to its keyring first). The rotation goes on by

@@ -565,6 +565,9 @@ type Info struct {
 	// GossipKey is the gossip key's id and any rotation of it under way
 	// (gossipkeys.go), from LevelSecurity on.
 	GossipKey *GossipKeyring `json:"gossip_key,omitempty"`
+	// CA is the cluster CA: fingerprint, age, any rotation under way
+	// (carotation.go).
+	CA *CAInfo `json:"ca,omitempty"`
 }
 
 func (c *Cluster) roles() map[string]string {
@@ -642,6 +645,9 @@ func (c *Cluster) Info() Info {
 			k.Primary = c.cfg.GossipKeys.PrimaryID() // never rotated: the first key, as this node holds it
 		}
 		info.GossipKey = &k
+	}
+	if c.cfg.CurrentCA != nil {
+		info.CA = c.caInfo(c.cfg.CurrentCA())
 	}
 	info.AppliedIndex = c.fsm.Applied()
 	info.InsecureNBD = c.cfg.InsecureNBD

@@ -6,6 +6,8 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -35,21 +37,26 @@ func (c *Cluster) rejoinLoop() {
 				}
 			}
 		})
-		if len(members) <= 1 {
+		alone := len(members) <= 1
+		if alone {
 			targets = append(targets, c.cfg.Join...)
 			targets = append(targets, c.loadPeers()...)
-			// Alone in gossip: perhaps the others' gossip key was
-			// rotated while this node was away (gossipkeys.go).
-			if len(targets) > 0 && time.Since(refreshed) > gossipRefreshInterval {
-				refreshed = time.Now()
-				c.wg.Add(1)
-				go func() {
-					defer c.wg.Done()
-					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					defer cancel()
-					c.RefreshGossipKeys(ctx)
-				}()
-			}
+		}
+		// Alone in gossip, or cut off from the leader: perhaps the
+		// others' gossip key was rotated while this node was away
+		// (gossipkeys.go), or their CA, without this node
+		// (carotation.go): ask a member over mTLS.
+		if (alone && len(targets) > 0 || !c.HasQuorum()) && time.Since(refreshed) > gossipRefreshInterval {
+			refreshed = time.Now()
+			c.wg.Add(1)
+			go func() {
+				defer c.wg.Done()
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				if err := c.RefreshGossipKeys(ctx); errors.Is(err, ErrTrustLost) {
+					c.halt(c.trustLost(err))
+				}
+			}()
 		}
 		for _, t := range dedupe(targets) {
 			go func(address string) {
@@ -58,6 +65,20 @@ func (c *Cluster) rejoinLoop() {
 				}
 			}(t)
 		}
+	}
+}
+
+// trustLost says what to do about ErrTrustLost.
+func (c *Cluster) trustLost(err error) error {
+	return fmt.Errorf("%w. The cluster's CA was rotated (herd cluster rotate-ca --finish) while this node was away and it has no certificate from the new CA, or this data directory belongs to another cluster: stop this node, remove it (herd node remove %s, on a member) and start it on an empty data directory with a join token (herd cluster join-token create)", err, c.cfg.NodeID)
+}
+
+// halt stops this node: it can serve nothing (Halted).
+func (c *Cluster) halt(err error) {
+	c.logger.Error("cluster: stopping", "err", err)
+	select {
+	case c.halted <- err:
+	default:
 	}
 }
 

@@ -63,6 +63,21 @@ type Client struct {
 	Serial   string    `json:"serial"`
 	Created  time.Time `json:"created"`
 	Revoked  bool      `json:"revoked,omitempty"`
+	// Expires is when its certificate expires (from LevelSecurity; zero
+	// in records made before: pki's client validity from Created).
+	Expires time.Time `json:"expires,omitzero"`
+	// Previous is the serial of the certificate a renewal during a CA
+	// rotation replaced (client add --renew): accepted too until the
+	// rotation finishes (carotation.go).
+	Previous string `json:"previous_serial,omitempty"`
+	// Renew, in the add command only: replace the live record of this
+	// name, keeping its pattern and scope (from LevelSecurity).
+	Renew bool `json:"renew,omitempty"`
+}
+
+// Accepts says whether the record lets in the certificate of serial.
+func (c Client) Accepts(serial string) bool {
+	return !c.Revoked && (c.Serial == serial || c.Previous != "" && c.Previous == serial)
 }
 
 // Security limits.
@@ -243,8 +258,25 @@ func applyClientAdd(s *State, data []byte) (any, error) {
 	if c.Serial == "" || len(c.Serial) > 64 {
 		return nil, fmt.Errorf("%w: malformed client serial", ErrInvalid)
 	}
-	if old, ok := s.Clients[c.Name]; ok && !old.Revoked {
-		return nil, fmt.Errorf("client %q: %w (revoke it first)", c.Name, ErrAlreadyExists)
+	if s.Level() < LevelSecurity {
+		c.Renew, c.Expires = false, time.Time{} // as older binaries, which drop them
+	}
+	renew := c.Renew
+	c.Renew, c.Previous = false, ""
+	old, ok := s.Clients[c.Name]
+	switch {
+	case renew && (!ok || old.Revoked):
+		return nil, fmt.Errorf("client %q: %w: nothing to renew (herd client add without --renew)", c.Name, ErrNotFound)
+	case renew:
+		// The same name, pattern and scope; the old certificate is
+		// refused from now on, or, during a CA rotation, once it ends.
+		c.Pattern, c.ReadOnly = old.Pattern, old.ReadOnly
+		if s.CA.Rotation != nil {
+			c.Previous = old.Serial
+		}
+		s.note("credentials", "client %s renewed (certificate %s)", c.Name, c.Serial)
+	case ok && !old.Revoked:
+		return nil, fmt.Errorf("client %q: %w (revoke it first, or renew it: client add --renew)", c.Name, ErrAlreadyExists)
 	}
 	c.Revoked = false
 	s.Clients[c.Name] = &c

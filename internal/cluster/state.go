@@ -258,6 +258,9 @@ type State struct {
 	// GossipKeys is the gossip key's id and any rotation of it under way
 	// (gossipkeys.go).
 	GossipKeys GossipKeyring `json:"gossip_keys,omitzero"`
+	// CA is the cluster CA's record and any rotation of it under way
+	// (carotation.go).
+	CA CAState `json:"ca,omitzero"`
 
 	// Events is the cluster's history in words, the newest MaxEvents
 	// (events.go); pending holds those of the entry being applied.

@@ -102,6 +102,61 @@ type Credentials struct {
 	// for good, one never admitted, a certificate the log does not
 	// name). It may be called concurrently.
 	Allowed func(nodeID, serial string) error
+	// AllowedUnder, if not nil, is asked in place of Allowed, with the
+	// fingerprint of the CA the certificate verified against (during a
+	// CA rotation two are trusted).
+	AllowedUnder func(nodeID, serial, caFingerprint string) error
+	// Source, if not nil, gives at each handshake the certificate to
+	// present and the CAs to trust, in place of Certificate and CA: they
+	// change while the node runs (a CA rotation, server/trust.go).
+	Source Source
+}
+
+// Source is what a node presents and trusts on the peer port, read at
+// each handshake.
+type Source interface {
+	// Roots are the CAs a peer's certificate must verify against.
+	Roots() *x509.CertPool
+	// ServerCertificate is the certificate (leaf, then its CA) to
+	// present to a client that sent serverName (pki.CAHint names the CA
+	// it wants the node's certificate under).
+	ServerCertificate(serverName string) *tls.Certificate
+	// ClientCertificate is the certificate to present to a server that
+	// accepts certificates of the CAs whose subjects (DER) are given
+	// (nil: any this node trusts).
+	ClientCertificate(acceptable [][]byte) *tls.Certificate
+	// Hint is the server name a dialer sends (pki.CAHint).
+	Hint() string
+}
+
+// roots are the CAs to verify peers against now.
+func (c *Credentials) roots() *x509.CertPool {
+	if c.Source != nil {
+		return c.Source.Roots()
+	}
+	return c.CA
+}
+
+// Leaf is the certificate the node presents to a server that accepts
+// every CA it trusts.
+func (c *Credentials) Leaf() *x509.Certificate {
+	if c.Source != nil {
+		if certificate := c.Source.ClientCertificate(nil); certificate != nil {
+			return certificate.Leaf
+		}
+	}
+	return c.Certificate.Leaf
+}
+
+// allow asks AllowedUnder, or Allowed, about a verified peer.
+func (c *Credentials) allow(nodeID, serial, ca string) error {
+	switch {
+	case c.AllowedUnder != nil:
+		return c.AllowedUnder(nodeID, serial, ca)
+	case c.Allowed != nil:
+		return c.Allowed(nodeID, serial)
+	}
+	return nil
 }
 
 // NewCredentials builds Credentials from PEM: the node's certificate and
@@ -121,6 +176,9 @@ func NewCredentials(certPEM, keyPEM, caPEM []byte, allowed func(nodeID, serial s
 }
 
 func (c *Credentials) check() error {
+	if c != nil && c.Source != nil {
+		return nil
+	}
 	if c == nil || c.CA == nil || len(c.Certificate.Certificate) == 0 || c.Certificate.PrivateKey == nil {
 		return ErrNoCredentials
 	}
@@ -136,7 +194,8 @@ func (c *Credentials) verifyNode(certs []*x509.Certificate, usage x509.ExtKeyUsa
 	}
 	leaf := certs[0]
 	// No intermediates: the CA signs leaves directly (pki).
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: c.CA, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+	chains, err := leaf.Verify(x509.VerifyOptions{Roots: c.roots(), KeyUsages: []x509.ExtKeyUsage{usage}})
+	if err != nil {
 		var invalid x509.CertificateInvalidError
 		if errors.As(err, &invalid) && invalid.Reason == x509.IncompatibleUsage {
 			return "", fmt.Errorf("%w: certificate %q may not be used for this (%v)", ErrNotNode, leaf.Subject.CommonName, err)
@@ -147,16 +206,30 @@ func (c *Credentials) verifyNode(certs []*x509.Certificate, usage x509.ExtKeyUsa
 	if !ok {
 		return "", fmt.Errorf("%w: certificate %q %v", ErrNotNode, leaf.Subject.CommonName, leaf.Subject.OrganizationalUnit)
 	}
-	if c.Allowed != nil {
-		if err := c.Allowed(id, pki.Serial(leaf)); err != nil {
-			return "", fmt.Errorf("%w: node %s: %v", ErrNodeRemoved, id, err)
-		}
+	chain := chains[0]
+	if err := c.allow(id, pki.Serial(leaf), pki.Fingerprint(chain[len(chain)-1])); err != nil {
+		return "", fmt.Errorf("%w: node %s: %v", ErrNodeRemoved, id, err)
 	}
 	return id, nil
 }
 
 // serverConfig is the listener's TLS configuration.
 func (c *Credentials) serverConfig() *tls.Config {
+	if c.Source != nil {
+		return &tls.Config{
+			MinVersion: tls.VersionTLS13,
+			GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+				config := c.staticServerConfig()
+				config.Certificates = []tls.Certificate{*c.Source.ServerCertificate(hello.ServerName)}
+				config.ClientCAs = c.Source.Roots()
+				return config, nil
+			},
+		}
+	}
+	return c.staticServerConfig()
+}
+
+func (c *Credentials) staticServerConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion:   tls.VersionTLS13,
 		Certificates: []tls.Certificate{c.Certificate},
@@ -178,13 +251,16 @@ func (c *Credentials) serverConfig() *tls.Config {
 // clientConfig is a dialer's TLS configuration: it presents c's
 // certificate and verifies the server as a herd node of c's CA.
 func (c *Credentials) clientConfig() *tls.Config {
-	return &tls.Config{
+	config := &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		// Always present the certificate: crypto/tls would otherwise
 		// send none when the server's list of acceptable CAs does not
 		// name ours, and the refusal would read "certificate required"
 		// instead of a certificate from another cluster.
-		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		GetClientCertificate: func(info *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			if c.Source != nil {
+				return c.Source.ClientCertificate(info.AcceptableCAs), nil
+			}
 			return &c.Certificate, nil
 		},
 		// InsecureSkipVerify turns off crypto/tls's check against the
@@ -199,6 +275,10 @@ func (c *Credentials) clientConfig() *tls.Config {
 		},
 		DynamicRecordSizingDisabled: true,
 	}
+	if c.Source != nil {
+		config.ServerName = c.Source.Hint()
+	}
+	return config
 }
 
 // peerIdentity is what the TLS handshake proved about the client.
@@ -206,6 +286,7 @@ type peerIdentity struct {
 	certified bool   // it presented a certificate that chains to the CA
 	node      string // the node id, if that certificate is a node's
 	serial    string // the certificate's serial (pki.Serial)
+	ca        string // the fingerprint of the CA it verified against
 }
 
 func identify(state tls.ConnectionState) peerIdentity {
@@ -213,7 +294,8 @@ func identify(state tls.ConnectionState) peerIdentity {
 		return peerIdentity{}
 	}
 	node, _ := pki.NodeID(state.PeerCertificates[0])
-	return peerIdentity{certified: true, node: node, serial: pki.Serial(state.PeerCertificates[0])}
+	chain := state.VerifiedChains[0]
+	return peerIdentity{certified: true, node: node, serial: pki.Serial(state.PeerCertificates[0]), ca: pki.Fingerprint(chain[len(chain)-1])}
 }
 
 // admit reads a client's greeting (step 2) from conn and answers it (step

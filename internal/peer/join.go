@@ -216,6 +216,9 @@ func RequestJoin(ctx context.Context, address string, token pki.JoinToken, reque
 		// verification is safe: ours runs in its place, during the
 		// handshake, before the request is written.
 		InsecureSkipVerify: true,
+		// The member's certificate from the CA the token names, should
+		// it hold two (a CA rotation).
+		ServerName: pki.CAHint(fingerprint),
 		VerifyPeerCertificate: func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
 			if _, err := pki.VerifyServerChain(rawCerts, fingerprint); err != nil {
 				return fmt.Errorf("%w: %w", ErrWrongCluster, err)

@@ -143,7 +143,8 @@ func (l *Listener) handshake(raw net.Conn) {
 		return
 	}
 	identity := identify(conn.ConnectionState())
-	protocol, err := admit(conn, identity, l.creds.Allowed, l.offered)
+	allowed := func(node, serial string) error { return l.creds.allow(node, serial, identity.ca) }
+	protocol, err := admit(conn, identity, allowed, l.offered)
 	if err != nil {
 		var attrs []any
 		if identity.node != "" {

@@ -89,7 +89,33 @@ func (cr *credentials) fetchGossipKeys(ctx context.Context, member string) ([][]
 	if err := json.Unmarshal(body, &s); err != nil {
 		return nil, err
 	}
+	cr.learnCAs(s.CACerts)
 	return s.keys()
+}
+
+// learnCAs trusts the new CA of a rotation a member trusts (certs: its
+// CAs, the cluster's first) when this node knows only the cluster's: a
+// node back from a stop during a rotation gets the new trust at once,
+// over its old mTLS identity, before its log catches up.
+func (cr *credentials) learnCAs(certs [][]byte) {
+	t := cr.now()
+	if len(certs) != 2 || t.next != nil {
+		return
+	}
+	current, err := pki.ParseCACertificate(certs[0])
+	if err != nil || current.Fingerprint() != t.current.Fingerprint() {
+		return
+	}
+	next, err := pki.ParseCACertificate(certs[1])
+	if err != nil || next.Fingerprint() == current.Fingerprint() {
+		return
+	}
+	if err := pki.WriteSecretFile(filepath.Join(cr.dir, caNextCertFile), next.CertPEM); err != nil {
+		return
+	}
+	if cr.trust.CompareAndSwap(t, newTrust(t.current, next, t.node, nil)) && cr.logger != nil {
+		cr.logger.Info("CA rotation: a member trusts a new CA; trusting it too", "ca", next.Fingerprint())
+	}
 }
 
 // keys are the gossip keys of an answer, the primary first: GossipKeys,

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -72,17 +73,30 @@ var nbdTLS12Suites = []uint16{
 }
 
 // nbdTLS is the NBD server's TLS configuration: a client certificate from
-// the cluster CA is required.
+// the cluster CA is required. During a CA rotation a certificate from
+// either CA is (trust.go), and the node shows its certificate from the
+// CA a client names, else from the old one.
 func (cr *credentials) nbdTLS() *tls.Config {
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		CipherSuites: nbdTLS12Suites,
+		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			t := cr.now()
+			return cr.nbdTLSWith(*t.serverCertificate(hello.ServerName), t.pool), nil
+		},
+	}
+}
+
+func (cr *credentials) nbdTLSWith(certificate tls.Certificate, pool *x509.CertPool) *tls.Config {
 	return &tls.Config{
 		// QEMU's and libnbd's GnuTLS speak 1.3; 1.2 keeps older hosts
 		// working, with AEAD suites and forward secrecy only (no CBC, no
 		// SHA-1 MACs, no RSA key exchange).
 		MinVersion:   tls.VersionTLS12,
 		CipherSuites: nbdTLS12Suites,
-		Certificates: []tls.Certificate{cr.node},
+		Certificates: []tls.Certificate{certificate},
 		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    cr.pool,
+		ClientCAs:    pool,
 		VerifyConnection: func(state tls.ConnectionState) error {
 			if len(state.PeerCertificates) == 0 {
 				return errors.New("nbd: a client certificate is required")
@@ -131,7 +145,7 @@ func nbdAuthorizer(c credentialLog) func(nbd.Session) (export.Access, error) {
 			return export.Access{Match: all, ReadOnly: scope.ReadOnly || token.ReadOnly}, nil
 		}
 		record, ok := c.LookupClient(session.Client)
-		if !ok || record.Serial != serialOf(session) {
+		if !ok || !record.Accepts(serialOf(session)) {
 			// Added through another node a moment ago: catch up first.
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			if c.CatchUp(ctx) == nil {
@@ -144,7 +158,7 @@ func nbdAuthorizer(c credentialLog) func(nbd.Session) (export.Access, error) {
 			return export.Access{}, fmt.Errorf("unknown NBD client %q", session.Client)
 		case record.Revoked:
 			return export.Access{}, fmt.Errorf("NBD client %q was revoked", session.Client)
-		case record.Serial != serialOf(session):
+		case !record.Accepts(serialOf(session)):
 			return export.Access{}, fmt.Errorf("NBD client %q: this certificate was replaced by another", session.Client)
 		}
 		pattern := record.Pattern

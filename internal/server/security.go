@@ -48,6 +48,9 @@ const (
 
 // credentials are a node's keys and what is built from them.
 type credentials struct {
+	// ca, fingerprint, node and pool are the credentials as set up at
+	// start; once running the node reads trust (trust.go), which a CA
+	// rotation changes.
 	ca          *pki.CA
 	fingerprint string
 	gossipKey   []byte // the primary gossip key as loaded or received
@@ -70,6 +73,16 @@ type credentials struct {
 	// seeds are the gossip addresses the member that admitted this node
 	// sent.
 	seeds []string
+
+	dir    string // the data directory
+	ip     net.IP // the address the node binds, which its certificates name
+	logger *slog.Logger
+	trust  atomic.Pointer[trust]
+	// creatingCA: this node is making a new CA for a rotation;
+	// leftBehind: the cluster's CA changed and this node has no
+	// certificate from the new one (said once).
+	creatingCA atomic.Bool
+	leftBehind atomic.Bool
 }
 
 // setupCredentials loads the node's credentials, or creates a cluster's
@@ -81,7 +94,7 @@ func setupCredentials(ctx context.Context, o Options, id string, ip net.IP, memb
 			return nil, fmt.Errorf("%s holds a cluster made by a herd without TLS (%s): start this version on a new data directory", dir, legacyTokenFile)
 		}
 	}
-	cr := &credentials{}
+	cr := &credentials{dir: dir, ip: ip, logger: logger}
 	_, err := os.Stat(filepath.Join(dir, caCertFile))
 	switch {
 	case err == nil:
@@ -120,7 +133,10 @@ func setupCredentials(ctx context.Context, o Options, id string, ip net.IP, memb
 			return nil, fmt.Errorf("%s: %w", filepath.Join(dir, AdminTokenFile), err)
 		}
 	}
-	cr.peer = &peer.Credentials{Certificate: cr.node, CA: cr.pool, Allowed: cr.allowed}
+	if err := cr.loadRotation(dir); err != nil {
+		return nil, err
+	}
+	cr.peer = &peer.Credentials{Certificate: cr.node, CA: cr.pool, Allowed: cr.allowed, AllowedUnder: cr.allowedUnder, Source: trustSource{cr}}
 	if err := cr.setupGossipRing(dir); err != nil {
 		return nil, err
 	}
@@ -135,6 +151,26 @@ func (cr *credentials) allowed(nodeID, serial string) error {
 		return c.PeerAllowed(nodeID, serial)
 	}
 	return nil
+}
+
+// allowedUnder is allowed for a certificate from the CA of fingerprint
+// ca: during a CA rotation the log names a node's certificate from the
+// new CA once the node recorded it (cluster/carotation.go).
+func (cr *credentials) allowedUnder(nodeID, serial, ca string) error {
+	c := cr.cluster.Load()
+	if c == nil {
+		return nil
+	}
+	err := c.PeerAllowedUnder(nodeID, serial, ca)
+	if t := cr.now(); err != nil && t.next != nil && ca == t.next.Fingerprint() {
+		// A new CA this node learned from a member before its log
+		// names it (learnCAs: it is catching up): as during a rotation,
+		// the node must be admitted; its serial is not known here yet.
+		if r := c.CA().Rotation; r == nil || r.Fingerprint != ca {
+			return c.PeerAdmitted(nodeID)
+		}
+	}
+	return err
 }
 
 func (cr *credentials) load(dir string) error {
@@ -154,8 +190,33 @@ func (cr *credentials) load(dir string) error {
 		return err
 	default:
 		if cr.ca, err = pki.ParseCA(certPEM, keyPEM); err != nil {
-			return fmt.Errorf("%s: %w", filepath.Join(dir, caCertFile), err)
+			// A CA rotation's end stopped half way on its holder: the
+			// new certificate is in, its key still in ca-next.key.
+			nextKey, nextErr := pki.ReadSecretFile(filepath.Join(dir, caNextKeyFile))
+			if nextErr != nil {
+				return fmt.Errorf("%s: %w", filepath.Join(dir, caCertFile), err)
+			}
+			if cr.ca, err = pki.ParseCA(certPEM, nextKey); err != nil {
+				return fmt.Errorf("%s: %w", filepath.Join(dir, caCertFile), err)
+			}
+			if err := pki.WriteSecretFile(filepath.Join(dir, caKeyFile), nextKey); err != nil {
+				return err
+			}
 		}
+	}
+	// The same stop on any node: its certificate from the new CA is
+	// still node-next.crt.
+	if next := loadNodeCertificate(dir, nodeNextCertFile, nodeNextKeyFile, cr.ca); next != nil {
+		nextCert, _ := os.ReadFile(filepath.Join(dir, nodeNextCertFile))
+		nextKey, _ := pki.ReadSecretFile(filepath.Join(dir, nodeNextKeyFile))
+		if err := pki.WriteSecretFile(filepath.Join(dir, nodeKeyFile), nextKey); err != nil {
+			return err
+		}
+		if err := pki.WriteSecretFile(filepath.Join(dir, nodeCertFile), nextCert); err != nil {
+			return err
+		}
+		os.Remove(filepath.Join(dir, nodeNextCertFile))
+		os.Remove(filepath.Join(dir, nodeNextKeyFile))
 	}
 	keys, err := readGossipKeys(dir)
 	if err != nil {
@@ -460,7 +521,8 @@ func (cr *credentials) joinHandler(c joinState, gossipAddr string, logger *slog.
 				return peer.JoinResponse{}, err
 			}
 			logger.Info("admitted a new node", "node", req.NodeID, "from", remote.String())
-			return peer.JoinResponse{NodeCert: signed.Cert, NodeKey: signed.Key, CACert: cr.ca.CertPEM, CAKey: cr.ca.KeyPEM, GossipKey: cr.gossipKeys()[0], Gossip: []string{gossipAddr}}, nil
+			ca := cr.now().current
+			return peer.JoinResponse{NodeCert: signed.Cert, NodeKey: signed.Key, CACert: ca.CertPEM, CAKey: ca.KeyPEM, GossipKey: cr.gossipKeys()[0], Gossip: []string{gossipAddr}}, nil
 		}
 		// Admission before credentials (cluster/admission.go): the log
 		// names the node and its certificate first; the node receives
@@ -477,7 +539,7 @@ func (cr *credentials) joinHandler(c joinState, gossipAddr string, logger *slog.
 			return peer.JoinResponse{}, fmt.Errorf("%w: recording the admission: %v", peer.ErrJoinNotReady, err)
 		}
 		logger.Info("admitted a new node", "node", req.NodeID, "certificate", signed.Serial, "from", remote.String())
-		return peer.JoinResponse{NodeCert: signed.Cert, NodeKey: signed.Key, CACert: cr.ca.CertPEM, Gossip: []string{gossipAddr}}, nil
+		return peer.JoinResponse{NodeCert: signed.Cert, NodeKey: signed.Key, CACert: cr.now().current.CertPEM, Gossip: []string{gossipAddr}}, nil
 	}
 }
 
@@ -498,22 +560,40 @@ func (cr *credentials) IssueSession(name, tokenID string, readOnly bool) ([]byte
 	return signed.Cert, signed.Key, err
 }
 
-// CACertPEM implements api.Authority.
-func (cr *credentials) CACertPEM() []byte { return cr.ca.CertPEM }
+// CACertPEM implements api.Authority: the CA certificates a client
+// trusts, both during a CA rotation.
+func (cr *credentials) CACertPEM() []byte { return cr.now().caCertificates() }
 
-// serverTLS is the TLS configuration of the admin API.
+// Fingerprints implements api.Trust: admin tokens carrying any of them
+// are taken.
+func (cr *credentials) Fingerprints() []string { return cr.now().fingerprints() }
+
+// Fingerprint implements api.Trust: the CA new tokens name, the new one
+// during a rotation.
+func (cr *credentials) Fingerprint() string { return cr.now().newest().Fingerprint() }
+
+// serverTLS is the TLS configuration of the admin API: the certificate
+// from the CA the client names (trust.go).
 func (cr *credentials) serverTLS() *tls.Config {
-	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cr.node}}
+	return &tls.Config{MinVersion: tls.VersionTLS13, GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		return cr.now().serverCertificate(hello.ServerName), nil
+	}}
 }
 
-// peerTLS verifies other nodes' admin APIs.
+// peerTLS verifies other nodes' admin APIs against any CA trusted.
 func (cr *credentials) peerTLS() *tls.Config {
-	fingerprint := cr.fingerprint
 	return &tls.Config{
 		MinVersion:         tls.VersionTLS13,
 		InsecureSkipVerify: true, // verified by the CA below, not by host name
+		// Without it a node might show the certificate from the old CA
+		// only (trust.go); both verify.
 		VerifyPeerCertificate: func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
-			_, err := pki.VerifyServerChain(rawCerts, fingerprint)
+			var err error
+			for _, fingerprint := range cr.now().fingerprints() {
+				if _, err = pki.VerifyServerChain(rawCerts, fingerprint); err == nil {
+					return nil
+				}
+			}
 			return err
 		},
 	}

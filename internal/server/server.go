@@ -6,6 +6,7 @@ package server
 import (
 	"context"
 	"crypto/rand"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -214,7 +215,8 @@ func Run(ctx context.Context, o Options) error {
 	}
 	build := version.Get()
 	c, err := cluster.Start(ctx, cluster.Config{
-		Build:           cluster.Build{Version: build.Version, Commit: build.Commit, StoreFormat: store.FormatVersion, PeerProtocol: peer.ObjectProtocolVersion, Signs: credentials.ca.CanSign()},
+		Build:           cluster.Build{Version: build.Version, Commit: build.Commit, StoreFormat: store.FormatVersion, PeerProtocol: peer.ObjectProtocolVersion, Signs: credentials.now().current.CanSign()},
+		CurrentCA:       func() *x509.Certificate { return credentials.now().current.Cert },
 		DataDir:         o.DataDir,
 		NodeID:          id,
 		Incarnation:     hex.EncodeToString(incarnation),
@@ -240,6 +242,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer c.Close()
 	credentials.cluster.Store(c)
+	go credentials.trustLoop(ctx, c, logger)
 	peerListener.SetJoinHandler(credentials.joinHandler(c, gossipAddr, logger))
 	go peer.ServeCalls(peerListener.Protocol(peer.ProtocolSecrets), credentials.serveSecrets)
 	go peer.ServeCalls(peerListener.Protocol(peer.ProtocolSign), credentials.serveSign)
@@ -315,7 +318,7 @@ func Run(ctx context.Context, o Options) error {
 		metrics.Gauge{Name: "herd_merge_running", Help: "Merge and flatten jobs under way on this node.", Read: func() []metrics.Sample { return []metrics.Sample{{Value: float64(gw.Merges().Running.Load())}} }},
 	)
 	go maintenance.WatchSpace(ctx, c, objects, logger)
-	security := api.Security{Fingerprint: credentials.fingerprint, ServerTLS: credentials.serverTLS(), PeerTLS: credentials.peerTLS(), Authority: credentials}
+	security := api.Security{Fingerprint: credentials.fingerprint, ServerTLS: credentials.serverTLS(), PeerTLS: credentials.peerTLS(), Authority: credentials, Trust: credentials, CA: credentials}
 	meters.AddGauges(nodeGauges(c, objects, rec, nbdServer, localNBD)...)
 	meters.AddGauges(scrubGauges(scrubber)...)
 	meters.AddGauges(metrics.Gauge{Name: "herd_gateway_zone_lag_bytes", Help: "Bytes of writes to VDIs set to --ack zone that this node acknowledged once its zone had them, not yet in the other zones.",

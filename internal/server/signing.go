@@ -30,6 +30,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/peer"
 	"github.com/herd-storage/herd/internal/pki"
 )
@@ -43,6 +44,10 @@ type signRequest struct {
 	TokenID string   `json:"token_id,omitempty"` // a session's admin token
 	// ReadOnly: a read-only session.
 	ReadOnly bool `json:"read_only,omitempty"`
+	// CA is the fingerprint of the CA to sign with ("": the cluster's).
+	// During a CA rotation, the new one's holder signs a node
+	// certificate from it only for the node that asks.
+	CA string `json:"ca,omitempty"`
 }
 
 type signAnswer struct {
@@ -51,8 +56,18 @@ type signAnswer struct {
 	Serial string `json:"serial,omitempty"`
 }
 
-// signLocally signs r with this node's CA key.
+// signLocally signs r with this node's key of the CA r names.
 func (cr *credentials) signLocally(r signRequest) (signAnswer, error) {
+	t := cr.now()
+	ca := t.current
+	if r.CA != "" {
+		if ca = t.ca(r.CA); ca == nil {
+			return signAnswer{}, fmt.Errorf("this node does not trust CA %s", r.CA)
+		}
+	}
+	if !ca.CanSign() {
+		return signAnswer{}, pki.ErrNoCAKey
+	}
 	switch r.Kind {
 	case "node":
 		if len(r.IPs) == 0 || len(r.IPs) > 8 {
@@ -66,7 +81,7 @@ func (cr *credentials) signLocally(r signRequest) (signAnswer, error) {
 			}
 			ips = append(ips, ip)
 		}
-		certPEM, keyPEM, err := cr.ca.IssueNode(r.NodeID, ips)
+		certPEM, keyPEM, err := ca.IssueNode(r.NodeID, ips)
 		if err != nil {
 			return signAnswer{}, err
 		}
@@ -76,31 +91,58 @@ func (cr *credentials) signLocally(r signRequest) (signAnswer, error) {
 		}
 		return signAnswer{Cert: certPEM, Key: keyPEM, Serial: pki.Serial(cert)}, nil
 	case "client":
-		certPEM, keyPEM, serial, err := cr.ca.IssueClient(r.Name)
+		certPEM, keyPEM, serial, err := ca.IssueClient(r.Name)
 		return signAnswer{Cert: certPEM, Key: keyPEM, Serial: serial}, err
 	case "session":
-		certPEM, keyPEM, err := cr.ca.IssueSession(r.Name, r.TokenID, r.ReadOnly)
+		certPEM, keyPEM, err := ca.IssueSession(r.Name, r.TokenID, r.ReadOnly)
 		return signAnswer{Cert: certPEM, Key: keyPEM}, err
 	}
 	return signAnswer{}, fmt.Errorf("unknown kind of certificate %q", r.Kind)
 }
 
-// sign signs r here if this node holds the CA key, else asks a holder.
+// sign signs r here if this node holds the key, else asks a holder.
+// Client and session certificates come from the new CA during a CA
+// rotation, so that they outlive its end; node certificates (joins) from
+// the cluster's.
 func (cr *credentials) sign(ctx context.Context, r signRequest) (signAnswer, error) {
-	if cr.ca.CanSign() {
+	c := cr.cluster.Load()
+	var rotation *cluster.CARotation
+	if c != nil {
+		rotation = c.CA().Rotation
+	}
+	if r.Kind != "node" && rotation != nil && r.CA == "" {
+		r.CA = rotation.Fingerprint
+	}
+	t := cr.now()
+	ca := t.current
+	if r.CA != "" {
+		ca = t.ca(r.CA)
+	}
+	if ca != nil && ca.CanSign() {
 		return cr.signLocally(r)
 	}
-	c := cr.cluster.Load()
 	if c == nil {
 		return signAnswer{}, fmt.Errorf("%w, and the cluster is not running yet to ask one that does", pki.ErrNoCAKey)
 	}
+	var holders []string
+	if rotation != nil && r.CA == rotation.Fingerprint {
+		if holder, ok := c.Node(rotation.Holder); ok {
+			holders = []string{holder.PeerAddr}
+		}
+	} else {
+		holders = c.Signers()
+	}
+	if len(holders) == 0 {
+		return signAnswer{}, fmt.Errorf("%w, and no node that holds it is up (herd node list --json: holds_ca_key); start one, or copy ca.key to this node (docs/SECURITY.md)", pki.ErrNoCAKey)
+	}
+	return cr.askToSign(ctx, holders, r)
+}
+
+// askToSign asks each holder in turn to sign r.
+func (cr *credentials) askToSign(ctx context.Context, holders []string, r signRequest) (signAnswer, error) {
 	request, err := json.Marshal(r)
 	if err != nil {
 		return signAnswer{}, err
-	}
-	holders := c.Signers()
-	if len(holders) == 0 {
-		return signAnswer{}, fmt.Errorf("%w, and no node that holds it is up (herd node list --json: holds_ca_key); start one, or copy ca.key to this node (docs/SECURITY.md)", pki.ErrNoCAKey)
 	}
 	var errs []string
 	for _, holder := range holders {
@@ -123,13 +165,29 @@ func (cr *credentials) sign(ctx context.Context, r signRequest) (signAnswer, err
 
 // serveSign answers ProtocolSign: a member (Allowed accepted it) asks this
 // holder to sign.
-func (cr *credentials) serveSign(_ context.Context, nodeID string, request []byte) ([]byte, error) {
-	if !cr.ca.CanSign() {
-		return nil, pki.ErrNoCAKey
-	}
+func (cr *credentials) serveSign(ctx context.Context, nodeID string, request []byte) ([]byte, error) {
 	var r signRequest
 	if err := json.Unmarshal(request, &r); err != nil {
 		return nil, fmt.Errorf("bad sign request: %v", err)
+	}
+	t := cr.now()
+	if r.Kind == "rotate-ca" {
+		// A node without the cluster CA's key asks this one to make the
+		// new CA (herd cluster rotate-ca).
+		c := cr.cluster.Load()
+		if c == nil {
+			return nil, errors.New("this node is starting")
+		}
+		state, err := cr.startCARotation(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(state)
+	}
+	if r.CA != "" && r.CA != t.current.Fingerprint() && r.Kind == "node" && r.NodeID != nodeID {
+		// A certificate from the new CA is let in before its serial is
+		// recorded (cluster/carotation.go): each node gets its own only.
+		return nil, fmt.Errorf("node %s asked for node %s's certificate from the new CA: a node asks for its own", nodeID, r.NodeID)
 	}
 	answer, err := cr.signLocally(r)
 	if err != nil {
@@ -144,11 +202,20 @@ type secrets struct {
 	// its whole keyring, that key first (a rotation under way has two).
 	GossipKey  []byte   `json:"gossip_key"`
 	GossipKeys [][]byte `json:"gossip_keys,omitempty"`
+	// CACerts are the CAs this node trusts (PEM), the cluster's first:
+	// a node back from a stop learns of a CA rotation from them before
+	// its log catches up (trust.go).
+	CACerts [][]byte `json:"ca_certs,omitempty"`
 }
 
 func (cr *credentials) serveSecrets(_ context.Context, nodeID string, _ []byte) ([]byte, error) {
 	keys := cr.gossipKeys()
-	return json.Marshal(secrets{GossipKey: keys[0], GossipKeys: keys})
+	t := cr.now()
+	answer := secrets{GossipKey: keys[0], GossipKeys: keys, CACerts: [][]byte{t.current.CertPEM}}
+	if t.next != nil {
+		answer.CACerts = append(answer.CACerts, t.next.CertPEM)
+	}
+	return json.Marshal(answer)
 }
 
 // fetchSecrets asks member for the cluster's secrets as the node of

@@ -255,6 +255,22 @@ func (c *Cluster) Token() string {
 	return c.token
 }
 
+// SetToken replaces the admin token the CLI commands run with (after a
+// CA rotation, a token names the new CA).
+func (c *Cluster) SetToken(token string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.token = token
+}
+
+// SetJoinToken replaces the join token nodes started from now on join
+// with.
+func (c *Cluster) SetJoinToken(token string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.joinToken = token
+}
+
 // JoinToken returns the join token.
 func (c *Cluster) JoinToken() string {
 	c.mu.Lock()

@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -17,6 +20,8 @@ import (
 
 	"github.com/herd-storage/herd/internal/api"
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/peer"
+	"github.com/herd-storage/herd/internal/pki"
 	"github.com/herd-storage/herd/internal/testcluster"
 )
 
@@ -28,6 +33,7 @@ type verifyingLoad struct {
 	names []string
 	outs  []*syncBuffer
 	done  []chan error
+	ended map[int]bool // waited for
 }
 
 func startVerifyingLoad(t *testing.T, c *testcluster.Cluster, step string, runtime time.Duration, socketNode int, socketVDI string, tlsNode int, tlsVDI, tlsDir string) *verifyingLoad {
@@ -50,6 +56,20 @@ func startVerifyingLoad(t *testing.T, c *testcluster.Cluster, step string, runti
 		l.names, l.outs, l.done = append(l.names, target.name), append(l.outs, out), append(l.done, done)
 	}
 	return l
+}
+
+// fioOptions are the verifying writes of a verifyingLoad.
+func fioOptions(runtime time.Duration) string {
+	return fmt.Sprintf("rw=randwrite\nbs=4k-64k\niodepth=8\nsize=48M\ntime_based=1\nruntime=%d\nverify=crc32c\nverify_fatal=1\nverify_backlog=256\n", int(runtime.Seconds()))
+}
+
+// add starts one more fio of the load, on uri.
+func (l *verifyingLoad) add(t *testing.T, name, uri string, runtime time.Duration) {
+	t.Helper()
+	cmd, out := startFio(t, name, uri, fioOptions(runtime))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	l.names, l.outs, l.done = append(l.names, name), append(l.outs, out), append(l.done, done)
 }
 
 // tlsProxy serves export of node over a local socket through qemu-nbd,
@@ -92,10 +112,18 @@ func (l *verifyingLoad) running(t *testing.T, when string) {
 	}
 }
 
-// wait waits for every fio and fails the test on any error.
-func (l *verifyingLoad) wait(t *testing.T) {
+// wait waits for the fio named only (every fio: "") and fails the test on
+// any error.
+func (l *verifyingLoad) wait(t *testing.T, only string) {
 	t.Helper()
 	for i, done := range l.done {
+		if (only != "" && l.names[i] != only) || l.ended[i] {
+			continue
+		}
+		if l.ended == nil {
+			l.ended = map[int]bool{}
+		}
+		l.ended[i] = true
 		select {
 		case err := <-done:
 			out := l.outs[i].String()
@@ -236,7 +264,7 @@ func TestRotateGossipKeyUnderLoad(t *testing.T) {
 	if out, err := qemuTLS(t, c, 2, "vm1", vms, true, "read 0 64k"); err != nil {
 		t.Fatalf("node 2 does not serve after its return: %v\n%s", err, out)
 	}
-	load.wait(t)
+	load.wait(t, "")
 	waitHealth(t, c, 0, api.HealthOK, 0, "")
 	if _, _, err := c.Herd(ctx(t), 0, "cluster", "rotate-gossip-key", "--no-wait"); err != nil {
 		t.Fatalf("a second rotation: %v", err)
@@ -254,4 +282,248 @@ func TestRotateGossipKeyUnderLoad(t *testing.T) {
 		}
 		return true, nil
 	})
+}
+
+// refusalsBefore returns the lines of node logs that say a connection was
+// refused (peer port, NBD TLS, admin tokens) before the time until.
+func refusalsBefore(t *testing.T, c *testcluster.Cluster, until time.Time) []string {
+	t.Helper()
+	var out []string
+	for _, n := range c.Nodes() {
+		data, err := os.ReadFile(n.LogPath())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if !strings.Contains(line, "refused connection") && !strings.Contains(line, "TLS handshake failed") && !strings.Contains(line, "refused request") && !strings.Contains(line, "certificate") {
+				continue
+			}
+			if !strings.Contains(line, "level=WARN") && !strings.Contains(line, "level=ERROR") {
+				continue
+			}
+			stamp, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+			at, err := time.Parse(time.RFC3339Nano, stamp)
+			if err == nil && at.Before(until) {
+				out = append(out, fmt.Sprintf("node %d: %s", n.Index(), line))
+			}
+		}
+	}
+	return out
+}
+
+// TestRotateCAUnderLoad follows docs/SECURITY.md's CA rotation while VMs
+// write: fio verifies through node 0's socket all along, and through
+// node 1's TLS port with a client certificate (QEMU's NBD client), first
+// with the client's old certificate, then with the renewed one. Node 2
+// is stopped before `herd cluster rotate-ca` and comes back during the
+// rotation: it learns the new CA over its old mTLS identity and gets its
+// certificate. Then the client is renewed, the admin token refreshed,
+// `rotate-ca --finish`. Zero verify errors; no connection refused on any
+// node before the finish; after it the old CA is gone: the old client
+// certificate, a node's old certificate, and node certificates minted
+// with a copy of the old CA key (for a member's id and for a new one)
+// are refused, the old admin token too; node 2 serves. Last, a second
+// rotation finished with --force while node 2 is down: node 2 refuses to
+// start, saying what to do.
+func TestRotateCAUnderLoad(t *testing.T) {
+	need(t, "fio", "qemu-io", "qemu-nbd", "nbdinfo")
+	c := dataCluster(t, 3, 3, "vm1", "64M")
+	herd(t, c, 0, "vdi", "create", "vm2", "64M")
+	oldClient := addClient(t, c, "vmhost", "vm*")
+	all := []int{0, 1, 2}
+	read := func(i int, name string) []byte {
+		t.Helper()
+		data, err := os.ReadFile(filepath.Join(c.Node(i).DataDir(), name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	oldCA, err := pki.ParseCA(read(0, "ca.crt"), read(0, "ca.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldNode1 := [2][]byte{read(1, "node.crt"), read(1, "node.key")}
+	oldToken := c.Token()
+
+	load := &verifyingLoad{}
+	load.add(t, "ca-socket", c.Node(0).NBDURI("vm1"), 100*time.Second)
+	load.add(t, "ca-tls-old", tlsProxy(t, c, 1, "vm2", oldClient), 35*time.Second)
+	time.Sleep(3 * time.Second)
+	c.Node(2).Stop()
+	waitAgreement(t, c, []int{0, 1}, time.Minute)
+
+	// The rotation starts through node 1, which does not hold the CA key:
+	// node 0 makes the new CA.
+	var started cluster.CAState
+	if err := c.HerdJSON(ctx(t), 1, &started, "cluster", "rotate-ca"); err != nil {
+		t.Fatal(err)
+	}
+	r := started.Rotation
+	if r == nil || r.Holder != nodeID(t, c, 0) {
+		t.Fatalf("rotate-ca answered %+v, want a rotation whose key is on node 0", started)
+	}
+	newFP := r.Fingerprint
+	t.Logf("new CA %s", newFP)
+	load.running(t, "after rotate-ca")
+	if _, err := os.Stat(filepath.Join(c.Node(1).DataDir(), "ca-next.key")); err == nil {
+		t.Fatal("node 1 holds the new CA's key")
+	}
+	var info struct{ cluster.Info }
+	if err := c.HerdJSON(ctx(t), 0, &info, "cluster", "info"); err != nil {
+		t.Fatal(err)
+	}
+	if info.CA == nil || info.CA.Rotation == nil || info.CA.Rotation.Fingerprint != newFP || len(info.CA.Rotation.Down) != 1 {
+		t.Fatalf("cluster info during the rotation: %+v, want the rotation with node 2 down", info.CA)
+	}
+	if _, _, err := c.Herd(ctx(t), 0, "cluster", "rotate-ca", "--finish"); err == nil || !strings.Contains(err.Error(), "are down") {
+		t.Fatalf("--finish while node 2 has no certificate from the new CA: %v, want refused naming the node down", err)
+	}
+
+	// Node 2 comes back during the rotation.
+	c.Node(2).Restart()
+	waitAgreement(t, c, all, time.Minute)
+	testcluster.WaitFor(t, 30*time.Second, "node 2 to have a certificate from the new CA", func() (bool, error) {
+		ca, err := client(c, 0).CA(ctx(t))
+		if err != nil || ca.Rotation == nil {
+			return false, fmt.Errorf("%+v %v", ca, err)
+		}
+		return len(ca.Rotation.Done) == 3, fmt.Errorf("done on %v", ca.Rotation.Done)
+	})
+
+	// Renew the client into a new directory (a host would replace its
+	// files and restart QEMU's TLS object) and move the TLS writer to it.
+	newClient := filepath.Join(t.TempDir(), "renewed")
+	herd(t, c, 1, "client", "add", "vmhost", "--renew", "--out", newClient)
+	if pem := string(mustRead(t, filepath.Join(newClient, "ca-cert.pem"))); strings.Count(pem, "BEGIN CERTIFICATE") != 2 {
+		t.Fatalf("the renewed client's ca-cert.pem holds %d CA certificates during the rotation, want both", strings.Count(pem, "BEGIN CERTIFICATE"))
+	}
+	if out, err := qemuTLS(t, c, 2, "vm1", oldClient, true, "read 0 64k"); err != nil {
+		t.Fatalf("during the rotation the client's old certificate is refused by node 2: %v\n%s", err, out)
+	}
+	load.add(t, "ca-tls-new", tlsProxy(t, c, 1, "vm2", newClient), 45*time.Second)
+	// Admin tokens: the same id and secret with the new fingerprint.
+	refreshed := strings.TrimSpace(herd(t, c, 2, "token", "refresh"))
+	if !strings.HasPrefix(refreshed, "herd-admin."+newFP+".") {
+		t.Fatalf("token refresh printed %q, want a token naming CA %s", refreshed, newFP)
+	}
+	c.SetToken(refreshed)
+	if _, err := client(c, 1).Info(ctx(t)); err != nil {
+		t.Fatalf("the refreshed token during the rotation: %v", err)
+	}
+	// The first TLS writer ends before the finish (its certificate will
+	// be refused then, and so its connection cut).
+	load.wait(t, "ca-tls-old")
+
+	finished := time.Now()
+	var final cluster.CAState
+	if err := c.HerdJSON(ctx(t), 0, &final, "cluster", "rotate-ca", "--finish"); err != nil {
+		t.Fatal(err)
+	}
+	if final.Fingerprint != newFP {
+		t.Fatalf("--finish answered CA %q, want %s", final.Fingerprint, newFP)
+	}
+	if refused := refusalsBefore(t, c, finished); len(refused) > 0 {
+		t.Errorf("connections were refused before the finish:\n%s", strings.Join(refused, "\n"))
+	}
+	testcluster.WaitFor(t, 20*time.Second, "every node to trust the new CA only", func() (bool, error) {
+		for _, i := range all {
+			cert, err := pki.ParseCertificate(read(i, "ca.crt"))
+			if err != nil || pki.Fingerprint(cert) != newFP {
+				return false, fmt.Errorf("node %d's ca.crt is not the new CA (%v)", i, err)
+			}
+			if _, err := os.Stat(filepath.Join(c.Node(i).DataDir(), "ca-next.crt")); err == nil {
+				return false, fmt.Errorf("node %d still has ca-next.crt", i)
+			}
+		}
+		return true, nil
+	})
+	if _, err := os.Stat(filepath.Join(c.Node(0).DataDir(), "ca.key")); err != nil {
+		t.Fatalf("node 0, which made the new CA, holds no ca.key: %v", err)
+	}
+	if token := strings.TrimSpace(string(read(0, "admin.token"))); token != refreshed {
+		t.Errorf("node 0's admin.token was not given the new fingerprint")
+	}
+
+	// The old CA is gone: the client's old certificate, node 1's old
+	// certificate, certificates minted with the old CA key.
+	if out, err := run(t, time.Minute, "nbdinfo", c.Node(0).NBDTLSURI("vm1", oldClient)); err == nil {
+		t.Errorf("after the finish the client's old certificate was served:\n%s", out)
+	}
+	if out, err := qemuTLS(t, c, 2, "vm1", newClient, true, "read 0 64k"); err != nil {
+		t.Fatalf("after the finish the renewed client through node 2: %v\n%s", err, out)
+	}
+	newCA := read(0, "ca.crt")
+	asNode := func(certPEM, keyPEM []byte) *peer.Credentials {
+		t.Helper()
+		leaf, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ca, _ := pki.ParseCertificate(newCA)
+		pool := x509.NewCertPool()
+		pool.AddCert(ca)
+		return &peer.Credentials{Certificate: leaf, CA: pool}
+	}
+	mint := func(id string) *peer.Credentials {
+		t.Helper()
+		certPEM, keyPEM, err := oldCA.IssueNode(id, []net.IP{net.ParseIP("127.0.0.1")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return asNode(certPEM, keyPEM)
+	}
+	for what, creds := range map[string]*peer.Credentials{
+		"node 1's certificate from the old CA":                  asNode(oldNode1[0], oldNode1[1]),
+		"a certificate minted with the old CA key for node 1":   mint(nodeID(t, c, 1)),
+		"a certificate minted with the old CA key for a new id": mint(randomNodeID(t)),
+	} {
+		for _, i := range all {
+			if conn, err := peer.Dial(ctx(t), c.Node(i).PeerAddr(), creds, peer.ProtocolForward); err == nil {
+				conn.Close()
+				t.Errorf("after the finish %s reached node %d", what, i)
+			} else if !errors.Is(err, peer.ErrCertificateRefused) {
+				t.Errorf("after the finish %s on node %d: %v, want its certificate refused", what, i, err)
+			}
+		}
+	}
+	if _, err := api.NewClient(c.Node(0).AdminAddr(), oldToken).Info(ctx(t)); err == nil {
+		t.Error("after the finish the admin token with the old fingerprint still works")
+	}
+	load.wait(t, "")
+	waitHealth(t, c, 0, api.HealthOK, 0, "")
+	events := herd(t, c, 0, "events")
+	for _, want := range []string{"CA rotation started: new CA " + newFP, "has a certificate from the new CA " + newFP, "client vmhost renewed", "CA rotation finished: CA " + newFP + " is the cluster's"} {
+		if !strings.Contains(events, want) {
+			t.Errorf("events do not say %q:\n%s", want, lastLines(events, 20))
+		}
+	}
+
+	// A node down through a whole rotation finished with --force is told
+	// what to do.
+	node2 := nodeID(t, c, 2)
+	c.Node(2).Stop()
+	waitAgreement(t, c, []int{0, 1}, time.Minute)
+	herd(t, c, 0, "cluster", "rotate-ca")
+	var second cluster.CAState
+	if err := c.HerdJSON(ctx(t), 0, &second, "cluster", "rotate-ca", "--finish", "--force", "--token-out", filepath.Join(t.TempDir(), "token")); err != nil {
+		t.Fatal(err)
+	}
+	c.SetToken(strings.Replace(refreshed, newFP, second.Fingerprint, 1))
+	err = c.Node(2).RestartUntilExit(30 * time.Second)
+	if err == nil {
+		t.Fatal("node 2, left behind by a rotation, started")
+	}
+	if log := string(mustRead(t, c.Node(2).LogPath())); !strings.Contains(log, "herd node remove "+node2) || !strings.Contains(log, "join token") {
+		t.Fatalf("node 2, left behind, does not say what to do:\n%s", lastLines(log, 5))
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
