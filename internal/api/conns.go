@@ -42,8 +42,8 @@ type ConnectionLimits struct {
 // Defaults of ConnectionLimits.
 const (
 	DefaultMaxConnections              = 256
-	DefaultMaxUnauthenticated          = 64
-	DefaultMaxUnauthenticatedPerSource = 16
+	DefaultMaxUnauthenticated          = 512
+	DefaultMaxUnauthenticatedPerSource = 128
 	DefaultUnauthenticatedTimeout      = 10 * time.Second
 )
 

@@ -231,7 +231,11 @@ func TestRefusalFloodsBoundTheLog(t *testing.T) {
 			t.Errorf("the %s port's refusals logged %d bytes, over %d", port, ports[port], logBoundPerPort)
 		}
 	}
-	if adminRequests.Load() < 100 || joins.Load() < 100 || options.Load() < 10*1023 || udps.Load() < 1000 {
+	// Enough that unbounded lines would be far over the bound (20 lines of
+	// 900 KB paths, of 60 KB ids, 200 gossip lines), reachable on a
+	// loaded 2-core CI machine (58 admin requests and 84 joins in 60 s
+	// were seen there).
+	if adminRequests.Load() < 20 || joins.Load() < 20 || options.Load() < 10*1023 || udps.Load() < 200 {
 		t.Errorf("the floods were too weak to tell: %d admin requests, %d joins, %d NBD options, %d gossip packets",
 			adminRequests.Load(), joins.Load(), options.Load(), udps.Load())
 	}
