@@ -116,6 +116,9 @@ type (
 		ChecksumErrors uint64 `json:"checksum_errors"`
 		BlocksRepaired uint64 `json:"blocks_repaired"`
 		UsageError     string `json:"usage_error,omitempty"`
+		// CertificateExpires is when the node's certificate expires
+		// (zero from a herd that does not say).
+		CertificateExpires time.Time `json:"certificate_expires,omitzero"`
 	}
 	// Usage is a node's own disk usage.
 	Usage struct {
@@ -126,6 +129,8 @@ type (
 		// Checksum counts of this node's disks (see NodeEntry).
 		ChecksumErrors uint64 `json:"checksum_errors"`
 		BlocksRepaired uint64 `json:"blocks_repaired"`
+		// CertificateExpires is when the node's certificate expires.
+		CertificateExpires time.Time `json:"certificate_expires,omitzero"`
 	}
 	LockRequest struct {
 		Key     string `json:"key"`
@@ -263,7 +268,7 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 		return FinalizeResponse{Level: level}, nil
 	})
 	s.handle(mux, "GET /v1/nodes", func(r *http.Request) (any, error) { return s.nodes(r.Context()), nil })
-	s.handle(mux, "GET /v1/local/usage", func(r *http.Request) (any, error) { return data.Usage() })
+	s.handle(mux, "GET /v1/local/usage", func(r *http.Request) (any, error) { return s.localUsage() })
 	s.scrubRoutes(mux)
 	s.joinTokenRoutes(mux)
 	s.rotationRoutes(mux)
@@ -513,7 +518,7 @@ func (s *Server) nodes(ctx context.Context) []NodeEntry {
 			var u Usage
 			var err error
 			if n.ID == s.cluster.ID() {
-				u, err = s.data.Usage()
+				u, err = s.localUsage()
 			} else {
 				err = s.peerClient(ctx, n.AdminAddr).Do(ctx, http.MethodGet, "/v1/local/usage", nil, &u)
 			}
@@ -523,6 +528,7 @@ func (s *Server) nodes(ctx context.Context) []NodeEntry {
 			}
 			out[i].UsedBytes, out[i].FreeBytes, out[i].Objects, out[i].FailedDisks = u.UsedBytes, u.FreeBytes, u.Objects, u.FailedDisks
 			out[i].ChecksumErrors, out[i].BlocksRepaired = u.ChecksumErrors, u.BlocksRepaired
+			out[i].CertificateExpires = u.CertificateExpires
 		}()
 	}
 	wg.Wait()

@@ -40,6 +40,9 @@ type Security struct {
 type Trust interface {
 	Fingerprints() []string // trusted, the cluster's first
 	Fingerprint() string    // the one new tokens carry
+	// NodeCertificateExpires is when the node's certificate (from the
+	// cluster's CA) expires.
+	NodeCertificateExpires() time.Time
 }
 
 // CARotator starts a CA rotation: on a node holding the cluster CA's

@@ -95,6 +95,7 @@ func (s *Server) health(ctx context.Context) Health {
 			h.add(HealthWarn, "node %s (%s): disk %s is out of service after an I/O error; its copies are recovered elsewhere", n.ID, n.Address, disk)
 		}
 	}
+	certificateHealth(&h, time.Now(), info.CA, nodes, s.cluster.Clients())
 	for _, r := range s.recovery(ctx) {
 		st := r.Status
 		switch {

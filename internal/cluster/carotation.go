@@ -371,3 +371,17 @@ func (c *Cluster) caInfo(current *x509.Certificate) *CAInfo {
 	})
 	return info
 }
+
+// CertificateExpires is when the client's certificate expires: as
+// recorded, or, for a record made before expiries were, its creation plus
+// pki's client validity, at most caExpires (a leaf never outlives its CA).
+func (c Client) CertificateExpires(caExpires time.Time) time.Time {
+	expires := c.Expires
+	if expires.IsZero() {
+		expires = c.Created.Add(pki.ClientValidity)
+	}
+	if !caExpires.IsZero() && caExpires.Before(expires) {
+		expires = caExpires
+	}
+	return expires
+}

@@ -53,8 +53,12 @@ func (c *Cluster) rejoinLoop() {
 				defer c.wg.Done()
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
-				if err := c.RefreshGossipKeys(ctx); errors.Is(err, ErrTrustLost) {
+				err := c.RefreshGossipKeys(ctx)
+				switch {
+				case errors.Is(err, ErrTrustLost):
 					c.halt(c.trustLost(err))
+				case err != nil:
+					c.logger.Info("cluster: cut off; asking the members for the current keys failed", "err", err)
 				}
 			}()
 		}
@@ -72,6 +76,10 @@ func (c *Cluster) rejoinLoop() {
 func (c *Cluster) trustLost(err error) error {
 	return fmt.Errorf("%w. The cluster's CA was rotated (herd cluster rotate-ca --finish) while this node was away and it has no certificate from the new CA, or this data directory belongs to another cluster: stop this node, remove it (herd node remove %s, on a member) and start it on an empty data directory with a join token (herd cluster join-token create)", err, c.cfg.NodeID)
 }
+
+// Halt stops this node, which can serve nothing, for err (Halted): the
+// server exits with it.
+func (c *Cluster) Halt(err error) { c.halt(err) }
 
 // halt stops this node: it can serve nothing (Halted).
 func (c *Cluster) halt(err error) {

@@ -68,6 +68,10 @@ const (
 	backdate = time.Hour
 )
 
+// ClientValidity is how long a client certificate is valid (at most
+// until its CA's end).
+const ClientValidity = clientValidity
+
 // FingerprintLength is the length of Fingerprint's result.
 const FingerprintLength = 2 * sha256.Size
 

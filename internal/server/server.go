@@ -321,6 +321,7 @@ func Run(ctx context.Context, o Options) error {
 	security := api.Security{Fingerprint: credentials.fingerprint, ServerTLS: credentials.serverTLS(), PeerTLS: credentials.peerTLS(), Authority: credentials, Trust: credentials, CA: credentials}
 	meters.AddGauges(nodeGauges(c, objects, rec, nbdServer, localNBD)...)
 	meters.AddGauges(scrubGauges(scrubber)...)
+	meters.AddGauges(credentials.gauges(c)...)
 	meters.AddGauges(metrics.Gauge{Name: "herd_gateway_zone_lag_bytes", Help: "Bytes of writes to VDIs set to --ack zone that this node acknowledged once its zone had them, not yet in the other zones.",
 		Read: func() []metrics.Sample { return []metrics.Sample{{Value: float64(gw.LagBytes())}} }})
 	apiServer := api.NewServer(c, dataPath{gateway: gw, store: objects, recovery: rec, maintenance: maint, metrics: meters, scrub: scrubber}, security, logger)

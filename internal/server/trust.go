@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/metrics"
 	"github.com/herd-storage/herd/internal/peer"
 	"github.com/herd-storage/herd/internal/pki"
 )
@@ -212,6 +213,7 @@ type rotationState interface {
 	Sync(ctx context.Context) error
 	RecordCACertificate(ctx context.Context, fingerprint, serial string) error
 	Node(id string) (cluster.Node, bool)
+	Halt(err error)
 }
 
 // trustInterval is how often trustLoop compares the trust with the log.
@@ -285,9 +287,11 @@ func (cr *credentials) followRotation(ctx context.Context, c rotationState, logg
 			return nil
 		}
 		if t.next == nil || t.next.Fingerprint() != state.Fingerprint || t.nodeNext == nil {
+			// Left out of a rotation finished with --force: every other
+			// node refuses this one's certificate from now on.
 			if !cr.leftBehind.Swap(true) {
-				logger.Error("CA rotation: the cluster's CA is now "+state.Fingerprint+" and this node has no certificate from it: every other node will refuse it. Stop it, `herd node remove "+c.ID()+"` on a member, and start it on an empty data directory with a join token (herd cluster join-token create)",
-					"ca", state.Fingerprint, "this_node_trusts", strings.Join(t.fingerprints(), ","))
+				c.Halt(fmt.Errorf("the cluster's CA is now %s and this node has no certificate from it (it trusts %s): every other node refuses it. Remove it (herd node remove %s, on a member) and start it on an empty data directory with a join token (herd cluster join-token create)",
+					state.Fingerprint, strings.Join(t.fingerprints(), ", "), c.ID()))
 			}
 			return nil
 		}
@@ -477,4 +481,48 @@ func (cr *credentials) StartCARotation(ctx context.Context) (cluster.CAState, er
 		return cluster.CAState{}, fmt.Errorf("%w, and no node that holds it is up to make the new CA (herd node list --json: holds_ca_key)", pki.ErrNoCAKey)
 	}
 	return cluster.CAState{}, fmt.Errorf("no node holding the CA key made the new CA: %s", strings.Join(errs, "; "))
+}
+
+// NodeCertificateExpires implements api.Trust.
+func (cr *credentials) NodeCertificateExpires() time.Time {
+	return cr.now().node.Leaf.NotAfter
+}
+
+// gauges are the metrics of the CA and the certificates: the CA's age and
+// expiry, the node's certificate's expiry, the earliest expiry of the NBD
+// clients' certificates, and whether a CA rotation is under way
+// (deploy/prometheus/herd-alerts.yml warns 30 days before an expiry).
+func (cr *credentials) gauges(c *cluster.Cluster) []metrics.Gauge {
+	one := func(v float64) []metrics.Sample { return []metrics.Sample{{Value: v}} }
+	return []metrics.Gauge{
+		{Name: "herd_ca_age_seconds", Help: "Age of the cluster CA this node trusts as the cluster's (since its certificate's start): herd cluster rotate-ca makes a new one.", Read: func() []metrics.Sample {
+			return one(time.Since(cr.now().current.Cert.NotBefore).Seconds())
+		}},
+		{Name: "herd_ca_rotation_in_progress", Help: "1 while a CA rotation is under way (herd cluster rotate-ca until --finish or --cancel).", Read: func() []metrics.Sample {
+			if c.CA().Rotation != nil {
+				return one(1)
+			}
+			return one(0)
+		}},
+		{Name: "herd_certificate_earliest_expiry_timestamp_seconds", Help: "Unix time at which the earliest certificate of each kind expires: the cluster CA, this node's certificate, the NBD clients' (not revoked).", Labels: []string{"kind"}, Read: func() []metrics.Sample {
+			t := cr.now()
+			out := []metrics.Sample{
+				{Labels: []string{"ca"}, Value: float64(t.current.Cert.NotAfter.Unix())},
+				{Labels: []string{"node"}, Value: float64(t.node.Leaf.NotAfter.Unix())},
+			}
+			var earliest time.Time
+			for _, client := range c.Clients() {
+				if client.Revoked {
+					continue
+				}
+				if expires := client.CertificateExpires(t.current.Cert.NotAfter); earliest.IsZero() || expires.Before(earliest) {
+					earliest = expires
+				}
+			}
+			if !earliest.IsZero() {
+				out = append(out, metrics.Sample{Labels: []string{"client"}, Value: float64(earliest.Unix())})
+			}
+			return out
+		}},
+	}
 }

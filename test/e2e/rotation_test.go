@@ -376,6 +376,18 @@ func TestRotateCAUnderLoad(t *testing.T) {
 	if info.CA == nil || info.CA.Rotation == nil || info.CA.Rotation.Fingerprint != newFP || len(info.CA.Rotation.Down) != 1 {
 		t.Fatalf("cluster info during the rotation: %+v, want the rotation with node 2 down", info.CA)
 	}
+	families, _ := scrape(t, c.Node(1).AdminAddr(), c.Token())
+	if v := value(families, "herd_ca_rotation_in_progress", nil); v != 1 {
+		t.Errorf("herd_ca_rotation_in_progress during the rotation: %v, want 1", v)
+	}
+	for _, kind := range []string{"ca", "node", "client"} {
+		if v := value(families, "herd_certificate_earliest_expiry_timestamp_seconds", map[string]string{"kind": kind}); v < float64(time.Now().Add(4*365*24*time.Hour).Unix()) {
+			t.Errorf("herd_certificate_earliest_expiry_timestamp_seconds{kind=%q} = %v, want years ahead", kind, v)
+		}
+	}
+	if v := value(families, "herd_ca_age_seconds", nil); v < 0 || v > 86400 {
+		t.Errorf("herd_ca_age_seconds of a new cluster's CA: %v", v)
+	}
 	if _, _, err := c.Herd(ctx(t), 0, "cluster", "rotate-ca", "--finish"); err == nil || !strings.Contains(err.Error(), "are down") {
 		t.Fatalf("--finish while node 2 has no certificate from the new CA: %v, want refused naming the node down", err)
 	}
@@ -492,6 +504,13 @@ func TestRotateCAUnderLoad(t *testing.T) {
 	}
 	load.wait(t, "")
 	waitHealth(t, c, 0, api.HealthOK, 0, "")
+	families, _ = scrape(t, c.Node(2).AdminAddr(), c.Token())
+	if v := value(families, "herd_ca_rotation_in_progress", nil); v != 0 {
+		t.Errorf("herd_ca_rotation_in_progress after the finish: %v, want 0", v)
+	}
+	if info := herd(t, c, 2, "cluster", "info"); !strings.Contains(grepLines(info, "CA:"), newFP) || strings.Contains(info, "CA rotation:") {
+		t.Errorf("cluster info after the finish does not show the new CA alone:\n%s", info)
+	}
 	events := herd(t, c, 0, "events")
 	for _, want := range []string{"CA rotation started: new CA " + newFP, "has a certificate from the new CA " + newFP, "client vmhost renewed", "CA rotation finished: CA " + newFP + " is the cluster's"} {
 		if !strings.Contains(events, want) {

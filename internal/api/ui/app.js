@@ -75,7 +75,7 @@ function renderHealth(health, info) {
   badge.textContent = health.status;
   badge.className = 'badge ' + health.status;
   $('#summary').textContent = `epoch ${info.epoch} · ${info.nodes_alive}/${info.nodes_total} nodes · ${info.vdis} VDIs · ` +
-    (info.quorum ? 'quorum' : 'NO QUORUM') + ` · this node ${info.node_id}`;
+    (info.quorum ? 'quorum' : 'NO QUORUM') + ` · this node ${info.node_id}` + caSummary(info.ca);
   const reasons = $('#reasons');
   reasons.replaceChildren();
   if (health.reasons.length === 0) {
@@ -89,6 +89,20 @@ function renderHealth(health, info) {
     li.className = r.level === 'ERR' ? 'error' : '';
     reasons.append(li);
   }
+}
+
+// caSummary: the cluster CA's fingerprint and age, and any rotation.
+function caSummary(ca) {
+  if (!ca) return '';
+  const days = Math.floor((Date.now() - Date.parse(ca.created)) / 86400000);
+  let text = ` · CA ${ca.fingerprint.slice(0, 16)}… (${days} days old)`;
+  const r = ca.rotation;
+  if (r) {
+    text += ` · CA rotation to ${r.fingerprint.slice(0, 16)}… since ${new Date(r.started).toLocaleString()}: ` +
+      `${(r.done || []).length} nodes done` + ((r.missing || []).length ? `, ${r.missing.length} getting theirs` : '') +
+      ((r.down || []).length ? `, ${r.down.length} down without one` : '') + ' (herd cluster rotate-ca --finish)';
+  }
+  return text;
 }
 
 // renderCapacity: raw, usable (by the VDIs' copies), provisioned, used.
