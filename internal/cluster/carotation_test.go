@@ -1,7 +1,9 @@
 package cluster
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -171,4 +173,136 @@ func pkiCA(t *testing.T) *pki.CA {
 		t.Fatal(err)
 	}
 	return ca
+}
+
+// TestCARotationNoNodeIsLockedOut: the log of a rotation (start, each
+// node's certificate, finish) applied to every prefix a node can be at,
+// and a connection between any two nodes at any two such prefixes (the
+// leader ahead, a follower behind, or the other way), with each side
+// presenting what server/trust.go presents: the server its certificate
+// from the CA the dialer names (the newest it trusts) if it holds one,
+// else its old one; the dialer the newest certificate the server's
+// trusted CAs accept. Every such connection is let in by both sides
+// (a follower behind must take the leader's connections, or it never
+// catches up). A node left out (no certificate when the finish
+// committed, as with --force) is refused by every node past the finish.
+func TestCARotationNoNodeIsLockedOut(t *testing.T) {
+	oldCA, newCA := pkiCA(t), pkiCA(t)
+	oldFP, newFP := pki.Fingerprint(oldCA.Cert), pki.Fingerprint(newCA.Cert)
+	nodes := []string{"a", "b", "c"}
+	// The log: entry 0 starts, entries 1-3 record a, b and c, 4 finishes.
+	log := []caCommand{{Op: caStart, Fingerprint: newFP, Cert: newCA.CertPEM, Node: "a"}}
+	for _, id := range nodes {
+		log = append(log, caCommand{Op: caCertificate, Fingerprint: newFP, Node: id, Serial: "1" + id})
+	}
+	log = append(log, caCommand{Op: caFinish, Fingerprint: newFP})
+	states := make([]*State, len(log)+1) // states[k]: k entries applied
+	h := securityHarness(t)
+	states[0] = cloneState(t, h.state())
+	for k, c := range log {
+		c.Time = t0
+		if _, err := h.apply(commandCA, c); err != nil {
+			t.Fatalf("entry %d: %v", k, err)
+		}
+		states[k+1] = cloneState(t, h.state())
+	}
+	// What a node at prefix k trusts, and holds: it gets its new
+	// certificate after applying the start and records it before its
+	// prefix passes its record; the old one is replaced at the finish.
+	recordOf := map[string]int{"a": 2, "b": 3, "c": 4} // prefix once applied
+	trusts := func(k int, ca string) bool {
+		return (ca == oldFP && k < len(log)) || (ca == newFP && k >= 1)
+	}
+	holds := func(id string, k int, ca string) bool {
+		return (ca == oldFP && k < len(log)) || (ca == newFP && k >= recordOf[id])
+	}
+	serial := func(id, ca string) string {
+		if ca == newFP {
+			return "1" + id
+		}
+		return "0" + id // securityHarness's admitted serials
+	}
+	newest := func(k int) string {
+		if trusts(k, newFP) {
+			return newFP
+		}
+		return oldFP
+	}
+	connect := func(dialer string, kd int, server string, ks int) error {
+		// The server's certificate: from the CA the dialer names, if held.
+		shown := oldFP
+		if hint := newest(kd); holds(server, ks, hint) {
+			shown = hint
+		} else if !holds(server, ks, oldFP) {
+			shown = newFP
+		}
+		if !trusts(kd, shown) {
+			return fmt.Errorf("the dialer does not trust the server's CA")
+		}
+		if err := states[kd].peerAllowed(server, serial(server, shown), shown); err != nil {
+			return fmt.Errorf("the dialer refuses the server: %v", err)
+		}
+		// The dialer's certificate: the newest the server accepts.
+		presented := ""
+		for _, ca := range []string{newFP, oldFP} {
+			if holds(dialer, kd, ca) && trusts(ks, ca) {
+				presented = ca
+				break
+			}
+		}
+		if presented == "" {
+			return fmt.Errorf("the dialer holds no certificate the server trusts")
+		}
+		if err := states[ks].peerAllowed(dialer, serial(dialer, presented), presented); err != nil {
+			return fmt.Errorf("the server refuses the dialer: %v", err)
+		}
+		return nil
+	}
+	for _, d := range nodes {
+		for _, s := range nodes {
+			if d == s {
+				continue
+			}
+			for kd := recordOf[d]; kd <= len(log); kd++ {
+				for ks := recordOf[s]; ks <= len(log); ks++ {
+					if err := connect(d, kd, s, ks); err != nil {
+						t.Errorf("node %s at log prefix %d dialing node %s at prefix %d: %v", d, kd, s, ks, err)
+					}
+				}
+			}
+		}
+	}
+	// Before the rotation, nothing changed.
+	if err := connect("a", 0, "b", 0); err != nil {
+		t.Fatalf("before the rotation: %v", err)
+	}
+	// A node that missed the change (down from before the start until
+	// after the finish): refused both ways by a node past the finish.
+	missed := func(id string, k int, ca string) bool { return ca == oldFP }
+	holds2 := holds
+	holds = func(id string, k int, ca string) bool {
+		if id == "c" {
+			return missed(id, k, ca)
+		}
+		return holds2(id, k, ca)
+	}
+	if err := connect("c", 0, "a", len(log)); err == nil {
+		t.Error("a node that missed the rotation reached a node past its finish")
+	}
+	if err := connect("a", len(log), "c", 0); err == nil {
+		t.Error("a node past the finish accepted a node that missed the rotation")
+	}
+}
+
+func cloneState(t *testing.T, s *State) *State {
+	t.Helper()
+	data, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := newState()
+	if err := json.Unmarshal(data, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
