@@ -202,6 +202,9 @@ type Server struct {
 	// overcommit is the provisioned/usable ratio health warns above
 	// (capacity.go).
 	overcommit atomic.Pointer[float64]
+	// peerHTTP carries every call to other nodes' admin APIs (peerClient).
+	peerHTTP     *http.Client
+	peerHTTPOnce sync.Once
 }
 
 // NewServer builds the handler set; Serve starts it.

@@ -178,7 +178,14 @@ func (s *Server) guardWith(need access, h http.HandlerFunc) http.HandlerFunc {
 // request being served.
 func (s *Server) peerClient(ctx context.Context, address string) *Client {
 	raw, _ := ctx.Value(tokenContextKey{}).(string)
-	return newClient(address, raw, s.sec.PeerTLS)
+	c := newClient(address, raw, s.sec.PeerTLS)
+	// One transport for every call to other nodes, so that their
+	// connections are reused instead of a new one per call left idle for
+	// a minute (a dashboard polling through one node would fill the
+	// other nodes' admin connection caps).
+	s.peerHTTPOnce.Do(func() { s.peerHTTP = c.http })
+	c.http = s.peerHTTP
+	return c
 }
 
 // Token and client management bodies.
