@@ -31,7 +31,25 @@ stage "unit tests (-race)"
 # Unit, protocol and harness tests first; then the multi-process cluster
 # tests alone, so that their timing (failure detection, retries under
 # load) does not compete with the simulation and VM tests for 2 cores.
-go test -race -count=1 -timeout 20m $(go list ./... | grep -v /test/)
+go test -race -count=1 -timeout 20m $(go list ./... | grep -v /test/ | grep -v /internal/sim$)
+# The simulator runs in testing/synctest bubbles. Go 1.26.8's runtime
+# crashed there under -race in one of about ten runs on 2026-11-27
+# (SIGSEGV at address 0 in runtime.(*timer).maybeRunChan, a select in a
+# bubbled goroutine; the same seeds pass in every other run). Only that
+# exact crash is run once more; a test failure, a race report or any
+# other crash fails CI.
+stage "simulator (-race)"
+sim_log=$(mktemp)
+if ! go test -race -count=1 -timeout 20m ./internal/sim 2>&1 | tee "$sim_log"; then
+  if grep -q '^SIGSEGV: segmentation violation' "$sim_log" && grep -q 'runtime.(\*timer).maybeRunChan' "$sim_log" \
+    && ! grep -qE '^--- FAIL|WARNING: DATA RACE|^panic: ' "$sim_log"; then
+    echo "internal/sim: the Go runtime's synctest timer crash, not a test failure; once more" >&2
+    go test -race -count=1 -timeout 20m ./internal/sim
+  else
+    exit 1
+  fi
+fi
+rm -f "$sim_log"
 stage "full placement simulation"
 # The race detector makes the placement simulation measure only its smaller
 # shapes; the full one (1,000 nodes: balance, movement) runs once here
