@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/herd-storage/herd/internal/testenv"
 )
 
 const packagePath = "github.com/herd-storage/herd/internal/version"
@@ -85,11 +87,7 @@ func linkTimeValues(t *testing.T, ldflags string) map[string]string {
 
 func bash(t *testing.T) string {
 	t.Helper()
-	path, err := exec.LookPath("bash")
-	if err != nil {
-		t.Skip("needs bash")
-	}
-	return path
+	return testenv.LookPath(t, "bash", "bash") // under CI=true a missing bash fails
 }
 
 // TestBinaryStamped builds herd as the build scripts do, with the flags
