@@ -1,6 +1,6 @@
 package api
 
-// Certificates in cluster health (issue 30): the CA, each node's
+// Certificates in cluster health: the CA, each node's
 // certificate and each NBD client's, WARN when one expires within
 // CertificateWarning.
 

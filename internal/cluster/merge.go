@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Space that comes back (issue 32): a deleted snapshot that has exactly
+// Space that comes back: a deleted snapshot that has exactly
 // one child is merged into it, and a clone can be flattened (made
 // independent of its parent). The copy itself is the gateway's
 // (gateway/merge.go): every object of the layer is copied into the child

@@ -12,7 +12,7 @@ import (
 	"github.com/herd-storage/herd/internal/object"
 )
 
-// Merging deleted layers and flattening (issue 32; cluster/merge.go).
+// Merging deleted layers and flattening (cluster/merge.go).
 //
 // A job copies into a child C every object C reads through its sources
 // (a deleted layer D, or for a flatten every ancestor) and does not own:

@@ -33,7 +33,7 @@ import (
 
 const (
 	// logBoundPerPort is what a minute of each flood may add to the log,
-	// per port (issue 29).
+	// per port.
 	logBoundPerPort = 16 << 10
 	// floodDuration is how long each flood lasts.
 	floodDuration = 60 * time.Second

@@ -56,7 +56,7 @@ func clientFiles(t *testing.T, dir string) (certPEM, keyPEM, caPEM []byte) {
 	return read("client-cert.pem"), read("client-key.pem"), read("ca-cert.pem")
 }
 
-// TestRevokeWhileWaitingForTheLock: the attack of issue 29 item 1. An
+// TestRevokeWhileWaitingForTheLock: the attack on an open still waiting for a lock. An
 // exclusive VDI is held open for writing by one client through node 0;
 // client C (pattern vm*) asks for it through node 1 and waits for the
 // writer lock; C is revoked while it waits, and node 1 checks its
@@ -203,7 +203,7 @@ func createToken(t *testing.T, c *testcluster.Cluster, name string, flags ...str
 	return created
 }
 
-// TestReadOnlyTokenReadsNoData: the attack of issue 29 item 4, first
+// TestReadOnlyTokenReadsNoData: the attack on token scopes, first
 // half. A read-only (monitoring) token asks GET /v1/nbd-session for a
 // certificate and reads a VDI with it: refused now (403, and herd vdi
 // export says why). A token made with --read-only --data gets a
@@ -332,7 +332,7 @@ func httpsGet(t *testing.T, c *testcluster.Cluster, path, token string) string {
 	return body.String()
 }
 
-// TestSessionCertificateDiesWithItsToken: the attack of issue 29 item 4,
+// TestSessionCertificateDiesWithItsToken: the attack on session certificates,
 // second half. A session certificate obtained with a token keeps reading
 // after `herd token revoke`: now its open connection is cut within the
 // revalidation interval and a new connection with it is refused, on
