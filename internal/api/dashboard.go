@@ -6,7 +6,7 @@ import (
 	"net/http"
 )
 
-// The dashboard (issue 12): one page and its script and style, embedded in
+// The dashboard: one page and its script and style, embedded in
 // the binary, served without a token (they hold no data). The page reads
 // the JSON API with the token the operator gives it, as the CLI does.
 //

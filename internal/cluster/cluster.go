@@ -27,7 +27,7 @@ import (
 )
 
 // Timing. Failure detection must commit a new epoch within 10 s of a node's
-// death (issue 2); these leave ample margin on a loaded machine.
+// death; these leave ample margin on a loaded machine.
 const (
 	applyTimeout         = 5 * time.Second
 	leaderLeaseTimeout   = time.Second     // raft's: a leader that reached no majority of voters this long steps down

@@ -687,7 +687,7 @@ func applyNodeSpace(s *State, data []byte) (any, error) {
 // releaseLocks drops the locks of a node that left or restarted. A VDI
 // whose writer lock goes this way is marked unclean: its writer may have
 // died in the middle of writes, leaving replicas that differ, and the
-// next writer repairs it before serving (issue 5 item 5).
+// next writer repairs it before serving.
 func releaseLocks(s *State, why string, match func(*Lock) bool) {
 	var keys []string
 	for key, l := range s.Locks {

@@ -53,7 +53,7 @@ func (c *Cluster) startGossip() error {
 	mc.GossipVerifyIncoming = true
 	mc.GossipVerifyOutgoing = true
 	// Dead in about 3-5 s (probe, then suspicion of 3-6 s shortened by
-	// other members' confirmations); issue 2 allows 10 s to a new epoch.
+	// other members' confirmations); a new epoch is promised within 10 s.
 	mc.ProbeInterval = 750 * time.Millisecond
 	mc.ProbeTimeout = 500 * time.Millisecond
 	mc.SuspicionMult = 4

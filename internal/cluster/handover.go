@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Writer handover (issue 11): a VDI's writer lock moves between gateways
+// Writer handover: a VDI's writer lock moves between gateways
 // cooperatively, the way a live migration needs it. A gateway that wants
 // to write while another holds the lock records its wish in the log
 // (LockWant); the holder sees it, stops and drains its writes, flushes,

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Maintenance windows (issue 12): `herd node maintenance NODE --for 30m`
+// Maintenance windows: `herd node maintenance NODE --for 30m`
 // records in the log that the node may be down until then. Its leaving is
 // still an epoch (the placement skips it, clients are served by the other
 // replicas and the nodes that take its place), but no node copies its

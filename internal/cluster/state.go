@@ -31,8 +31,8 @@ type Node struct {
 	State       NodeState `json:"state"`
 	Incarnation string    `json:"incarnation"` // changes on every process start
 	// Full: the node's disks are nearly full. It stays a member but the
-	// placement gives it no objects, so its copies move to other nodes
-	// (issue 5 item 7). Set and cleared by the node itself.
+	// placement gives it no objects, so its copies move to other nodes.
+	// Set and cleared by the node itself.
 	Full  bool      `json:"full,omitempty"`
 	Since time.Time `json:"since"` // when State last changed
 	// build is what gossip reports about the node's binary (features.go);

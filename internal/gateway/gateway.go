@@ -783,7 +783,7 @@ func (g *Gateway) markDirty(nodes []cluster.Node) {
 }
 
 // flush makes every acknowledged write durable on every replica that
-// received it (issue 3: no FLUSH acknowledged before the data is on
+// received it (no FLUSH acknowledged before the data is on
 // stable storage on every replica). Only the nodes this gateway wrote to
 // since its last flush are asked; a node that failed stays in the set.
 func (g *Gateway) flush(ctx context.Context) error {

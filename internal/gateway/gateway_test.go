@@ -583,7 +583,7 @@ func TestDamagedCopyServedElsewhereAndReplaced(t *testing.T) {
 
 // A request waits while the cluster keeps moving to new epochs (a run of
 // faults that each clear), and fails only after RetryTimeout without one
-// (the robustness flake of issue 15: writes that failed while the cluster
+// (a robustness flake: writes that failed while the cluster
 // went through epochs 10, 11, 12 and 13 in 30 s).
 func TestRetryBudgetRenewsOnEachEpoch(t *testing.T) {
 	const timeout = 300 * time.Millisecond

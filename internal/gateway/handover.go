@@ -9,7 +9,7 @@ import (
 	"github.com/herd-storage/herd/internal/cluster"
 )
 
-// Writer handover (issue 11; docs/ARCHITECTURE.md "Writer handover").
+// Writer handover (docs/ARCHITECTURE.md "Writer handover").
 //
 // A VDI that is not exclusive may be open for writing through several
 // nodes at once, as a live migration needs: QEMU on the destination opens

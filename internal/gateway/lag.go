@@ -15,7 +15,7 @@ import (
 )
 
 // Zone acknowledgement (cluster.AckZone, `herd vdi set NAME --ack zone`;
-// issue 14, zones far apart).
+// zones far apart).
 //
 // A write to a VDI in zone mode, without FUA, is acknowledged once every
 // replica of its object in this node's zone has applied it (its near

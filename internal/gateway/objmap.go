@@ -4,8 +4,7 @@ package gateway
 // written, reads as zeros; Tombstone = zeros even if an ancestor has
 // data). It is stored as map objects (object.MapOID) of 4-byte
 // big-endian entries and cached in pages, so the first write to an
-// object rewrites 4 bytes of one map object, not a whole array (issue 3
-// item 4).
+// object rewrites 4 bytes of one map object, not a whole array.
 const (
 	// MapEntryBytes is the size of one map entry.
 	MapEntryBytes = 4

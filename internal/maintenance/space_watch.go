@@ -22,7 +22,7 @@ const (
 
 // WatchSpace marks this node full when its disks are nearly full: the
 // placement then gives it no objects, its copies are re-created on other
-// nodes and only then deleted here (issue 5 item 7, "never fills a disk").
+// nodes and only then deleted here ("never fills a disk").
 func WatchSpace(ctx context.Context, c *cluster.Cluster, objects *store.Store, logger *slog.Logger) {
 	ticker := time.NewTicker(2 * time.Second)
 	defer ticker.Stop()

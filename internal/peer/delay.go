@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Test-only latency between nodes (issue 14: zones far apart; this
+// Test-only latency between nodes (zones far apart; this
 // machine's kernel has no netem). HERD_TEST_PEER_DELAY lists remote
 // addresses and the one-way delay to them:
 //

@@ -149,7 +149,7 @@ const (
 	ObjectPing        ObjectOpcode = 9 // liveness and the responder's epoch
 	// ObjectRecover asks the responder to make its copy of the object
 	// current in the request's epoch: prove the newest reachable copy
-	// current and restamp or fetch it (issue 5, the paper's Fig. 4).
+	// current and restamp or fetch it (the paper's Fig. 4).
 	ObjectRecover ObjectOpcode = 10
 )
 

@@ -32,7 +32,7 @@ func NewProof(c Cluster, layouts *layout.History, replicas Replicas) *Proof {
 // counts as silent (a member that did not answer: retried).
 const surveyTimeout = 5 * time.Second
 
-// Proving a copy current (issue 5, the paper's Fig. 4).
+// Proving a copy current (the paper's Fig. 4).
 //
 // Every copy carries the epoch in which it was last written or recovered
 // (its stamp), and a replica serves only copies stamped with the current

@@ -9,7 +9,7 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// Recovery limits (issue 5 item 7): how many objects one node recovers at
+// Recovery limits: how many objects one node recovers at
 // once and how many bytes per second it copies, adjustable while it runs
 // (`herd node recovery --max-rate --concurrency`). Only the background
 // pass is limited; an object a client is waiting for is recovered at once.

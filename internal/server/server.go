@@ -43,7 +43,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Default ports on the bind address (issue 2).
+// Default ports on the bind address.
 const (
 	DefaultPeerPort   = 7000
 	DefaultGossipPort = 7001

@@ -160,7 +160,7 @@ func logResult(t *testing.T, r Result) {
 // released), where TestSimulate's take it over by handover. Every
 // invariant is checked after every step. Seed 384 is the one that found
 // vdi check --repair writing a placed copy older than the newest one over
-// a recovered replica (issue 11): it runs here, with handover, too.
+// a recovered replica: it runs here, with handover, too.
 func TestSimulateExclusive(t *testing.T) {
 	if seededBug != "" || *seedFlag != 0 || *exclusive {
 		t.Skip("TestSimulate covers a single seed, a seeded bug and -sim.exclusive")

@@ -176,7 +176,7 @@ func crashRun(t testing.TB, root string, random *rand.Rand) error {
 	return nil
 }
 
-// Item 2 of issue 10: thousands of write/crash/restart iterations with
+// The store crash test: thousands of write/crash/restart iterations with
 // unsynced pages dropped: no read of an unflushed block fails its
 // checksum, no flushed block is lost.
 func TestCrashKeepsDataAndChecksumsConsistent(t *testing.T) {

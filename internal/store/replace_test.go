@@ -13,7 +13,7 @@ import (
 // Replace installs a whole copy at once: readers running meanwhile see
 // the old copy with its stamp or the new one with its stamp, never the
 // new data under the old stamp, a stamp below the old one, or a missing
-// object (issue 15: a recovery copy written in place was stamped 0 while
+// object (a recovery copy written in place was stamped 0 while
 // it was written, and a survey then took it for the newest copy).
 func TestReplaceIsAtomic(t *testing.T) {
 	options := Options{Disks: []Disk{{Path: tempDisk(t)}}}

@@ -13,7 +13,7 @@ import (
 	"github.com/herd-storage/herd/internal/testcluster"
 )
 
-// TestClusterLifecycle walks one cluster through issue 2's scenarios in
+// TestClusterLifecycle walks one cluster through the membership scenarios in
 // order: growth to 5 voters, concurrent creates, kill -9 of a non-voter, a
 // voter and the leader, restarts, and a whole-cluster restart in another
 // order.

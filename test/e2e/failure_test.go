@@ -32,7 +32,7 @@ func TestNodeKilledDuringIO(t *testing.T) {
 	need(t, "fio")
 	c := dataCluster(t, 4, 3, "disk", "2G")
 	// Random writes over the whole 2 GiB disk, each read back and
-	// verified (issue 5: "while a 2 GiB VDI is being written and read").
+	// verified ("while a 2 GiB VDI is being written and read").
 	fio, out := startFio(t, "kill", c.Node(0).NBDURI("disk"), strings.Replace(verifyingWrites, "size=256M", "size=2G", 1))
 	done := make(chan error, 1)
 	go func() { done <- fio.Wait() }()

@@ -21,7 +21,7 @@ import (
 	"github.com/herd-storage/herd/internal/testcluster"
 )
 
-// failoverDeadline is issue 2's promise: a dead node is out of the epoch
+// failoverDeadline is the membership promise: a dead node is out of the epoch
 // within 10 s.
 const failoverDeadline = 10 * time.Second
 

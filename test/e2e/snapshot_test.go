@@ -11,7 +11,7 @@ import (
 	"github.com/herd-storage/herd/internal/testcluster"
 )
 
-// The issue 4 pattern sequence: A over the disk, s1, B over half, s2, C
+// The snapshot pattern sequence: A over the disk, s1, B over half, s2, C
 // over a quarter, with offsets crossing object boundaries and unaligned.
 const snapshotDisk = 32 << 20
 
