@@ -480,7 +480,15 @@ func (c *Cluster) RefreshGossipKeys(ctx context.Context) error {
 		}
 		before := g.PrimaryID()
 		held := g.byID(GossipKeyID(keys[0])) != nil
-		if err := g.add(keys, !held); err != nil {
+		// The member's primary becomes this node's when this node did
+		// not hold it, or when the member cannot read this node's
+		// primary: a node that installed the new key but stopped before
+		// the switch holds both, the old one first, and the cluster has
+		// dropped the old one since. Kept, it would gossip under a key no
+		// member reads, never be seen alive, never be taken back into
+		// raft, and so never apply the log that would switch it.
+		readable := slices.ContainsFunc(keys, func(key []byte) bool { return GossipKeyID(key) == before })
+		if err := g.add(keys, !held || !readable); err != nil {
 			return err
 		}
 		if after := g.PrimaryID(); after != before {

@@ -272,7 +272,14 @@ func applyClientAdd(s *State, data []byte) (any, error) {
 		// refused from now on, or, during a CA rotation, once it ends.
 		c.Pattern, c.ReadOnly = old.Pattern, old.ReadOnly
 		if s.CA.Rotation != nil {
+			// The certificate from before the rotation: a second
+			// renewal during it replaces the first one's (from the new
+			// CA), not that one, which works until the finish and
+			// comes back at a cancel.
 			c.Previous = old.Serial
+			if old.Previous != "" {
+				c.Previous = old.Previous
+			}
 		}
 		s.note("credentials", "client %s renewed (certificate %s)", c.Name, c.Serial)
 	case ok && !old.Revoked:
