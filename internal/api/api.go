@@ -472,6 +472,7 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelDebug),
 		ConnContext:       connContext,
+		ConnState:         func(c net.Conn, state http.ConnState) { s.conns.connState(c, state) },
 	}
 	return s
 }

@@ -22,6 +22,13 @@ import (
 // UnauthenticatedTimeout; authenticated connections are capped by
 // MaxConnections. So strangers holding connections cost the node a
 // bounded number of sockets and never keep an operator out.
+//
+// An authenticated connection between requests (a client's keep-alive)
+// holds its place too: a monitoring loop that makes a new client per
+// call leaves one behind each time, until IdleTimeout. When the bound is
+// reached the connection idle the longest is closed to admit the new
+// one, as an HTTP client expects of an idle keep-alive connection, and
+// only when none is idle is the new one refused.
 
 // ConnectionLimits bound the admin port's connections (herd server
 // --admin-max-*); zero fields take the defaults.
@@ -71,13 +78,49 @@ type connections struct {
 	server        *Server
 	limits        ConnectionLimits
 	pool          *netserve.Unauthenticated
-	mu            sync.Mutex // guards authenticated
+	mu            sync.Mutex // guards the fields below
 	authenticated int
+	idle          map[*adminConn]time.Time // authenticated, between requests: since when
 }
 
 func newConnections(s *Server, l ConnectionLimits) *connections {
 	l = l.withDefaults()
-	return &connections{server: s, limits: l, pool: &netserve.Unauthenticated{Max: l.MaxUnauthenticated, MaxPerSource: l.MaxUnauthenticatedPerSource}}
+	return &connections{
+		server: s, limits: l, idle: map[*adminConn]time.Time{},
+		pool: &netserve.Unauthenticated{Max: l.MaxUnauthenticated, MaxPerSource: l.MaxUnauthenticatedPerSource},
+	}
+}
+
+// connState follows the authenticated connections between requests
+// (http.Server's ConnState).
+func (c *connections) connState(conn net.Conn, state http.ConnState) {
+	if t, ok := conn.(*tls.Conn); ok {
+		conn = t.NetConn()
+	}
+	ac, ok := conn.(*adminConn)
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if state == http.StateIdle && ac.counted {
+		c.idle[ac] = time.Now()
+	} else {
+		delete(c.idle, ac)
+	}
+}
+
+// oldestIdleLocked returns the authenticated connection idle the longest, or
+// nil. c.mu is held.
+func (c *connections) oldestIdleLocked() *adminConn {
+	var oldest *adminConn
+	var since time.Time
+	for ac, t := range c.idle {
+		if oldest == nil || t.Before(since) {
+			oldest, since = ac, t
+		}
+	}
+	return oldest
 }
 
 // Counts returns the admin port's connections: authenticated, and not
@@ -131,6 +174,7 @@ type adminConn struct {
 	timer         *time.Timer
 	authenticated bool // counted in connections.authenticated
 	closed        bool
+	counted       bool // authenticated; guarded by conns.mu (read by connState)
 }
 
 // expire closes a connection still unauthenticated after the timeout.
@@ -144,27 +188,48 @@ func (c *adminConn) expire() {
 }
 
 // authenticate counts the connection as authenticated (a request on it
-// carried a valid token). It reports false if it cannot be: the
-// authenticated connections are at their bound, or the connection was
-// closed to admit another.
+// carried a valid token). At the bound it closes the authenticated
+// connection idle the longest to make room. It reports false if it
+// cannot be: the authenticated connections are at their bound and none
+// is idle, or the connection was closed to admit another.
 func (c *adminConn) authenticate() bool {
+	for range 2 {
+		ok, victim := c.tryAuthenticate()
+		if victim == nil {
+			return ok
+		}
+		c.conns.server.logger.Info("admin API: authenticated connections at their bound; closed the one idle the longest to admit a new one",
+			logging.From("admin", victim.RemoteAddr().String()), "max", c.conns.limits.MaxConnections)
+		victim.Close()
+	}
+	ok, _ := c.tryAuthenticate()
+	return ok
+}
+
+// tryAuthenticate authenticates c if there is room. At the bound it
+// returns the connection to close to make room, if one is idle.
+func (c *adminConn) tryAuthenticate() (ok bool, victim *adminConn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.authenticated {
-		return true
+		return true, nil
 	}
 	if c.closed || !c.pending.Leave() {
-		return false
+		return false, nil
 	}
 	c.timer.Stop()
 	c.conns.mu.Lock()
 	defer c.conns.mu.Unlock()
 	if c.conns.authenticated >= c.conns.limits.MaxConnections {
-		return false
+		if victim = c.conns.oldestIdleLocked(); victim != nil {
+			delete(c.conns.idle, victim) // closed by the caller, once
+		}
+		return false, victim
 	}
 	c.conns.authenticated++
 	c.authenticated = true
-	return true
+	c.counted = true
+	return true, nil
 }
 
 func (c *adminConn) Close() error {
@@ -176,6 +241,8 @@ func (c *adminConn) Close() error {
 		if c.authenticated {
 			c.conns.mu.Lock()
 			c.conns.authenticated--
+			c.counted = false
+			delete(c.conns.idle, c)
 			c.conns.mu.Unlock()
 		}
 	}

@@ -12,9 +12,13 @@ import (
 )
 
 // connectionTestServer serves /auth (a request with a valid token: it
-// counts its connection as authenticated) and /open (one without) within
-// limits, over TLS.
+// counts its connection as authenticated), /hold (the same, answered
+// once hold is closed) and /open (one without) within limits, over TLS.
 func connectionTestServer(t *testing.T, limits ConnectionLimits) (*Server, *httptest.Server) {
+	return connectionTestServerHolding(t, limits, nil)
+}
+
+func connectionTestServerHolding(t *testing.T, limits ConnectionLimits, hold chan struct{}) (*Server, *httptest.Server) {
 	t.Helper()
 	s := &Server{logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	s.SetConnectionLimits(limits)
@@ -25,9 +29,16 @@ func connectionTestServer(t *testing.T, limits ConnectionLimits) (*Server, *http
 		}
 	})
 	mux.HandleFunc("/open", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	mux.HandleFunc("/hold", func(w http.ResponseWriter, r *http.Request) {
+		if s.authenticatedConnection(w, r) {
+			<-hold
+			io.WriteString(w, "ok")
+		}
+	})
 	ts := httptest.NewUnstartedServer(mux)
 	ts.Listener = &connectionListener{Listener: ts.Listener, conns: s.conns}
 	ts.Config.ConnContext = connContext
+	ts.Config.ConnState = s.conns.connState
 	ts.StartTLS()
 	t.Cleanup(ts.Close)
 	return s, ts
@@ -62,24 +73,41 @@ func waitUntil(t *testing.T, what string, condition func() bool) {
 }
 
 // TestAdminConnectionCap: connections that carried a valid token are
-// capped; one more is answered 503; a closed one makes room.
+// capped; one more, while every one is in a request, is answered 503; a
+// closed one makes room.
 func TestAdminConnectionCap(t *testing.T) {
-	s, ts := connectionTestServer(t, ConnectionLimits{MaxConnections: 2})
+	hold := make(chan struct{})
+	s, ts := connectionTestServerHolding(t, ConnectionLimits{MaxConnections: 2}, hold)
 	first, second, third := keepAliveClient(ts), keepAliveClient(ts), keepAliveClient(ts)
-	for i, client := range []*http.Client{first, second, first, second} {
-		if code := get(t, client, ts.URL+"/auth"); code != http.StatusOK {
-			t.Fatalf("request %d: %d", i, code)
-		}
+	done := make(chan int, 2)
+	for _, client := range []*http.Client{first, second} {
+		go func() {
+			response, err := client.Get(ts.URL + "/hold")
+			if err != nil {
+				done <- 0
+				return
+			}
+			io.Copy(io.Discard, response.Body)
+			response.Body.Close()
+			done <- response.StatusCode
+		}()
 	}
-	if authenticated, _ := s.AdminConnections(); authenticated != 2 {
-		t.Fatalf("%d authenticated connections, want 2", authenticated)
-	}
+	waitUntil(t, "two authenticated connections in a request", func() bool {
+		authenticated, _ := s.AdminConnections()
+		return authenticated == 2
+	})
 	if code := get(t, third, ts.URL+"/auth"); code != http.StatusServiceUnavailable {
-		t.Fatalf("a third authenticated connection: %d, want 503", code)
+		t.Fatalf("a third authenticated connection while two are in a request: %d, want 503", code)
 	}
 	// Without a token it is served (health, the dashboard's page).
 	if code := get(t, third, ts.URL+"/open"); code != http.StatusOK {
 		t.Fatalf("a request without a token on the third connection: %d", code)
+	}
+	close(hold)
+	for range 2 {
+		if code := <-done; code != http.StatusOK {
+			t.Fatalf("a held request: %d", code)
+		}
 	}
 	first.CloseIdleConnections()
 	waitUntil(t, "the closed connection to be released", func() bool {
@@ -88,6 +116,30 @@ func TestAdminConnectionCap(t *testing.T) {
 	})
 	if code := get(t, third, ts.URL+"/auth"); code != http.StatusOK {
 		t.Fatalf("the third after one closed: %d", code)
+	}
+}
+
+// TestAdminIdleConnectionsMakeRoom: a client that opens a new keep-alive
+// connection for every call (a monitoring loop making a new client each
+// time) never locks operators out: at the bound, the authenticated
+// connection idle the longest is closed to admit the new one.
+func TestAdminIdleConnectionsMakeRoom(t *testing.T) {
+	s, ts := connectionTestServer(t, ConnectionLimits{MaxConnections: 4})
+	var clients []*http.Client
+	for i := range 20 {
+		client := keepAliveClient(ts)
+		clients = append(clients, client)
+		if code := get(t, client, ts.URL+"/auth"); code != http.StatusOK {
+			t.Fatalf("call %d, each on a connection of its own, left idle: %d, want 200", i, code)
+		}
+		if authenticated, _ := s.AdminConnections(); authenticated > 4 {
+			t.Fatalf("%d authenticated connections, bound 4", authenticated)
+		}
+	}
+	// The first client's connection was closed to make room: its next
+	// call opens a new one and is served.
+	if code := get(t, clients[0], ts.URL+"/auth"); code != http.StatusOK {
+		t.Fatalf("the first client again: %d", code)
 	}
 }
 

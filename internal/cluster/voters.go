@@ -74,6 +74,9 @@ type voterChange struct {
 	id      string
 	address raft.ServerAddress
 	why     string // for the log
+	// replaced: a demotion whose replacement is promoted at once, in
+	// the same reconcileVoters call (see there).
+	replaced bool
 }
 
 func (ch voterChange) String() string { return ch.kind.String() + " " + ch.id }
@@ -175,7 +178,7 @@ func (p voterPlan) next() (*voterChange, []string) {
 	}
 	if len(unreachable) > 0 && others == 0 && len(live) < target && len(candidates) > 0 {
 		why := fmt.Sprintf("not reached by the leader; demoted before a replacement is promoted (%d reachable voters of %d wanted)", len(live), target)
-		if ch := try(voterChange{kind: changeDemote, id: unreachable[0], why: why}); ch != nil {
+		if ch := try(voterChange{kind: changeDemote, id: unreachable[0], why: why, replaced: true}); ch != nil {
 			return ch, held
 		}
 	}
@@ -261,13 +264,30 @@ func (p voterPlan) keepsMajority(ch voterChange) bool {
 	return 2*reached > voters
 }
 
-// reconcileVoters makes at most one raft configuration change per call:
-// raft applies configuration changes one at a time anyway, and the next
-// tick continues.
+// reconcileVoters makes one raft configuration change per call (raft
+// applies them one at a time anyway, and the next tick continues), or
+// two when an unreachable voter is demoted to make room for its
+// replacement: the promotion follows at once, not a tick later. Between
+// the two the configuration has one voter fewer, every one of which
+// must stay up; a tick (300 ms) of that is how a voter killed in the
+// window left two voters and no majority until it returned, where a
+// commit's round trip leaves almost none.
 func (c *Cluster) reconcileVoters(members map[string]Node) error {
+	for range 2 {
+		ch, err := c.reconcileVoter(members)
+		if err != nil || ch == nil || !ch.replaced {
+			return err
+		}
+	}
+	return nil
+}
+
+// reconcileVoter makes the next raft configuration change, if any, and
+// returns it.
+func (c *Cluster) reconcileVoter(members map[string]Node) (*voterChange, error) {
 	future := c.raft.GetConfiguration()
 	if err := future.Error(); err != nil {
-		return err
+		return nil, err
 	}
 	stopping := c.gossipStopping()
 	if c.stopping.Load() {
@@ -283,24 +303,26 @@ func (c *Cluster) reconcileVoters(members map[string]Node) error {
 	ch, held := p.next()
 	c.noteHeld(held)
 	if ch == nil {
-		return nil
+		return nil, nil
 	}
 	id := raft.ServerID(ch.id)
+	var f raft.IndexFuture
 	switch ch.kind {
 	case changeRemove:
 		c.logger.Info("removing dead node from raft", "node", ch.id, "suffrage", suffrageOf(p.servers, ch.id))
-		return c.raft.RemoveServer(id, 0, applyTimeout).Error()
+		f = c.raft.RemoveServer(id, 0, applyTimeout)
 	case changeAddNonvoter:
-		return c.raft.AddNonvoter(id, ch.address, 0, applyTimeout).Error()
+		f = c.raft.AddNonvoter(id, ch.address, 0, applyTimeout)
 	case changeAddVoter:
 		if suffrageOf(p.servers, ch.id) != raft.Voter.String() {
 			c.logger.Info("promoting node to voter", "node", ch.id, "why", ch.why)
 		}
-		return c.raft.AddVoter(id, ch.address, 0, applyTimeout).Error()
+		f = c.raft.AddVoter(id, ch.address, 0, applyTimeout)
 	default:
 		c.logger.Info("demoting voter", "node", ch.id, "why", ch.why)
-		return c.raft.DemoteVoter(id, 0, applyTimeout).Error()
+		f = c.raft.DemoteVoter(id, 0, applyTimeout)
 	}
+	return ch, f.Error()
 }
 
 func suffrageOf(servers []raft.Server, id string) string {

@@ -216,6 +216,55 @@ func TestVotersKeepAMajorityThroughAFalseDeath(t *testing.T) {
 	}
 }
 
+// A paused voter is replaced within one reconcileVoters call: demoted,
+// and its replacement promoted at once. A tick between the two left the
+// configuration at two voters, and the e2e zone test killed one of them
+// in that tick: the other could never win an election again.
+func TestUnreachableVoterReplacedInOneStep(t *testing.T) {
+	ids := []string{id0, id1, id2, id3}
+	nodes := startRaftNodes(t, ids...)
+	leader := nodes[0]
+	waitUntil(t, 5*time.Second, "node 0 to lead", func() bool { return leader.raft.State() == raft.Leader })
+	c := &Cluster{
+		cfg: Config{NodeID: id0}, logger: slog.New(slog.DiscardHandler), applied: applied{fsm: leader.fsm},
+		raft: leader.raft, contact: leader.trans, vetoed: map[string]time.Time{},
+	}
+	members := map[string]Node{}
+	for _, n := range nodes {
+		node := Node{ID: n.id, Address: n.id, PeerAddr: string(n.addr), Incarnation: "1"}
+		if err := commit(c, commandNodeJoin, nodeJoinCommand{Node: node, Time: t0}); err != nil {
+			t.Fatal(err)
+		}
+		members[n.id] = node
+	}
+	waitUntil(t, 10*time.Second, "three voters", func() bool {
+		if err := c.reconcileVoters(members); err != nil {
+			t.Logf("reconcileVoters: %v", err)
+		}
+		return len(configVoters(t, leader.raft)) == 3
+	})
+	voters := configVoters(t, leader.raft)
+	paused := ""
+	for _, v := range voters {
+		if v != id0 {
+			paused = v
+		}
+	}
+	for i, n := range nodes {
+		if n.id == paused {
+			cut(nodes[i], nodes)
+		}
+	}
+	waitUntil(t, 5*time.Second, "the leader to lose contact with "+paused, func() bool { return !c.reachable(paused) })
+	if err := c.reconcileVoters(members); err != nil {
+		t.Fatal(err)
+	}
+	got := configVoters(t, leader.raft)
+	if len(got) != 3 || slices.Contains(got, paused) {
+		t.Fatalf("voters %v after one reconcileVoters call with %s paused (voters were %v): want it replaced, three voters all reached", got, paused, voters)
+	}
+}
+
 func reachedOf(c *Cluster, ids []string) []string {
 	var out []string
 	for _, id := range ids {

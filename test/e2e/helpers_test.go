@@ -29,9 +29,25 @@ const failoverDeadline = 10 * time.Second
 // format version 2): a 4 KiB header, then the 256 KiB checksum table.
 const objectDataOffset = 4096 + 256<<10
 
+// client returns the admin client of node i, one per address and token
+// for the whole run: a new client per call would leave a keep-alive
+// connection behind on the node every time.
 func client(c *testcluster.Cluster, i int) *api.Client {
-	return api.NewClient(c.Node(i).AdminAddr(), c.Token())
+	key := c.Node(i).AdminAddr() + " " + c.Token()
+	clientsMu.Lock()
+	defer clientsMu.Unlock()
+	if cl, ok := clients[key]; ok {
+		return cl
+	}
+	cl := api.NewClient(c.Node(i).AdminAddr(), c.Token())
+	clients[key] = cl
+	return cl
 }
+
+var (
+	clientsMu sync.Mutex
+	clients   = map[string]*api.Client{}
+)
 
 func ctx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
