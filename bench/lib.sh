@@ -16,9 +16,9 @@ build() {
     local src=$work/src-rev
     rm -rf "$src" && mkdir -p "$src"
     git -C "$root" archive "$(git -C "$root" rev-parse "$HERD_REV")" | tar -x -C "$src"
-    (cd "$src" && go build -o "$bin" ./cmd/herd)
+    (cd "$src" && go build -tags testknobs -o "$bin" ./cmd/herd)
   else
-    (cd "$root" && go build -o "$bin" ./cmd/herd)
+    (cd "$root" && go build -tags testknobs -o "$bin" ./cmd/herd)
   fi
 }
 

@@ -27,6 +27,7 @@ if [ -n "$unformatted" ]; then
   exit 1
 fi
 go vet ./...
+go vet -tags testknobs ./internal/peer ./internal/server
 stage "unit tests (-race)"
 # Unit, protocol and harness tests first; then the multi-process cluster
 # tests alone, so that their timing (failure detection, retries under
@@ -82,8 +83,9 @@ stage "data-path tests on a -race herd"
 race_directory=$(mktemp -d)
 trap 'rm -rf "$race_directory"' EXIT
 ldflags=$(scripts/ldflags.sh)
-go build -race -ldflags "$ldflags" -o "$race_directory/herd" ./cmd/herd
-HERD_TEST_BINARY="$race_directory/herd" go test -count=1 -timeout 30m -run "^(${race_tests})\$" ./test/e2e
+# With the test knobs (-tags testknobs): TestZoneAck delays its zones.
+go build -race -tags testknobs -ldflags "$ldflags" -o "$race_directory/herd" ./cmd/herd
+HERD_TEST_BINARY="$race_directory/herd" HERD_TEST_KNOBS_BINARY="$race_directory/herd" go test -count=1 -timeout 30m -run "^(${race_tests})\$" ./test/e2e
 
 stage ""
 echo "stage times:"

@@ -165,10 +165,7 @@ func Run(ctx context.Context, o Options) error {
 			(*kick)()
 		}
 	}
-	if os.Getenv("HERD_BENCH_NO_CHECKSUMS") == "1" {
-		logger.Warn("HERD_BENCH_NO_CHECKSUMS=1: new copies are written without data checksums (for benchmarks only)")
-		store.BenchmarkWithoutChecksums()
-	}
+	applyTestKnobs(logger)
 	objects, err := store.Open(store.Options{Disks: disks, Logger: logger, OnDiskFailure: onDiskFailure})
 	if err != nil {
 		return fmt.Errorf("object store: %w", err)

@@ -19,6 +19,10 @@ import (
 // with -race.
 const BinaryVariable = "HERD_TEST_BINARY"
 
+// KnobsBinaryVariable names one for KnobsBinary: a herd built with -tags
+// testknobs (scripts/test.sh builds its -race herd so, for both).
+const KnobsBinaryVariable = "HERD_TEST_KNOBS_BINARY"
+
 const (
 	// modulePath is the module whose ./cmd/herd Binary builds.
 	modulePath = "github.com/herd-storage/herd"
@@ -30,8 +34,9 @@ const (
 	ownerFile = "owner"
 )
 
-// build holds the result of the one build per test process.
-var build struct {
+// build and knobsBuild hold the results of the one build of each kind
+// per test process.
+var build, knobsBuild struct {
 	once sync.Once
 	path string
 	err  error
@@ -44,7 +49,11 @@ var build struct {
 func Binary(t testing.TB) string {
 	t.Helper()
 	build.once.Do(func() {
-		build.path, build.err = buildBinary()
+		if path := os.Getenv(BinaryVariable); path != "" {
+			build.path, build.err = givenBinary(path)
+			return
+		}
+		build.path, build.err = buildBinary("")
 	})
 	if build.err != nil {
 		t.Fatalf("%v", build.err)
@@ -52,21 +61,43 @@ func Binary(t testing.TB) string {
 	return build.path
 }
 
-// buildBinary builds ./cmd/herd into a fresh directory under os.TempDir().
+// KnobsBinary returns the path of a herd built with -tags testknobs, whose
+// nodes read the test knobs from their environment (HERD_TEST_PEER_DELAY:
+// Options.ZoneDelay); a production build reads none. Built once per test
+// process, or the one in $HERD_TEST_KNOBS_BINARY.
+func KnobsBinary(t testing.TB) string {
+	t.Helper()
+	knobsBuild.once.Do(func() {
+		if path := os.Getenv(KnobsBinaryVariable); path != "" {
+			knobsBuild.path, knobsBuild.err = givenBinary(path)
+			return
+		}
+		knobsBuild.path, knobsBuild.err = buildBinary("testknobs")
+	})
+	if knobsBuild.err != nil {
+		t.Fatalf("%v", knobsBuild.err)
+	}
+	return knobsBuild.path
+}
+
+// givenBinary checks the path of a prebuilt herd.
+func givenBinary(path string) (string, error) {
+	absolute, err := filepath.Abs(path)
+	if err == nil {
+		_, err = os.Stat(absolute)
+	}
+	if err != nil {
+		return "", fmt.Errorf("testcluster: a prebuilt herd ($%s or $%s): %w", BinaryVariable, KnobsBinaryVariable, err)
+	}
+	return absolute, nil
+}
+
+// buildBinary builds ./cmd/herd, with the build tags given, into a fresh
+// directory under os.TempDir().
 // The directory outlives the test process (a test package has no hook that
 // runs after its last test), so each build first removes the directories of
 // earlier test processes that have exited.
-func buildBinary() (string, error) {
-	if path := os.Getenv(BinaryVariable); path != "" {
-		absolute, err := filepath.Abs(path)
-		if err != nil {
-			return "", fmt.Errorf("testcluster: $%s: %w", BinaryVariable, err)
-		}
-		if _, err := os.Stat(absolute); err != nil {
-			return "", fmt.Errorf("testcluster: $%s: %w", BinaryVariable, err)
-		}
-		return absolute, nil
-	}
+func buildBinary(tags string) (string, error) {
 	root, err := moduleRoot()
 	if err != nil {
 		return "", err
@@ -84,11 +115,11 @@ func buildBinary() (string, error) {
 		return "", err
 	}
 	path := filepath.Join(directory, "herd")
-	command := exec.Command("go", "build", "-ldflags", ldflags, "-o", path, "./cmd/herd")
+	command := exec.Command("go", "build", "-tags", tags, "-ldflags", ldflags, "-o", path, "./cmd/herd")
 	command.Dir = root
 	output, err := command.CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("testcluster: go build -ldflags %q -o %s ./cmd/herd in %s: %w\n%s", ldflags, path, root, err, output)
+		return "", fmt.Errorf("testcluster: go build -tags %q -ldflags %q -o %s ./cmd/herd in %s: %w\n%s", tags, ldflags, path, root, err, output)
 	}
 	return path, nil
 }

@@ -88,7 +88,7 @@ type Options struct {
 	Zones []string
 	// ZoneDelay, with Zones (loopback clusters only), delays every peer
 	// connection between nodes of different zones by this much each way
-	// (HERD_TEST_PEER_DELAY, internal/peer/delay.go): zones far apart.
+	// (HERD_TEST_PEER_DELAY, internal/peer/knobs_on.go; the nodes run KnobsBinary): zones far apart.
 	ZoneDelay time.Duration
 	// Namespaces runs every node in a network namespace of its own so that
 	// Partition can cut links between nodes. It needs root, ip (iproute2)
@@ -158,6 +158,9 @@ func Start(t testing.TB, options Options) *Cluster {
 	c := &Cluster{t: t, options: options, binary: options.binary}
 	if c.binary == "" {
 		c.binary = options.Binary
+	}
+	if c.binary == "" && options.ZoneDelay > 0 {
+		c.binary = KnobsBinary(t) // HERD_TEST_PEER_DELAY
 	}
 	if c.binary == "" {
 		c.binary = Binary(t)

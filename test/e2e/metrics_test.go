@@ -23,6 +23,7 @@ import (
 func scrape(t *testing.T, address, token string) (map[string]*dto.MetricFamily, int) {
 	t.Helper()
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	defer client.CloseIdleConnections() // a connection left per scrape would hold a place on the node
 	request, _ := http.NewRequest("GET", "https://"+address+"/metrics", nil)
 	if token != "" {
 		request.Header.Set("Authorization", "Bearer "+token)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -38,6 +39,28 @@ func TestZonesFarApart(t *testing.T) {
 	readsTo := func(node string) float64 {
 		families, _ := scrape(t, c.Node(0).AdminAddr(), created.Secret)
 		return max(0, value(families, "herd_peer_request_duration_seconds", map[string]string{"peer": node, "op": "READ"}))
+	}
+	// The delay is there (a herd built with -tags testknobs reads it): no
+	// write to the other zone took less than the round trip.
+	families, _ := scrape(t, c.Node(0).AdminAddr(), created.Secret)
+	writesFar := uint64(0)
+	for _, m := range families["herd_peer_request_duration_seconds"].GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if !slices.Contains(far, labels["peer"]) || labels["op"] != "WRITE" {
+			continue
+		}
+		writesFar += m.GetHistogram().GetSampleCount()
+		for _, b := range m.GetHistogram().GetBucket() {
+			if b.GetUpperBound() < (2*oneWay).Seconds() && b.GetCumulativeCount() > 0 {
+				t.Fatalf("node 0 sent %d writes to node %s in zone b that took at most %gs, less than the %v round trip: is the delay in effect?", b.GetCumulativeCount(), labels["peer"], b.GetUpperBound(), 2*oneWay)
+			}
+		}
+	}
+	if writesFar == 0 {
+		t.Fatalf("node 0 sent no write to zone b (herd_peer_request_duration_seconds)")
 	}
 	before := map[string]float64{far[0]: readsTo(far[0]), far[1]: readsTo(far[1]), near: readsTo(near)}
 	start = time.Now()

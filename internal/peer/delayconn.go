@@ -1,26 +1,17 @@
 package peer
 
+// A connection that delays what it sends and receives: the zones far
+// apart of the tests and benchmarks that build herd with -tags testknobs
+// (knobs_on.go). Bandwidth is not limited: bytes are queued, not paced.
+
 import (
 	"net"
-	"os"
 	"strings"
 	"sync"
 	"time"
 )
 
-// Test-only latency between nodes (zones far apart; this
-// machine's kernel has no netem). HERD_TEST_PEER_DELAY lists remote
-// addresses and the one-way delay to them:
-//
-//	HERD_TEST_PEER_DELAY="127.1.2.3,127.1.2.4=25ms"
-//
-// Every peer connection this node dials to one of them (object protocol,
-// raft, forwarding) delays what it sends and what it receives by that
-// much, so the round trip between the two nodes is twice it whichever
-// side dialed. Bandwidth is not limited: bytes are queued, not paced.
-// Gossip (UDP) is not delayed. Unset, it costs nothing.
-var testDelays = parseDelays(os.Getenv("HERD_TEST_PEER_DELAY"))
-
+// parseDelays reads HERD_TEST_PEER_DELAY's value (knobs_on.go).
 func parseDelays(spec string) map[string]time.Duration {
 	if spec == "" {
 		return nil
@@ -37,23 +28,6 @@ func parseDelays(spec string) map[string]time.Duration {
 		}
 	}
 	return out
-}
-
-// withTestDelay wraps a dialed connection to address if the test asks
-// for a delay to its host.
-func withTestDelay(conn net.Conn, address string) net.Conn {
-	if testDelays == nil {
-		return conn
-	}
-	host, _, err := net.SplitHostPort(address)
-	if err != nil {
-		host = address
-	}
-	d, ok := testDelays[host]
-	if !ok || d == 0 {
-		return conn
-	}
-	return newDelayConn(conn, d)
 }
 
 type delayed struct {
