@@ -9,13 +9,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/exportname"
 	"github.com/herd-storage/herd/internal/size"
 	"github.com/herd-storage/herd/internal/transfer"
 )
@@ -31,7 +31,7 @@ reading data. The granularity is the object (4 MiB unless the cluster was
 formatted otherwise): a write of one byte marks its whole object changed.`,
 		Args: args(2, "NAME@S1 NAME[@S2]"),
 		RunE: func(cmd *cobra.Command, a []string) error {
-			if !strings.Contains(a[0], "@") {
+			if !exportname.Parse(a[0]).Snapshot() {
 				return fmt.Errorf("%q: give the earlier snapshot as NAME@TAG", a[0])
 			}
 			ctx, cancel := g.context()
@@ -60,7 +60,7 @@ formatted otherwise): a write of one byte marks its whole object changed.`,
 
 // exportDiff is `herd vdi export NAME@S2 --since S1 FILE`.
 func exportDiff(ctx context.Context, g *globals, t *transferCommand, vdi, since, file string) error {
-	if !strings.Contains(vdi, "@") {
+	if !exportname.Parse(vdi).Snapshot() {
 		return usage(fmt.Errorf("--since exports the changes between two snapshots: give NAME@TAG, not %q (take one with herd vdi snapshot %s --tag TAG)", vdi, vdi))
 	}
 	d, err := g.client().Diff(ctx, vdi, since)
@@ -93,7 +93,7 @@ func importDiff(ctx context.Context, g *globals, t *transferCommand, vdi, file s
 	if err != nil {
 		return err
 	}
-	if strings.Contains(vdi, "@") {
+	if exportname.Parse(vdi).Snapshot() {
 		return fmt.Errorf("%s is a snapshot: apply a diff to a VDI (herd vdi clone %s NEW, then import into NEW)", vdi, vdi)
 	}
 	client := g.client()
@@ -114,8 +114,9 @@ func importDiff(ctx context.Context, g *globals, t *transferCommand, vdi, file s
 	if v.Size != header.FromSize || d.SinceSize != header.FromSize {
 		return fmt.Errorf("refused: the diff starts from %s of %d bytes; vdi %s is %d bytes (its snapshot %s: %d)", header.From, header.FromSize, vdi, v.Size, d.Since, d.SinceSize)
 	}
-	_, toTag := cluster.SplitName(header.To)
-	if strings.Contains(header.To, "@") {
+	to := exportname.Parse(header.To)
+	toTag := to.Tag
+	if to.Snapshot() {
 		if _, err := client.VDI(ctx, vdi+"@"+toTag); err == nil {
 			return fmt.Errorf("refused: vdi %s already has a snapshot %s, which the diff's end would be taken as", vdi, toTag)
 		}
@@ -132,7 +133,7 @@ func importDiff(ctx context.Context, g *globals, t *transferCommand, vdi, file s
 		}
 		return fmt.Errorf("%w; vdi %s may be partly changed: roll it back (herd vdi rollback %s --to %s) and apply the diff again", err, vdi, vdi, fromTag)
 	}
-	if strings.Contains(header.To, "@") {
+	if to.Snapshot() {
 		snapshotContext, cancel := g.context()
 		defer cancel()
 		if _, err := client.Snapshot(snapshotContext, vdi, toTag); err != nil {

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/herd-storage/herd/internal/exportname"
 	"github.com/herd-storage/herd/internal/pki"
 	"io"
 	"net"
@@ -276,7 +277,7 @@ func (t *transferCommand) report(s transfer.Summary) error {
 // not exist (rbd import's behaviour); an existing VDI is left to the
 // import's own size check.
 func createForImport(ctx context.Context, g *globals, t *transferCommand, vdi, file string) error {
-	if strings.Contains(vdi, "@") {
+	if exportname.Parse(vdi).Snapshot() {
 		return nil // a snapshot: the import refuses it with its own message
 	}
 	client := g.client()

@@ -51,6 +51,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/exportname"
 	"github.com/herd-storage/herd/internal/gateway"
 	"github.com/herd-storage/herd/internal/metrics"
 	"github.com/herd-storage/herd/internal/nbd"
@@ -138,8 +139,7 @@ func (b Backend) Revalidate(session nbd.Session, export string, writable bool) e
 // vdiName is the name of the VDI an export name opens: NAME for NAME,
 // ro/NAME and NAME@TAG (gateway.Open's conventions).
 func vdiName(exportName string) string {
-	name, _ := cluster.SplitName(strings.TrimPrefix(exportName, gateway.ReadOnlyPrefix))
-	return name
+	return exportname.Parse(exportName).VDI
 }
 
 // unknownExport is the refusal of a name that does not exist or that the
@@ -271,10 +271,10 @@ func (b Backend) Open(ctx context.Context, name string, session nbd.Session) (nb
 	if !access.Match(vdiName(name)) {
 		return nil, unknownExport(name)
 	}
-	readOnlyName := strings.HasPrefix(name, gateway.ReadOnlyPrefix)
+	parsed := exportname.Parse(name)
 	openName := name
-	if (access.ReadOnly || session.InfoOnly) && !readOnlyName {
-		openName = gateway.ReadOnlyPrefix + name
+	if (access.ReadOnly || session.InfoOnly) && !parsed.ReadOnly {
+		openName = parsed.AsReadOnly().String()
 	}
 	disk, err := b.openWaiting(gateway.WithClient(ctx, clientName(session)), openName)
 	switch {
@@ -293,7 +293,7 @@ func (b Backend) Open(ctx context.Context, name string, session nbd.Session) (nb
 		}
 		e := &export{disk: disk}
 		if session.InfoOnly {
-			e.advertiseWritable = !access.ReadOnly && !readOnlyName && !disk.VDI().Snapshot
+			e.advertiseWritable = !access.ReadOnly && !parsed.ReadOnly && !disk.VDI().Snapshot
 		} else if b.Metrics != nil {
 			e.metricsNode, e.metricsName = b.Metrics, disk.VDI().FullName()
 			e.metrics = b.Metrics.OpenVDI(e.metricsName)

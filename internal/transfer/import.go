@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/herd-storage/herd/internal/exportname"
 	"github.com/herd-storage/herd/internal/nbdclient"
 	"github.com/herd-storage/herd/internal/size"
 )
@@ -132,11 +133,10 @@ func tooSmall(vdi string, image, vdiSize uint64) error {
 
 // importImage copies the image file (or "-", stdin) into the VDI.
 func (t *copier) importImage(ctx context.Context, vdi, file string) (Summary, error) {
-	if strings.Contains(vdi, "@") {
+	if parsed := exportname.Parse(vdi); parsed.Snapshot() {
 		return Summary{}, fmt.Errorf("%s is a snapshot, which is read-only: import into a vdi", vdi)
-	}
-	if strings.HasPrefix(vdi, "ro/") {
-		return Summary{}, fmt.Errorf("%s names a read-only open: import into %s", vdi, strings.TrimPrefix(vdi, "ro/"))
+	} else if parsed.ReadOnly {
+		return Summary{}, fmt.Errorf("%s names a read-only open: import into %s", vdi, parsed.VDI)
 	}
 	source, err := t.openSource(file)
 	if err != nil {

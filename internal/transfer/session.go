@@ -3,9 +3,9 @@ package transfer
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync/atomic"
 
+	"github.com/herd-storage/herd/internal/exportname"
 	"github.com/herd-storage/herd/internal/nbdclient"
 )
 
@@ -32,8 +32,8 @@ type Session struct {
 func OpenSession(ctx context.Context, options Options, vdi string, writing bool) (*Session, error) {
 	t := newCopier(options)
 	exportName := vdi
-	if !writing && !strings.Contains(vdi, "@") && !strings.HasPrefix(vdi, "ro/") {
-		exportName = "ro/" + vdi
+	if parsed := exportname.Parse(vdi); !writing && parsed.Writable() {
+		exportName = parsed.AsReadOnly().String()
 	}
 	conns, err := t.dial(ctx, exportName, vdi, writing)
 	if err != nil {

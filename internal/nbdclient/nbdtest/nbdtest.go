@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herd-storage/herd/internal/exportname"
 	"github.com/herd-storage/herd/internal/nbd"
 )
 
@@ -174,7 +175,7 @@ func (b *Backend) List(ctx context.Context, session nbd.Session) ([]nbd.ExportSu
 // selects exact names, a LIST query ending in ':' matches every name it
 // prefixes, no query every name.
 func (b *Backend) MetaContexts(ctx context.Context, exportName string, session nbd.Session, queries []string, list bool) ([]string, error) {
-	name, _ := strings.CutPrefix(exportName, "ro/")
+	name := exportname.Parse(exportName).Full()
 	b.mu.Lock()
 	disk := b.disks[name]
 	b.mu.Unlock()
@@ -201,13 +202,8 @@ func (b *Backend) MetaContexts(ctx context.Context, exportName string, session n
 
 // Open implements nbd.Backend.
 func (b *Backend) Open(ctx context.Context, name string, session nbd.Session) (nbd.Export, error) {
-	readOnly := false
-	if rest, ok := strings.CutPrefix(name, "ro/"); ok {
-		readOnly, name = true, rest
-	}
-	if strings.Contains(name, "@") {
-		readOnly = true
-	}
+	parsed := exportname.Parse(name)
+	readOnly, name := !parsed.Writable(), parsed.Full()
 	b.mu.Lock()
 	disk := b.disks[name]
 	b.mu.Unlock()
