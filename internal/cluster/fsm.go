@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/hashicorp/raft"
+	"github.com/herd-storage/herd/internal/invariants"
 )
 
 // commandType is the first byte of every log entry; Apply dispatches on it
@@ -369,6 +370,11 @@ func (f *FSM) ApplyBatch(entries []*raft.Log) []any {
 				f.epochIndex = entry.Index
 			}
 			nodesChanged = nodesChanged || len(f.state.Epochs) != before || t == commandNodeJoin
+			if invariants.Enabled {
+				if err := f.state.Check(); err != nil {
+					invariants.Fail("cluster state after log entry %d (command %d, error %v): %v", entry.Index, t, result.Err, err)
+				}
+			}
 		}
 		results[i] = result
 	}
@@ -472,6 +478,11 @@ func (f *FSM) Restore(reader io.ReadCloser) error {
 	}
 	if s.Removed == nil {
 		s.Removed = map[string]time.Time{}
+	}
+	if invariants.Enabled {
+		if err := s.Check(); err != nil {
+			invariants.Fail("cluster state restored from a snapshot: %v", err)
+		}
 	}
 	f.mu.Lock()
 	f.state, f.epochIndex = s, 0

@@ -72,6 +72,26 @@ func (d *Disk) each(ctx context.Context, s span, fn func(piece) error) error {
 	return each(ctx, s, d.gateway.options.PiecesPerRequest, fn)
 }
 
+// followName gives a read-only open of NAME (ro/NAME) the VDI that has
+// the name now, as this node's log has it: a snapshot or a rollback
+// gives the name a new VDI, and the old one, now the snapshot, no
+// longer takes the writer's writes. Returns the state's VDI and chain.
+func (g *Gateway) followName(state *vdiState) (cluster.VDI, []uint32) {
+	vdi, chain := state.current()
+	now, err := g.cluster.VDI(vdi.Name)
+	if err != nil || now.ID == vdi.ID {
+		return vdi, chain
+	}
+	nowChain := g.cluster.Chain(now.ID)
+	state.mu.Lock()
+	defer state.mu.Unlock()
+	if state.vdi.ID == vdi.ID {
+		state.vdi, state.chain = now, nowChain
+		state.dropPagesLocked()
+	}
+	return state.vdi, state.chain
+}
+
 // ReadAt reads len(p) bytes at offset.
 func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 	pieces, err := d.pieces(offset, uint64(len(p)))
@@ -98,12 +118,17 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 	}
 	defer release()
 	vdi, chain := state.current()
+	if d.readOnly && !vdi.Snapshot {
+		vdi, chain = g.followName(state)
+	}
 	return d.each(ctx, pieces, func(pc piece) error {
 		buffer := p[pc.start : pc.start+pc.length]
 		// A read-only open of a VDI written elsewhere re-reads the map
-		// page where it saw nothing: the writer may have written since.
+		// page where it saw nothing of the VDI's own (a hole, or an
+		// ancestor's object): the writer may have written since, or
+		// copied the ancestor's object into its own on a first write.
 		owner, err := g.resolve(ctx, state, vdi, chain, pc.index, false)
-		if err == nil && owner == 0 && d.readOnly && !vdi.Snapshot {
+		if err == nil && owner != vdi.ID && d.readOnly && !vdi.Snapshot {
 			owner, err = g.resolve(ctx, state, vdi, chain, pc.index, true)
 		}
 		if err != nil {

@@ -12,10 +12,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/invariants"
 	"github.com/herd-storage/herd/internal/object"
 	"github.com/herd-storage/herd/internal/placement"
 )
@@ -42,8 +44,15 @@ func (e *Epoch) ReplicasOf(oid uint64, copies int) []cluster.Node {
 	copies = max(1, min(copies, e.ring.MaxCopies()))
 	ids := e.ring.Replicas(oid, copies)
 	out := make([]cluster.Node, 0, len(ids))
-	for _, id := range ids {
-		out = append(out, e.Nodes[id])
+	for i, id := range ids {
+		// Checked in every build (copies is at most cluster.MaxCopies):
+		// a replica outside the epoch, or one placed twice, would take
+		// writes acknowledged with a copy fewer than the VDI's.
+		n, ok := e.Nodes[id]
+		if !ok || slices.Contains(ids[:i], id) {
+			invariants.Fail("layout: epoch %d places object %016x on %v: node %s is not a member or is placed twice", e.Number, oid, ids, id)
+		}
+		out = append(out, n)
 	}
 	return out
 }
@@ -86,7 +95,13 @@ func ringFor(members []cluster.Member) (*placement.Ring, error) {
 	for _, m := range members {
 		nodes = append(nodes, placement.Node{ID: m.ID, Zone: m.Zone, Weight: max(m.Weight, 1)})
 	}
-	return placement.New(nodes)
+	ring, err := placement.New(nodes)
+	if invariants.Enabled && err == nil {
+		if err := ring.Check(); err != nil {
+			invariants.Fail("placement of members %+v: %v", members, err)
+		}
+	}
+	return ring, err
 }
 
 // Current returns the layout of the latest epoch this node applied.
@@ -122,8 +137,8 @@ func (h *History) Current() (*Epoch, error) {
 		e.Nodes[n.ID] = n
 	}
 	if h.current != nil && e.Number < h.current.Number {
-		// Invariant: a node applies the log in order, so epochs only rise.
-		panic(fmt.Sprintf("layout: epoch went back from %d to %d", h.current.Number, e.Number))
+		// A node applies the log in order, so epochs only rise.
+		invariants.Fail("layout: epoch went back from %d to %d", h.current.Number, e.Number)
 	}
 	h.current = e
 	if e.ring.MaxCopies() < e.Format.Copies {

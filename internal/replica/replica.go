@@ -39,6 +39,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/invariants"
 	"github.com/herd-storage/herd/internal/object"
 	"github.com/herd-storage/herd/internal/waitlock"
 )
@@ -241,7 +242,28 @@ func (r *Replica) Read(ctx context.Context, epoch, oid uint64, p []byte, offset 
 	if err != nil {
 		return stamp, err
 	}
-	return stamp, r.stillServing(epoch)
+	if err := r.stillServing(epoch); err != nil {
+		return stamp, err
+	}
+	if invariants.Enabled && stamp != epoch {
+		// Fenced at epoch, still serving epoch: no change of another
+		// epoch can have been admitted here meanwhile.
+		invariants.Fail("replica: read of object %016x served in epoch %d from a copy stamped %d", oid, epoch, stamp)
+	}
+	return stamp, nil
+}
+
+// checkStamped asserts, in a build with the tag invariants, that a change
+// served in epoch left the copy stamped at least epoch (a later change
+// may have stamped it higher meanwhile, or a remove deleted it: changes
+// share the object's lock).
+func (r *Replica) checkStamped(op string, oid, epoch uint64) {
+	if !invariants.Enabled {
+		return
+	}
+	if stamp, err := r.store.Epoch(oid); (err == nil && stamp < epoch) || (err != nil && !errors.Is(err, object.ErrNotFound)) {
+		invariants.Fail("replica: %s of object %016x served in epoch %d left the copy stamped %d (%v)", op, oid, epoch, stamp, err)
+	}
 }
 
 // Fetch reads the whole copy whatever its stamp: recovery reading a
@@ -290,7 +312,11 @@ func (r *Replica) Write(ctx context.Context, epoch, oid uint64, p []byte, offset
 	if err := r.fence(oid, epoch); err != nil && !(flags.Create && errors.Is(err, object.ErrNotFound)) {
 		return err
 	}
-	return r.store.Write(oid, p, offset, epoch, flags)
+	if err := r.store.Write(oid, p, offset, epoch, flags); err != nil {
+		return err
+	}
+	r.checkStamped("write", oid, epoch)
+	return nil
 }
 
 // Zero serves TRIM and WRITE_ZEROES.
@@ -304,7 +330,11 @@ func (r *Replica) Zero(ctx context.Context, epoch, oid uint64, offset, length ui
 	if err := r.fence(oid, epoch); err != nil && !(flags.Create && errors.Is(err, object.ErrNotFound)) {
 		return err
 	}
-	return r.store.Zero(oid, offset, length, epoch, flags)
+	if err := r.store.Zero(oid, offset, length, epoch, flags); err != nil {
+		return err
+	}
+	r.checkStamped("zero", oid, epoch)
+	return nil
 }
 
 // Remove deletes this node's copy.

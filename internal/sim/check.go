@@ -51,13 +51,34 @@ func (w *World) checkAcknowledged() []string {
 		}
 		c.mu.Unlock()
 		mapped := map[uint32]bool{}
+		// With snapshots (Config.Layers) a block's write is in the object
+		// of the chain member a read finds it in: the VDI's own, or an
+		// ancestor's (until a merge or flatten copies it into the VDI).
+		chain := w.chainOf(c)
+		owners := map[uint32]uint32{}
 		for b, seq := range acked {
 			if seq == 0 {
 				continue
 			}
 			offset := uint64(b) * blockSize
 			index := uint32(offset / w.cfg.ObjectSize)
-			oid := object.DataOID(c.vdiID, index)
+			owner := c.vdiID
+			if len(chain) > 1 {
+				var known bool
+				if owner, known = owners[index]; !known {
+					owner = w.ownerOf(chain, index)
+					owners[index] = owner
+				}
+				if owner == 0 {
+					if !mapped[index] {
+						problems = append(problems, fmt.Sprintf("client %d: object %d holds acknowledged write #%d to block %d, but no map of the vdi's chain %v has an entry for it", c.id, index, seq, b, chain))
+						mapped[index] = true
+					}
+					continue
+				}
+				mapped[index] = true // ownerOf read the owner's entry
+			}
+			oid := object.DataOID(owner, index)
 			var seen []string
 			found := false
 			for _, n := range w.nodes {
@@ -135,15 +156,21 @@ func (w *World) objects() []uint64 {
 			if !c.running() {
 				continue
 			}
-			for i := uint64(0); i < count; i++ {
-				w.oids = append(w.oids, object.DataOID(c.vdiID, uint32(i)))
-			}
-			for k := uint64(0); k*perMap < count; k++ {
-				w.oids = append(w.oids, object.MapOID(c.vdiID, uint32(k)))
+			for _, id := range w.chainOf(c) {
+				for i := uint64(0); i < count; i++ {
+					w.oids = append(w.oids, object.DataOID(id, uint32(i)))
+				}
+				for k := uint64(0); k*perMap < count; k++ {
+					w.oids = append(w.oids, object.MapOID(id, uint32(k)))
+				}
 			}
 		}
 	}
-	return w.oids
+	oids := w.oids
+	if w.cfg.Layers {
+		w.oids = nil // the chains change: listed again at every check
+	}
+	return oids
 }
 
 // converged is invariant (d) on the stores, once faults stopped: every
@@ -240,7 +267,7 @@ func (w *World) describeDifference(oid uint64, a, b []byte) (detail string, allo
 	}
 	var c *client
 	for _, x := range w.clients {
-		if x.vdiID == object.VDI(oid) {
+		if slices.Contains(w.chainOf(x), object.VDI(oid)) {
 			c = x
 		}
 	}

@@ -62,6 +62,11 @@ type client struct {
 	// returned (checkReadFloor, reader.go).
 	seen map[int][]readMark
 
+	// tags are the client's VDI's snapshots left, oldest first; deleted
+	// counts those deleted (Config.Layers; only the step loop uses them).
+	tags    []string
+	deleted int
+
 	ops, reads, writes, flushes, failures atomic.Int64
 }
 

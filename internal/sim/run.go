@@ -50,6 +50,15 @@ type Result struct {
 	// was a member, as they must be.
 	Finalized       time.Duration
 	FinalizeRefused int
+
+	// Config.Layers: the layers the merge runners merged away, the VDIs
+	// they flattened and the objects they copied (every process's, the
+	// killed ones' up to their death), and each client's final chain
+	// (its VDI first), and the merges and flattens the log still waits
+	// for at the end.
+	Merged, Flattened, Copied int
+	Chains                    [][]uint32
+	LayerJobs                 int
 }
 
 // Failure is a broken invariant (or a cluster that did not recover),
@@ -168,6 +177,7 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 	defer func() {
 		r.Steps, r.FakeTime, r.Epoch, r.Faults = step, w.elapsed(), w.log.Epoch(), w.counts
 		r.Finalized, r.FinalizeRefused = w.finalized, w.refused
+		w.layerResult(&r)
 		for _, c := range w.clients {
 			r.Ops += c.ops.Load()
 			r.Reads += c.reads.Load()

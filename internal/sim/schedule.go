@@ -40,6 +40,11 @@ type Config struct {
 	// runs this herd from the start.
 	OldNodes      []int
 	UpgradeCopies int
+	// Layers runs every process's merge runner (gateway.RunMerges, paced
+	// at eight objects a second of fake time), and
+	// allows Snapshot, DeleteSnapshot and Flatten events: the invariants
+	// then follow each client's VDI through its chain.
+	Layers bool
 }
 
 // EventKind is what a scheduled event does.
@@ -58,9 +63,13 @@ const (
 	Maintenance                  // the node's maintenance window opens (Window)
 	Upgrade                      // the node's process restarts on this herd (Config.OldNodes)
 	Finalize                     // the operator runs `herd cluster finalize-upgrade`
+	// The VDI tree (Config.Layers), on client Event.Client's VDI:
+	Snapshot       // `herd vdi snapshot`, through the node holding its writer lock
+	DeleteSnapshot // `herd vdi delete NAME@TAG` of its oldest snapshot left
+	Flatten        // `herd vdi flatten`
 )
 
-var eventNames = map[EventKind]string{Check: "check", Kill: "kill", Restart: "restart", Pause: "pause", Resume: "resume", Partition: "partition", Heal: "heal", Network: "network", Lag: "lag", Maintenance: "maintenance", Upgrade: "upgrade", Finalize: "finalize-upgrade"}
+var eventNames = map[EventKind]string{Check: "check", Kill: "kill", Restart: "restart", Pause: "pause", Resume: "resume", Partition: "partition", Heal: "heal", Network: "network", Lag: "lag", Maintenance: "maintenance", Upgrade: "upgrade", Finalize: "finalize-upgrade", Snapshot: "snapshot", DeleteSnapshot: "delete-snapshot", Flatten: "flatten"}
 
 func (k EventKind) String() string { return eventNames[k] }
 
@@ -74,6 +83,7 @@ type Event struct {
 	DelayMax     time.Duration
 	Lag          time.Duration
 	Window       time.Duration // Maintenance
+	Client       int           // Snapshot, DeleteSnapshot, Flatten
 	// CatchUp (Resume, Heal, Restart, Upgrade): how long the nodes this event
 	// connects to the majority again take before they apply the log
 	// entries they missed, while they have contact with the leader
@@ -107,6 +117,8 @@ func (e Event) String() string {
 		return fmt.Sprintf("lag: n%d applies the log %v late", e.Node, e.Lag)
 	case Maintenance:
 		return fmt.Sprintf("maintenance: n%d for %v", e.Node, e.Window)
+	case Snapshot, DeleteSnapshot, Flatten:
+		return fmt.Sprintf("%s of client %d's vdi", e.Kind, e.Client+1)
 	}
 	return e.Kind.String()
 }

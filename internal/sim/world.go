@@ -79,6 +79,10 @@ type World struct {
 	finalized  time.Duration
 	refused    int
 	waitNoted  bool // the step log said why a finalize waits
+
+	// layerProcs are every process that ran a merge runner
+	// (Config.Layers; guarded by mu).
+	layerProcs []*process
 }
 
 type stampKey struct {
@@ -182,6 +186,15 @@ func (w *World) start() error {
 	if _, err := w.log.Format(w.cfg.Copies, w.cfg.ObjectSize); err != nil {
 		return err
 	}
+	if w.cfg.Layers {
+		// Merges and flattens need the level (a new cluster starts at
+		// the highest; the simulator's log at the lowest).
+		level, err := w.log.FinalizeUpgrade(cluster.FeatureLayerMerge.Level)
+		if err != nil {
+			return err
+		}
+		w.note("log: cluster finalized at feature level %d", level)
+	}
 	for _, copies := range w.cfg.ClientCopies {
 		if copies != 0 && copies != w.cfg.Copies {
 			level, err := w.log.FinalizeUpgrade(cluster.LevelVDICopies)
@@ -273,6 +286,9 @@ func (w *World) startProcess(n *node) error {
 		defer w.wg.Done()
 		p.recovery.Run(p.ctx)
 	}()
+	if w.cfg.Layers {
+		w.startLayerRunners(p)
+	}
 	return nil
 }
 
@@ -417,6 +433,8 @@ func (w *World) apply(e Event) error {
 	case Finalize:
 		w.finalizing = true
 		return w.finalize()
+	case Snapshot, DeleteSnapshot, Flatten:
+		return w.applyLayer(e)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -8,6 +9,8 @@ import (
 	"hash/fnv"
 	"io"
 	"sync"
+
+	"github.com/herd-storage/herd/internal/invariants"
 )
 
 // Data checksums.
@@ -225,7 +228,30 @@ func (s *Store) writeVerified(h *handle, p []byte, offset uint32) error {
 		return objectError("write", h.oid, h.path, err)
 	}
 	first, _ := blockSpan(start, length)
-	return s.writeSums("write", h, first, sums)
+	if err := s.writeSums("write", h, first, sums); err != nil {
+		return err
+	}
+	if invariants.Enabled {
+		s.checkWritten(h, p, offset)
+	}
+	return nil
+}
+
+// checkWritten asserts (build tag invariants) that the blocks a write
+// just wrote read back as written and verify against their sums. The
+// caller holds h.writeMu; a read that fails (an injected disk error) is
+// not the invariant's business.
+func (s *Store) checkWritten(h *handle, p []byte, offset uint32) {
+	first, end := blockSpan(uint64(offset), uint64(len(p)))
+	data := make([]byte, (end-first)*blockSize)
+	sums := make([]byte, (end-first)*sumSize)
+	if s.readFile(h, data, h.dataStart+int64(first*blockSize)) != nil || s.readFile(h, sums, headerSize+int64(first*sumSize)) != nil {
+		return
+	}
+	start := uint64(offset) - first*blockSize
+	if bad := badBlocks(data, sums); bad != nil || !bytes.Equal(data[start:start+uint64(len(p))], p) {
+		invariants.Fail("store: object %s: a write of %d bytes at %d does not read back as written with its checksums (bad blocks %v)", oidString(h.oid), len(p), offset, bad)
+	}
 }
 
 // zeroVerified makes [offset, offset+length) zeros (a hole, or allocated

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/herd-storage/herd/internal/invariants"
 	"golang.org/x/sys/unix"
 )
 
@@ -593,6 +594,15 @@ func (s *Store) stamp(op string, h *handle, epoch uint64) error {
 	}
 	h.epoch.Store(epoch)
 	s.markDirty(h)
+	if invariants.Enabled {
+		// The header on the file says what the cache says.
+		var b [headerLength]byte
+		if _, err := h.file.ReadAt(b[:], 0); err == nil {
+			if hdr, err := decodeHeader(b[:], h.oid); err != nil || hdr.epoch != epoch || hdr.oid != h.oid {
+				invariants.Fail("store: object %s stamped %d, its header reads %+v (%v)", oidString(h.oid), epoch, hdr, err)
+			}
+		}
+	}
 	return nil
 }
 
