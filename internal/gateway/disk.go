@@ -9,6 +9,7 @@ import (
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/layout"
 	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/objmap"
 )
 
 // Disk is one open of a VDI through this node (an NBD connection's, say).
@@ -359,7 +360,7 @@ func (d *Disk) zeroPiece(ctx context.Context, vdi cluster.VDI, chain []uint32, p
 	if whole && !noHole {
 		value := uint32(0)
 		if len(chain) > 1 {
-			value = Tombstone // do not inherit an ancestor's data
+			value = objmap.Tombstone // do not inherit an ancestor's data
 		}
 		if err := g.setEntry(ctx, state, vdi, vdi.ID, pc.index, value, fua); err != nil {
 			return err

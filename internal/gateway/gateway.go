@@ -160,7 +160,15 @@ type Options struct {
 	// LagBytes bounds the bytes of writes acknowledged in this node's
 	// zone and not yet in the other zones (lag.go; 0: DefaultLagBytes).
 	LagBytes int64
+	// Repair makes an unclean VDI's replicas identical before its next
+	// writer serves it (its previous writer's node died): the node's
+	// maintenance.RepairUnclean, reading the VDI through g, the gateway
+	// that asks. Nil: such a VDI cannot be opened for writing here.
+	Repair Repair
 }
+
+// Repair is Options.Repair.
+type Repair func(ctx context.Context, g *Gateway, vdi cluster.VDI) error
 
 // Gateway serves the VDIs opened through this node.
 type Gateway struct {
@@ -176,10 +184,6 @@ type Gateway struct {
 	// (merge.go).
 	merges     mergeState
 	mergeStats MergeStats
-
-	// repair makes an unclean VDI's replicas identical before its new
-	// writer serves it (maintenance.RepairUnclean; SetRepair).
-	repair atomic.Pointer[func(ctx context.Context, vdi cluster.VDI) error]
 
 	mu   sync.Mutex // guards open and limiters
 	open map[string]*vdiState
@@ -264,13 +268,6 @@ func New(c Cluster, layouts *layout.History, replicas Replicas, logger *slog.Log
 // Close stops the gateway's background goroutines (its lock watchers:
 // it hands no lock over afterwards). The process is ending.
 func (g *Gateway) Close() { g.cancel() }
-
-// SetRepair installs what makes an unclean VDI's replicas identical
-// before its next writer serves it. Until it is set, such a VDI cannot be
-// opened for writing.
-func (g *Gateway) SetRepair(fn func(ctx context.Context, vdi cluster.VDI) error) {
-	g.repair.Store(&fn)
-}
 
 // retryBudget is how long one request may wait for the cluster: until
 // Options.RetryTimeout has passed without a new epoch. A cluster that is

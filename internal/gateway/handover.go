@@ -171,12 +171,11 @@ func (g *Gateway) take(ctx context.Context, state *vdiState, l cluster.Lock) err
 		return fmt.Errorf("%w: %v", ErrUnknownVDI, err)
 	}
 	if vdi.Unclean {
-		repair := g.repair.Load()
-		if repair == nil {
+		if g.options.Repair == nil {
 			giveUp()
-			return fmt.Errorf("%w: vdi %q must be repaired (its previous writer's node died) and this node cannot repair yet", ErrNotReady, name)
+			return fmt.Errorf("%w: vdi %q must be repaired (its previous writer's node died) and this node cannot repair it", ErrNotReady, name)
 		}
-		if err := (*repair)(ctx, vdi); err != nil {
+		if err := g.options.Repair(ctx, g, vdi); err != nil {
 			giveUp()
 			return fmt.Errorf("%w: vdi %q: the node of its previous writer died, and making its replicas identical failed: %v", ErrNotReady, name, err)
 		}

@@ -114,8 +114,8 @@ func TestWriterHandover(t *testing.T) {
 func TestBrokenLockFencesTheHolder(t *testing.T) {
 	w := newWorld(t, 3, 3)
 	w.cluster.addVDI("disk", 1, objectSize)
-	a, b := w.gateway("node00"), w.gateway("node01")
-	b.SetRepair(func(ctx context.Context, vdi cluster.VDI) error { return nil })
+	a := w.gateway("node00")
+	b := w.gatewayWith("node01", slog.New(slog.NewTextHandler(io.Discard, nil)), Options{Repair: func(context.Context, *Gateway, cluster.VDI) error { return nil }})
 	ctx := context.Background()
 	da := open(t, a, "disk")
 	if err := da.WriteAt(ctx, []byte("before"), 0, false); err != nil {
@@ -176,9 +176,8 @@ func TestLostLockIsTakenAgain(t *testing.T) {
 	w := newWorld(t, 3, 3)
 	w.cluster.addVDI("disk", 1, objectSize)
 	w.cluster.setExclusive("disk", true)
-	a := w.gateway("node00")
 	repaired := 0
-	a.SetRepair(func(ctx context.Context, vdi cluster.VDI) error { repaired++; return nil })
+	a := w.gatewayWith("node00", slog.New(slog.NewTextHandler(io.Discard, nil)), Options{Repair: func(context.Context, *Gateway, cluster.VDI) error { repaired++; return nil }})
 	ctx := context.Background()
 	da := open(t, a, "disk")
 	defer da.Close()

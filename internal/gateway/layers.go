@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/objmap"
 )
 
 // Layers: which member of a VDI's snapshot chain defines each object.
@@ -96,7 +97,7 @@ func (g *Gateway) Layers(ctx context.Context, v cluster.VDI, limit int) ([]Layer
 			if index >= len(layers) || e == 0 || layers[index].Depth != 0 {
 				continue
 			}
-			layers[index] = Layer{Depth: i + 1, Zero: e == Tombstone}
+			layers[index] = Layer{Depth: i + 1, Zero: e == objmap.Tombstone}
 			undefined--
 		}
 		if undefined == 0 {
@@ -165,7 +166,7 @@ func (g *Gateway) layer(ctx context.Context, state *vdiState, vdi cluster.VDI, c
 			return Layer{}, err
 		}
 		if e != 0 {
-			return Layer{Depth: depth + 1, Zero: e == Tombstone}, nil
+			return Layer{Depth: depth + 1, Zero: e == objmap.Tombstone}, nil
 		}
 	}
 	return Layer{}, nil

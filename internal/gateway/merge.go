@@ -10,6 +10,7 @@ import (
 
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/objmap"
 )
 
 // Merging deleted layers and flattening (cluster/merge.go).
@@ -285,11 +286,11 @@ func (g *Gateway) mergeObject(ctx context.Context, state *vdiState, job cluster.
 		switch e {
 		case 0:
 			continue
-		case Tombstone:
+		case objmap.Tombstone:
 			if job.Flatten {
 				return false, nil // without a parent, no entry reads as zeros
 			}
-			return false, g.setEntry(ctx, state, child, child.ID, index, Tombstone, true)
+			return false, g.setEntry(ctx, state, child, child.ID, index, objmap.Tombstone, true)
 		}
 		// The copy-on-write path: the owner's object copied whole into
 		// the child's own, durable, then the entry.

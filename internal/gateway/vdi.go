@@ -12,6 +12,7 @@ import (
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/layout"
 	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/objmap"
 	"github.com/herd-storage/herd/internal/waitlock"
 )
 
@@ -433,7 +434,7 @@ func (g *Gateway) resolve(ctx context.Context, state *vdiState, vdi cluster.VDI,
 		switch e {
 		case 0:
 			continue
-		case Tombstone:
+		case objmap.Tombstone:
 			return 0, nil
 		default:
 			return e, nil
@@ -446,8 +447,8 @@ func (g *Gateway) resolve(ctx context.Context, state *vdiState, vdi cluster.VDI,
 // replicas; a missing map object means a page of inherited entries.
 func (g *Gateway) loadPage(ctx context.Context, vdi cluster.VDI, id, page uint32) ([]uint32, error) {
 	first := page * pageEntries
-	k, offset := mapLocation(first, vdi.ObjectSize)
-	raw := make([]byte, pageEntries*MapEntryBytes)
+	k, offset := objmap.Location(first, vdi.ObjectSize)
+	raw := make([]byte, pageEntries*objmap.EntryBytes)
 	err := g.read(ctx, object.MapOID(id, k), vdi.Copies, raw, offset)
 	if errors.Is(err, object.ErrNoObject) {
 		err = nil // never written
@@ -458,7 +459,7 @@ func (g *Gateway) loadPage(ctx context.Context, vdi cluster.VDI, id, page uint32
 	}
 	entries := make([]uint32, pageEntries)
 	for i := range entries {
-		entries[i] = binary.BigEndian.Uint32(raw[i*MapEntryBytes:])
+		entries[i] = objmap.Entry(raw, i)
 	}
 	return entries, nil
 }
@@ -482,7 +483,7 @@ func (g *Gateway) setEntryNear(ctx context.Context, state *vdiState, vdi cluster
 }
 
 func (g *Gateway) putEntry(ctx context.Context, state *vdiState, vdi cluster.VDI, id, index, value uint32, write func(oid uint64, raw []byte, offset uint32, flags object.Flags) error) error {
-	k, offset := mapLocation(index, vdi.ObjectSize)
+	k, offset := objmap.Location(index, vdi.ObjectSize)
 	raw := binary.BigEndian.AppendUint32(nil, value)
 	// Without CREATE first: a replica new to the placement must receive a
 	// whole copy of the map object, not start an empty one holding only
@@ -526,14 +527,14 @@ func (g *Gateway) remove(ctx context.Context, oid uint64, copies int) error {
 }
 
 // Map reads a VDI's whole object map: entry i is the owner of object i
-// (0: inherit or zeros, Tombstone: zeros).
+// (0: inherit or zeros, objmap.Tombstone: zeros).
 func (g *Gateway) Map(ctx context.Context, v cluster.VDI) ([]uint32, error) {
 	objects := (v.Size + v.ObjectSize - 1) / v.ObjectSize
-	perMap := v.ObjectSize / MapEntryBytes
+	perMap := objmap.PerObject(v.ObjectSize)
 	entries := make([]uint32, objects)
 	for k := uint64(0); k*perMap < objects; k++ {
 		count := min(perMap, objects-k*perMap)
-		raw := make([]byte, count*MapEntryBytes)
+		raw := make([]byte, count*objmap.EntryBytes)
 		err := g.read(ctx, object.MapOID(v.ID, uint32(k)), v.Copies, raw, 0)
 		if errors.Is(err, object.ErrNoObject) {
 			continue
@@ -542,7 +543,7 @@ func (g *Gateway) Map(ctx context.Context, v cluster.VDI) ([]uint32, error) {
 			return nil, err
 		}
 		for i := uint64(0); i < count; i++ {
-			entries[k*perMap+i] = binary.BigEndian.Uint32(raw[i*MapEntryBytes:])
+			entries[k*perMap+i] = objmap.Entry(raw, int(i))
 		}
 	}
 	return entries, nil

@@ -8,10 +8,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/herd-storage/herd/internal/gateway"
-
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/objmap"
 )
 
 // CheckReport is what `herd vdi check` prints.
@@ -43,7 +42,7 @@ type CheckReport struct {
 // or differing replica replaced by the reference and every bad block
 // rewritten from it; a block bad on every replica is reported with its
 // VDI offset, never rewritten.
-func (m *Maintenance) Check(ctx context.Context, name string, repair bool) (CheckReport, error) {
+func (m *Maintenance) Check(ctx context.Context, data Data, name string, repair bool) (CheckReport, error) {
 	report := CheckReport{VDI: name}
 	vdi, err := m.cluster.LookupVDI(ctx, name)
 	if err != nil {
@@ -54,7 +53,7 @@ func (m *Maintenance) Check(ctx context.Context, name string, repair bool) (Chec
 			return report, fmt.Errorf("%w: vdi %q is open for writing through node %s; repair it once it is closed", cluster.ErrBusy, vdi.Name, holder)
 		}
 	}
-	report, err = m.checkVDI(ctx, vdi, repair)
+	report, err = m.checkVDI(ctx, data, vdi, repair)
 	if err == nil && repair && vdi.Unclean && report.Unavailable == 0 {
 		err = m.cluster.MarkVDIRepaired(ctx, vdi.Name)
 	}
@@ -63,14 +62,14 @@ func (m *Maintenance) Check(ctx context.Context, name string, repair bool) (Chec
 
 // checkVDI is Check without the lock test: the caller is the next writer
 // of an unclean VDI, holding its lock, or nobody holds it.
-func (m *Maintenance) checkVDI(ctx context.Context, vdi cluster.VDI, repair bool) (CheckReport, error) {
+func (m *Maintenance) checkVDI(ctx context.Context, data Data, vdi cluster.VDI, repair bool) (CheckReport, error) {
 	report := CheckReport{VDI: vdi.FullName()}
-	entries, err := m.gateway.Map(ctx, vdi)
+	entries, err := data.Map(ctx, vdi)
 	if err != nil {
 		return report, err
 	}
 	var oids []uint64
-	perMap := vdi.ObjectSize / gateway.MapEntryBytes
+	perMap := objmap.PerObject(vdi.ObjectSize)
 	for k := uint64(0); k*perMap < uint64(len(entries)); k++ {
 		oids = append(oids, object.MapOID(vdi.ID, uint32(k)))
 	}
@@ -401,10 +400,11 @@ func (m *Maintenance) repairBlocks(ctx context.Context, c replicaCopy, epoch, oi
 // RepairUnclean makes every replica of an unclean VDI identical before
 // its new writer serves it: its previous writer's node died, perhaps in
 // the middle of writes that reached some replicas only. Old or new data
-// wins per object, but the same on every replica.
-func (m *Maintenance) RepairUnclean(ctx context.Context, vdi cluster.VDI) error {
+// wins per object, but the same on every replica. It reads the VDI
+// through data, the gateway of the new writer (gateway.Options.Repair).
+func (m *Maintenance) RepairUnclean(ctx context.Context, data Data, vdi cluster.VDI) error {
 	started := time.Now()
-	report, err := m.checkVDI(ctx, vdi, true)
+	report, err := m.checkVDI(ctx, data, vdi, true)
 	if err != nil {
 		return err
 	}

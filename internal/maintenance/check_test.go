@@ -284,7 +284,7 @@ func TestRepairUncleanSameStampOffPlacement(t *testing.T) {
 	f.put("n0", oid, fakeCopy{stamp: 2, data: bytes.Clone(unacked)})
 	f.put(placed[0].ID, oid, fakeCopy{stamp: 2, data: bytes.Clone(old)})
 	f.put(placed[1].ID, oid, fakeCopy{stamp: 1, data: bytes.Clone(old)})
-	m := New(l, nil, layouts, f, recovery.NewProof(l, layouts, f), logger)
+	m := New(l, layouts, f, recovery.NewProof(l, layouts, f), logger)
 	var report CheckReport
 	if err := m.checkObject(context.Background(), oid, vdi, true, false, &report); err != nil {
 		t.Fatal(err)

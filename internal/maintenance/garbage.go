@@ -2,23 +2,21 @@ package maintenance
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"sync"
 	"time"
 
-	"github.com/herd-storage/herd/internal/gateway"
-
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/objmap"
 )
 
 // CollectGarbage frees the objects of VDIs nothing reads any more, then
 // records that in the log. Called periodically on the leader; safe to
 // repeat after a crash (removing an absent object is not an error).
-func (m *Maintenance) CollectGarbage(ctx context.Context, garbage cluster.Garbage) error {
+func (m *Maintenance) CollectGarbage(ctx context.Context, data Data, garbage cluster.Garbage) error {
 	objects := (garbage.Size + garbage.ObjectSize - 1) / garbage.ObjectSize
-	perMap := garbage.ObjectSize / gateway.MapEntryBytes
+	perMap := objmap.PerObject(garbage.ObjectSize)
 	vdi := cluster.VDI{ID: garbage.ID, Size: garbage.Size, ObjectSize: garbage.ObjectSize, Copies: garbage.Copies}
 	work := make(chan uint64)
 	errs := make(chan error, 16)
@@ -28,7 +26,7 @@ func (m *Maintenance) CollectGarbage(ctx context.Context, garbage cluster.Garbag
 		go func() {
 			defer wg.Done()
 			for oid := range work {
-				if err := m.gateway.RemoveObject(ctx, oid, vdi.Copies); err != nil {
+				if err := data.RemoveObject(ctx, oid, vdi.Copies); err != nil {
 					select {
 					case errs <- err:
 					default:
@@ -40,8 +38,8 @@ func (m *Maintenance) CollectGarbage(ctx context.Context, garbage cluster.Garbag
 	var failed error
 	for k := uint64(0); k*perMap < objects && failed == nil; k++ {
 		count := min(perMap, objects-k*perMap)
-		raw := make([]byte, count*gateway.MapEntryBytes)
-		err := m.gateway.ReadObject(ctx, object.MapOID(vdi.ID, uint32(k)), vdi.Copies, raw, 0)
+		raw := make([]byte, count*objmap.EntryBytes)
+		err := data.ReadObject(ctx, object.MapOID(vdi.ID, uint32(k)), vdi.Copies, raw, 0)
 		if errors.Is(err, object.ErrNoObject) {
 			continue
 		}
@@ -50,7 +48,7 @@ func (m *Maintenance) CollectGarbage(ctx context.Context, garbage cluster.Garbag
 			break
 		}
 		for i := uint64(0); i < count; i++ {
-			if binary.BigEndian.Uint32(raw[i*gateway.MapEntryBytes:]) == vdi.ID {
+			if objmap.Entry(raw, int(i)) == vdi.ID {
 				work <- object.DataOID(vdi.ID, uint32(k*perMap+i))
 			}
 		}
@@ -66,7 +64,7 @@ func (m *Maintenance) CollectGarbage(ctx context.Context, garbage cluster.Garbag
 		return failed
 	}
 	for k := uint64(0); k*perMap < objects; k++ {
-		if err := m.gateway.RemoveObject(ctx, object.MapOID(vdi.ID, uint32(k)), vdi.Copies); err != nil {
+		if err := data.RemoveObject(ctx, object.MapOID(vdi.ID, uint32(k)), vdi.Copies); err != nil {
 			return err
 		}
 	}
@@ -76,7 +74,7 @@ func (m *Maintenance) CollectGarbage(ctx context.Context, garbage cluster.Garbag
 // RunGarbageCollector frees, on the leader, the objects of VDIs nothing reads
 // any more (deleted VDIs and snapshots, rolled-back VDIs), then records
 // each in the log. Any node may become leader and continue the list.
-func (m *Maintenance) RunGarbageCollector(ctx context.Context, c GarbageLog) {
+func (m *Maintenance) RunGarbageCollector(ctx context.Context, c GarbageLog, data Data) {
 	ticker := time.NewTicker(time.Second)
 	defer ticker.Stop()
 	for {
@@ -90,7 +88,7 @@ func (m *Maintenance) RunGarbageCollector(ctx context.Context, c GarbageLog) {
 		}
 		for _, g := range c.Garbage() {
 			work, cancel := context.WithTimeout(ctx, 5*time.Minute)
-			err := m.CollectGarbage(work, g)
+			err := m.CollectGarbage(work, data, g)
 			if err == nil {
 				err = c.GarbageDone(work, g.ID)
 			}

@@ -25,7 +25,6 @@ import (
 	"log/slog"
 
 	"github.com/herd-storage/herd/internal/cluster"
-	"github.com/herd-storage/herd/internal/gateway"
 	"github.com/herd-storage/herd/internal/layout"
 	"github.com/herd-storage/herd/internal/object"
 	"github.com/herd-storage/herd/internal/recovery"
@@ -55,17 +54,29 @@ type Replicas interface {
 	FetchAt(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32) (uint64, error)
 }
 
+// Data is the data path maintenance reads object maps and objects
+// through, and removes objects through: the node's gateway
+// (gateway.Gateway). It is an argument of each operation rather than a
+// part of Maintenance, because the gateway itself takes the repair of
+// unclean VDIs (RepairUnclean) when it is made, and hands itself to it.
+type Data interface {
+	// Map returns the VDI's object map entries (internal/objmap).
+	Map(ctx context.Context, vdi cluster.VDI) ([]uint32, error)
+	ReadObject(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error
+	RemoveObject(ctx context.Context, oid uint64, copies int) error
+}
+
 // Maintenance is one node's maintenance.
 type Maintenance struct {
 	cluster  Cluster
-	gateway  *gateway.Gateway
 	layouts  *layout.History
 	replicas Replicas
 	proof    *recovery.Proof
 	logger   *slog.Logger
 }
 
-// New returns the maintenance of a node whose data path is gw.
-func New(c Cluster, gw *gateway.Gateway, layouts *layout.History, replicas Replicas, proof *recovery.Proof, logger *slog.Logger) *Maintenance {
-	return &Maintenance{cluster: c, gateway: gw, layouts: layouts, replicas: replicas, proof: proof, logger: logger}
+// New returns a node's maintenance. proof is the node's recovery's
+// (recovery.Recovery.Proof).
+func New(c Cluster, layouts *layout.History, replicas Replicas, proof *recovery.Proof, logger *slog.Logger) *Maintenance {
+	return &Maintenance{cluster: c, layouts: layouts, replicas: replicas, proof: proof, logger: logger}
 }

@@ -3,7 +3,7 @@ package maintenance
 import (
 	"context"
 
-	"github.com/herd-storage/herd/internal/gateway"
+	"github.com/herd-storage/herd/internal/objmap"
 )
 
 // Space is a VDI's space accounting, in bytes (whole objects).
@@ -19,11 +19,11 @@ type Space struct {
 }
 
 // Space computes every VDI's space accounting from the object maps.
-func (m *Maintenance) Space(ctx context.Context) (map[uint32]Space, error) {
+func (m *Maintenance) Space(ctx context.Context, data Data) (map[uint32]Space, error) {
 	tree := m.cluster.Tree()
 	maps := map[uint32][]uint32{}
 	for _, v := range tree {
-		entries, err := m.gateway.Map(ctx, v)
+		entries, err := data.Map(ctx, v)
 		if err != nil {
 			return nil, err
 		}
@@ -42,7 +42,7 @@ func (m *Maintenance) Space(ctx context.Context) (map[uint32]Space, error) {
 			switch e := entries[index]; e {
 			case 0:
 				continue
-			case gateway.Tombstone:
+			case objmap.Tombstone:
 				return 0
 			default:
 				return e

@@ -263,14 +263,19 @@ func Run(ctx context.Context, o Options) error {
 	replicas := &replica.Client{Self: id, Local: replicaSide, Peer: objectClient, Metrics: meters,
 		Digests: func() bool { return c.Level() >= cluster.LevelCopyDigests }}
 	layouts := layout.NewHistory(c, logger)
-	gw := gateway.New(c, layouts, replicas, logger, o.Gateway)
-	defer gw.Close()
 	rec := recovery.New(c, layouts, replicas, replicaSide, id, logger)
 	kick := rec.Kick
 	recoveryKick.Store(&kick)
+	maint := maintenance.New(c, layouts, replicas, rec.Proof(), logger)
+	// The gateway repairs an unclean VDI before its next writer serves it,
+	// reading it through itself.
+	gatewayOptions := o.Gateway
+	gatewayOptions.Repair = func(ctx context.Context, g *gateway.Gateway, vdi cluster.VDI) error {
+		return maint.RepairUnclean(ctx, g, vdi)
+	}
+	gw := gateway.New(c, layouts, replicas, logger, gatewayOptions)
+	defer gw.Close()
 	go rec.Run(ctx)
-	maint := maintenance.New(c, gw, layouts, replicas, rec.Proof(), logger)
-	gw.SetRepair(maint.RepairUnclean)
 	// NBD over TCP needs TLS with a client certificate from the cluster
 	// CA (unless --insecure-nbd); the local socket is plaintext with
 	// full access, guarded by its file mode.
@@ -304,7 +309,7 @@ func Run(ctx context.Context, o Options) error {
 	})
 	go scrubber.Run(ctx)
 
-	go maint.RunGarbageCollector(ctx, c)
+	go maint.RunGarbageCollector(ctx, c, gw)
 	mergeRate := &gateway.MergeRate{}
 	mergeRate.Set(int64(o.MergeRate))
 	go gw.RunMerges(ctx, c, mergeRate)
@@ -480,7 +485,7 @@ func (d dataPath) RecoveryLimits() recovery.Limits { return d.recovery.Limits() 
 func (d dataPath) SetRecoveryLimits(l recovery.Limits) error { return d.recovery.SetLimits(l) }
 
 func (d dataPath) Check(ctx context.Context, name string, repair bool) (maintenance.CheckReport, error) {
-	return d.maintenance.Check(ctx, name, repair)
+	return d.maintenance.Check(ctx, d.gateway, name, repair)
 }
 
 func (d dataPath) Diff(ctx context.Context, name, since string) (gateway.Diff, error) {
@@ -492,7 +497,7 @@ func (d dataPath) Snapshot(ctx context.Context, name, tag string) (cluster.Snaps
 }
 
 func (d dataPath) Space(ctx context.Context) (map[uint32]maintenance.Space, error) {
-	return d.maintenance.Space(ctx)
+	return d.maintenance.Space(ctx, d.gateway)
 }
 
 // Usage is what this node's objects take on its disks, and the free

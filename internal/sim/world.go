@@ -272,10 +272,11 @@ func (w *World) startProcess(n *node) error {
 	p.replica = replica.New(epochSource(p.member), replica.LocalStore{Store: st})
 	tr := &transport{w: w, from: p}
 	layouts := layout.NewHistory(p.member, logger)
-	p.gateway = gateway.New(p.member, layouts, tr, logger, gateway.Options{})
 	p.recovery = recovery.New(p.member, layouts, tr, p.replica, n.id, logger)
-	p.maintenance = maintenance.New(p.member, p.gateway, layouts, tr, p.recovery.Proof(), logger)
-	p.gateway.SetRepair(p.maintenance.RepairUnclean)
+	p.maintenance = maintenance.New(p.member, layouts, tr, p.recovery.Proof(), logger)
+	p.gateway = gateway.New(p.member, layouts, tr, logger, gateway.Options{Repair: func(ctx context.Context, g *gateway.Gateway, vdi cluster.VDI) error {
+		return p.maintenance.RepairUnclean(ctx, g, vdi)
+	}})
 	w.mu.Lock()
 	n.proc = p
 	n.killed = false
