@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/exportname"
 	"github.com/herd-storage/herd/internal/objmap"
 )
 
@@ -151,7 +152,7 @@ func (d *Disk) Ancestor(name string) (cluster.VDI, int, error) {
 // copy of the log: nothing is opened, locked or read. For what an NBD
 // client may select before it opens the export (qemu:dirty-bitmap:TAG).
 func (g *Gateway) Chain(ctx context.Context, name string) (tree []cluster.VDI, chain []uint32, err error) {
-	vdi, err := g.cluster.LookupVDI(ctx, strings.TrimPrefix(name, ReadOnlyPrefix))
+	vdi, err := g.cluster.LookupVDI(ctx, exportname.Parse(name).Full())
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", ErrUnknownVDI, err)
 	}

@@ -10,16 +10,17 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/exportname"
 	"github.com/herd-storage/herd/internal/layout"
 	"github.com/herd-storage/herd/internal/object"
 	"github.com/herd-storage/herd/internal/objmap"
 	"github.com/herd-storage/herd/internal/waitlock"
 )
 
-// ReadOnlyPrefix opens a VDI read-only: export name "ro/NAME" ('/' is not
-// allowed in VDI names, so it cannot clash). Many read-only opens may run
-// beside the one writer. Snapshots (NAME@TAG) are always read-only.
-const ReadOnlyPrefix = "ro/"
+// ReadOnlyPrefix opens a VDI read-only: export name "ro/NAME"
+// (internal/exportname). Many read-only opens may run beside the one
+// writer. Snapshots (NAME@TAG) are always read-only.
+const ReadOnlyPrefix = exportname.ReadOnlyPrefix
 
 // vdiState is one VDI open through this node, shared by every connection
 // to it (so that connections see each other's writes: CAN_MULTI_CONN).
@@ -101,11 +102,9 @@ func (g *Gateway) List() []cluster.VDI {
 // the holder, and any other opens on standby (acquireWriter). "ro/NAME" and
 // snapshots "NAME@TAG" open read-only, any number at once.
 func (g *Gateway) Open(ctx context.Context, name string) (*Disk, error) {
-	readOnly := false
 	key := name
-	if strings.HasPrefix(name, ReadOnlyPrefix) {
-		readOnly, name = true, strings.TrimPrefix(name, ReadOnlyPrefix)
-	}
+	parsed := exportname.Parse(name)
+	readOnly, name := parsed.ReadOnly, parsed.Full()
 	if _, err := g.layouts.Current(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNotReady, err)
 	}
