@@ -8,7 +8,7 @@ import (
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Checksum is the CRC32C of p: the checksum the object protocol sends with
-// every payload (peer.ObjectChecksum is this function).
+// every payload (objproto.ObjectChecksum is this function).
 func Checksum(p []byte) uint32 { return crc32.Checksum(p, castagnoli) }
 
 // Payload is data a gateway writes to several replicas. Its Checksum is

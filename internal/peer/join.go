@@ -120,9 +120,9 @@ func (l *Listener) serveJoin(conn *tls.Conn) {
 		status := byte(joinRefused)
 		if errors.Is(err, ErrJoinNotReady) {
 			status = joinNotReady
-			l.logger.Info("peer: asked a joining node to retry", logging.From(logPort, remote), "node", request.NodeID, "reason", err.Error())
+			l.logger.Info("peer: asked a joining node to retry", logging.From(LogPort, remote), "node", request.NodeID, "reason", err.Error())
 		} else {
-			l.logger.Warn("peer: refused a joining node", logging.From(logPort, remote), "node", request.NodeID, "reason", err.Error())
+			l.logger.Warn("peer: refused a joining node", logging.From(LogPort, remote), "node", request.NodeID, "reason", err.Error())
 		}
 		// The joining node's error names ErrJoinNotReady itself.
 		reason := strings.TrimPrefix(err.Error(), ErrJoinNotReady.Error()+": ")

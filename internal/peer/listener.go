@@ -13,12 +13,12 @@ import (
 	"github.com/herd-storage/herd/internal/tlsbatch"
 )
 
-// logPort names the peer port in refusal lines: they are bounded
+// LogPort names the peer port in refusal lines: they are bounded
 // (internal/logging: values cut, one line per source address and reason
 // per interval, a burst per port), so that a scanner or a misconfigured
 // node hammering the port does not flood the log; the next line of a
 // source and reason counts the refusals left out.
-const logPort = "peer"
+const LogPort = "peer"
 
 // Listener accepts authenticated connections on the peer port and hands
 // each to the sub-listener of the protocol it asked for; join requests go
@@ -173,7 +173,7 @@ func (l *Listener) handshake(raw net.Conn) {
 
 // refused logs a refused connection at Warn, bounded.
 func (l *Listener) refused(remote net.Addr, what string, err error, attrs ...any) {
-	attrs = append([]any{logging.From(logPort, remote), "reason", err.Error()}, attrs...)
+	attrs = append([]any{logging.From(LogPort, remote), "reason", err.Error()}, attrs...)
 	l.logger.Warn("peer: refused connection: "+what, attrs...)
 }
 

@@ -8,7 +8,7 @@ import (
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/metrics"
 	"github.com/herd-storage/herd/internal/object"
-	"github.com/herd-storage/herd/internal/peer"
+	"github.com/herd-storage/herd/internal/objproto"
 )
 
 // Client reaches replicas: this node's through the local Replica
@@ -16,19 +16,19 @@ import (
 type Client struct {
 	Self  string
 	Local *Replica
-	Peer  *peer.ObjectClient
+	Peer  *objproto.ObjectClient
 	// Metrics, if set, times every request to another node.
 	Metrics *metrics.Node
 	// Digests, if set, says whether Stat may ask other nodes for their
 	// copies' content digests: once the cluster's feature level is
 	// cluster.LevelCopyDigests, at which no member runs a herd that
-	// refuses STAT's DIGEST flag (peer.ObjectFlagDigest). Without it, or
+	// refuses STAT's DIGEST flag (objproto.ObjectFlagDigest). Without it, or
 	// below that level, Stat reports another node's digest as 0
 	// (unknown).
 	Digests func() bool
 }
 
-func (p *Client) do(ctx context.Context, node cluster.Node, request peer.ObjectRequest, payload, into []byte) (peer.ObjectResponse, []byte, error) {
+func (p *Client) do(ctx context.Context, node cluster.Node, request objproto.ObjectRequest, payload, into []byte) (objproto.ObjectResponse, []byte, error) {
 	if p.Metrics != nil {
 		started := time.Now()
 		response, body, err := p.Peer.Do(ctx, node.PeerAddr, &request, payload, into)
@@ -40,22 +40,22 @@ func (p *Client) do(ctx context.Context, node cluster.Node, request peer.ObjectR
 	return p.Peer.Do(ctx, node.PeerAddr, &request, payload, into)
 }
 
-func writeFlags(flags object.Flags) peer.ObjectFlags {
-	var f peer.ObjectFlags
+func writeFlags(flags object.Flags) objproto.ObjectFlags {
+	var f objproto.ObjectFlags
 	if flags.Create {
-		f |= peer.ObjectFlagCreate
+		f |= objproto.ObjectFlagCreate
 	}
 	if flags.Sync {
-		f |= peer.ObjectFlagForceUnitAccess
+		f |= objproto.ObjectFlagForceUnitAccess
 	}
 	if flags.NoHole {
-		f |= peer.ObjectFlagNoHole
+		f |= objproto.ObjectFlagNoHole
 	}
 	if flags.Fresh {
-		f |= peer.ObjectFlagFresh
+		f |= objproto.ObjectFlagFresh
 	}
 	if flags.Repair {
-		f |= peer.ObjectFlagRepair
+		f |= objproto.ObjectFlagRepair
 	}
 	return f
 }
@@ -65,11 +65,11 @@ func (p *Client) Read(ctx context.Context, node cluster.Node, epoch, oid uint64,
 	if node.ID == p.Self {
 		return p.Local.Read(ctx, epoch, oid, buffer, offset)
 	}
-	return p.read(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRead, Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(buffer))}, buffer)
+	return p.read(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectRead, Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(buffer))}, buffer)
 }
 
 // read sends a READ to another node and checks the length of its answer.
-func (p *Client) read(ctx context.Context, node cluster.Node, request peer.ObjectRequest, buffer []byte) (uint64, error) {
+func (p *Client) read(ctx context.Context, node cluster.Node, request objproto.ObjectRequest, buffer []byte) (uint64, error) {
 	response, body, err := p.do(ctx, node, request, nil, buffer)
 	if err != nil {
 		return 0, err
@@ -88,7 +88,7 @@ func (p *Client) Write(ctx context.Context, node cluster.Node, epoch, oid uint64
 	if node.ID == p.Self {
 		return p.Local.Write(ctx, epoch, oid, data, offset, flags)
 	}
-	_, _, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectWrite, Flags: writeFlags(flags), Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(data))}, data, nil)
+	_, _, err := p.do(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectWrite, Flags: writeFlags(flags), Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(data))}, data, nil)
 	return err
 }
 
@@ -101,7 +101,7 @@ func (p *Client) StartWrite(ctx context.Context, node cluster.Node, epoch, oid u
 	if node.ID == p.Self {
 		return nil
 	}
-	request := peer.ObjectRequest{Opcode: peer.ObjectWrite, Flags: writeFlags(flags), Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(data.Data))}
+	request := objproto.ObjectRequest{Opcode: objproto.ObjectWrite, Flags: writeFlags(flags), Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(data.Data))}
 	return p.start(ctx, node, &request, data.Data, data.Checksum())
 }
 
@@ -111,12 +111,12 @@ func (p *Client) StartFlush(ctx context.Context, node cluster.Node, epoch uint64
 	if node.ID == p.Self {
 		return nil
 	}
-	return p.start(ctx, node, &peer.ObjectRequest{Opcode: peer.ObjectFlush, Epoch: epoch}, nil, 0)
+	return p.start(ctx, node, &objproto.ObjectRequest{Opcode: objproto.ObjectFlush, Epoch: epoch}, nil, 0)
 }
 
 // start sends request (with payload and its checksum, for a WRITE) to node
 // and returns what waits for the answer and records its latency.
-func (p *Client) start(ctx context.Context, node cluster.Node, request *peer.ObjectRequest, payload []byte, checksum uint32) func() error {
+func (p *Client) start(ctx context.Context, node cluster.Node, request *objproto.ObjectRequest, payload []byte, checksum uint32) func() error {
 	var started time.Time
 	if p.Metrics != nil {
 		started = time.Now()
@@ -144,15 +144,15 @@ func (p *Client) Zero(ctx context.Context, node cluster.Node, epoch, oid uint64,
 	if node.ID == p.Self {
 		return p.Local.Zero(ctx, epoch, oid, offset, length, flags)
 	}
-	opcode := peer.ObjectTrim
+	opcode := objproto.ObjectTrim
 	if flags.NoHole {
-		opcode = peer.ObjectWriteZeroes
+		opcode = objproto.ObjectWriteZeroes
 	}
-	f := writeFlags(flags) &^ (peer.ObjectFlagCreate | peer.ObjectFlagFresh)
-	if opcode == peer.ObjectTrim {
-		f &^= peer.ObjectFlagNoHole
+	f := writeFlags(flags) &^ (objproto.ObjectFlagCreate | objproto.ObjectFlagFresh)
+	if opcode == objproto.ObjectTrim {
+		f &^= objproto.ObjectFlagNoHole
 	}
-	_, _, err := p.do(ctx, node, peer.ObjectRequest{Opcode: opcode, Flags: f, Epoch: epoch, OID: oid, Offset: offset, Length: length}, nil, nil)
+	_, _, err := p.do(ctx, node, objproto.ObjectRequest{Opcode: opcode, Flags: f, Epoch: epoch, OID: oid, Offset: offset, Length: length}, nil, nil)
 	return err
 }
 
@@ -161,7 +161,7 @@ func (p *Client) Remove(ctx context.Context, node cluster.Node, epoch, oid uint6
 	if node.ID == p.Self {
 		return p.Local.Remove(ctx, epoch, oid)
 	}
-	_, _, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRemove, Epoch: epoch, OID: oid}, nil, nil)
+	_, _, err := p.do(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectRemove, Epoch: epoch, OID: oid}, nil, nil)
 	return err
 }
 
@@ -170,7 +170,7 @@ func (p *Client) Flush(ctx context.Context, node cluster.Node, epoch uint64) err
 	if node.ID == p.Self {
 		return p.Local.Flush(ctx, epoch)
 	}
-	_, _, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectFlush, Epoch: epoch}, nil, nil)
+	_, _, err := p.do(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectFlush, Epoch: epoch}, nil, nil)
 	return err
 }
 
@@ -180,16 +180,16 @@ func (p *Client) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64)
 	if node.ID == p.Self {
 		return p.Local.Stat(ctx, epoch, oid)
 	}
-	request := peer.ObjectRequest{Opcode: peer.ObjectStat, Epoch: epoch, OID: oid}
+	request := objproto.ObjectRequest{Opcode: objproto.ObjectStat, Epoch: epoch, OID: oid}
 	if p.Digests != nil && p.Digests() {
-		request.Flags |= peer.ObjectFlagDigest
+		request.Flags |= objproto.ObjectFlagDigest
 	}
 	response, body, err := p.do(ctx, node, request, nil, nil)
 	if err != nil {
 		return 0, 0, err
 	}
-	if request.Flags&peer.ObjectFlagDigest != 0 {
-		if digest, err = peer.DecodeObjectDigest(body); err != nil {
+	if request.Flags&objproto.ObjectFlagDigest != 0 {
+		if digest, err = objproto.DecodeObjectDigest(body); err != nil {
 			return 0, 0, err
 		}
 	}
@@ -201,7 +201,7 @@ func (p *Client) Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64
 	if node.ID == p.Self {
 		return p.Local.Fetch(ctx, epoch, oid, buffer)
 	}
-	return p.read(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRead, Flags: peer.ObjectFlagAnyStamp, Epoch: epoch, OID: oid, Length: uint32(len(buffer))}, buffer)
+	return p.read(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectRead, Flags: objproto.ObjectFlagAnyStamp, Epoch: epoch, OID: oid, Length: uint32(len(buffer))}, buffer)
 }
 
 // FetchAt reads part of node's copy whatever its stamp (as Fetch does the
@@ -210,7 +210,7 @@ func (p *Client) FetchAt(ctx context.Context, node cluster.Node, epoch, oid uint
 	if node.ID == p.Self {
 		return p.Local.FetchAt(ctx, epoch, oid, buffer, offset)
 	}
-	return p.read(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRead, Flags: peer.ObjectFlagAnyStamp, Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(buffer))}, buffer)
+	return p.read(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectRead, Flags: objproto.ObjectFlagAnyStamp, Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(buffer))}, buffer)
 }
 
 // Recover on node's copy (see Replica).
@@ -218,7 +218,7 @@ func (p *Client) Recover(ctx context.Context, node cluster.Node, epoch, oid uint
 	if node.ID == p.Self {
 		return p.Local.Recover(ctx, epoch, oid)
 	}
-	_, _, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectRecover, Epoch: epoch, OID: oid}, nil, nil)
+	_, _, err := p.do(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectRecover, Epoch: epoch, OID: oid}, nil, nil)
 	return err
 }
 
@@ -234,11 +234,11 @@ func (p *Client) List(ctx context.Context, node cluster.Node, epoch uint64) (map
 	}
 	const page = 1 << 16
 	for from := uint64(0); ; {
-		_, body, err := p.do(ctx, node, peer.ObjectRequest{Opcode: peer.ObjectList, Epoch: epoch, OID: from, Length: page}, nil, nil)
+		_, body, err := p.do(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectList, Epoch: epoch, OID: from, Length: page}, nil, nil)
 		if err != nil {
 			return nil, err
 		}
-		entries, err := peer.DecodeObjectList(nil, body)
+		entries, err := objproto.DecodeObjectList(nil, body)
 		if err != nil {
 			return nil, err
 		}

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/herd-storage/herd/internal/object"
-	"github.com/herd-storage/herd/internal/peer"
+	"github.com/herd-storage/herd/internal/objproto"
 )
 
 // TestStatDigestOnlyWhenAsked: STAT answers the copy's content digest
@@ -29,17 +29,17 @@ func TestStatDigestOnlyWhenAsked(t *testing.T) {
 		t.Fatalf("Replica.Stat: stamp %d digest %016x, %v; want 5 and %016x", stamp, digest, err, info.Digest)
 	}
 
-	response, body := r.ServeObject(ctx, &peer.ObjectRequest{Opcode: peer.ObjectStat, Epoch: 5, OID: oid}, nil)
-	if response.Status != peer.ObjectStatusOK || response.ObjectEpoch != 5 || len(body) != 0 {
+	response, body := r.ServeObject(ctx, &objproto.ObjectRequest{Opcode: objproto.ObjectStat, Epoch: 5, OID: oid}, nil)
+	if response.Status != objproto.ObjectStatusOK || response.ObjectEpoch != 5 || len(body) != 0 {
 		t.Fatalf("plain STAT: %+v, %d-byte body; want OK, stamp 5, no body", response, len(body))
 	}
-	request := &peer.ObjectRequest{Opcode: peer.ObjectStat, Flags: peer.ObjectFlagDigest, Epoch: 5, OID: oid}
-	if status, message := peer.ValidateObjectRequest(request); status != peer.ObjectStatusOK {
+	request := &objproto.ObjectRequest{Opcode: objproto.ObjectStat, Flags: objproto.ObjectFlagDigest, Epoch: 5, OID: oid}
+	if status, message := objproto.ValidateObjectRequest(request); status != objproto.ObjectStatusOK {
 		t.Fatalf("STAT with DIGEST refused: %s %s", status, message)
 	}
 	response, body = r.ServeObject(ctx, request, nil)
-	digest, err := peer.DecodeObjectDigest(body)
-	if response.Status != peer.ObjectStatusOK || response.ObjectEpoch != 5 || err != nil || digest != info.Digest {
+	digest, err := objproto.DecodeObjectDigest(body)
+	if response.Status != objproto.ObjectStatusOK || response.ObjectEpoch != 5 || err != nil || digest != info.Digest {
 		t.Fatalf("STAT with DIGEST: %+v, digest %016x (%v); want OK, stamp 5, %016x", response, digest, err, info.Digest)
 	}
 }

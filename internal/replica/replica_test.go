@@ -9,7 +9,7 @@ import (
 
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/object"
-	"github.com/herd-storage/herd/internal/peer"
+	"github.com/herd-storage/herd/internal/objproto"
 	"github.com/herd-storage/herd/internal/store"
 )
 
@@ -108,8 +108,8 @@ func TestCopyStampedAheadIsStaleEpoch(t *testing.T) {
 
 	// Through the object protocol: STALE_EPOCH with the stamp as the
 	// epoch, which the requester's client turns back into the error.
-	response, _ := r.ServeObject(ctx, &peer.ObjectRequest{Opcode: peer.ObjectWrite, Epoch: 7, OID: oid, Length: 4096}, bytes.Repeat([]byte{0x11}, 4096))
-	if response.Status != peer.ObjectStatusStaleEpoch || response.Epoch != 10 {
+	response, _ := r.ServeObject(ctx, &objproto.ObjectRequest{Opcode: objproto.ObjectWrite, Epoch: 7, OID: oid, Length: 4096}, bytes.Repeat([]byte{0x11}, 4096))
+	if response.Status != objproto.ObjectStatusStaleEpoch || response.Epoch != 10 {
 		t.Errorf("WRITE in epoch 7 over the object protocol: %+v; want STALE_EPOCH at epoch 10", response)
 	}
 

@@ -32,6 +32,7 @@ import (
 	"github.com/herd-storage/herd/internal/metrics"
 	"github.com/herd-storage/herd/internal/nbd"
 	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/objproto"
 	"github.com/herd-storage/herd/internal/peer"
 	"github.com/herd-storage/herd/internal/pki"
 	"github.com/herd-storage/herd/internal/recovery"
@@ -212,7 +213,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	build := version.Get()
 	c, err := cluster.Start(ctx, cluster.Config{
-		Build:           cluster.Build{Version: build.Version, Commit: build.Commit, StoreFormat: store.FormatVersion, PeerProtocol: peer.ObjectProtocolVersion, Signs: credentials.now().current.CanSign()},
+		Build:           cluster.Build{Version: build.Version, Commit: build.Commit, StoreFormat: store.FormatVersion, PeerProtocol: objproto.ObjectProtocolVersion, Signs: credentials.now().current.CanSign()},
 		CurrentCA:       func() *x509.Certificate { return credentials.now().current.Cert },
 		DataDir:         o.DataDir,
 		NodeID:          id,
@@ -253,13 +254,13 @@ func Run(ctx context.Context, o Options) error {
 	// directly, others' over the peer port), and its gateway serving VDIs
 	// over NBD.
 	replicaSide := replica.New(c, replica.LocalStore{Store: objects})
-	objectServer := &peer.ObjectServer{Handler: replicaSide, Logger: logger, Epoch: c.Epoch}
+	objectServer := &objproto.ObjectServer{Handler: replicaSide, Logger: logger, Epoch: c.Epoch}
 	go objectServer.Serve(peerListener.Protocol(peer.ProtocolObject))
 	defer objectServer.Close()
-	objectClient := peer.NewObjectClient(credentials.peer)
+	objectClient := objproto.NewObjectClient(credentials.peer)
 	defer objectClient.Close()
 	// Digests: STAT asks for copies' content digests only at the level
-	// where every member knows the flag (peer.ObjectFlagDigest).
+	// where every member knows the flag (objproto.ObjectFlagDigest).
 	replicas := &replica.Client{Self: id, Local: replicaSide, Peer: objectClient, Metrics: meters,
 		Digests: func() bool { return c.Level() >= cluster.LevelCopyDigests }}
 	layouts := layout.NewHistory(c, logger)

@@ -1,10 +1,11 @@
-package peer
+package objproto
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/binary"
+	"github.com/herd-storage/herd/internal/peer"
+	"github.com/herd-storage/herd/internal/peer/peertest"
 	"io"
 	"log/slog"
 	"net"
@@ -219,24 +220,24 @@ func (l *trackingListener) acceptedCount() int {
 // loopback.
 type objectTestNode struct {
 	address  string
-	creds    *Credentials // the node's, which its clients in the tests share
+	creds    *peer.Credentials // the node's, which its clients in the tests share
 	server   *ObjectServer
 	listener *trackingListener
-	logs     *lockedBuffer
+	logs     *peertest.LockedBuffer
 }
 
 // startObjectNode starts a peer port on loopback serving handler, and stops
 // it when the test ends. configure, if not nil, adjusts the server first.
 func startObjectNode(t testing.TB, handler ObjectHandler, configure func(*ObjectServer)) *objectTestNode {
 	t.Helper()
-	logs := &lockedBuffer{}
+	logs := &peertest.LockedBuffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	creds := testCredentials(t, testCA(t), "object-node")
-	port, err := Listen("127.0.0.1:0", creds, logger)
+	creds := peertest.Credentials(t, "object-node")
+	port, err := peer.Listen("127.0.0.1:0", creds, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
-	listener := &trackingListener{Listener: port.Protocol(ProtocolObject)}
+	listener := &trackingListener{Listener: port.Protocol(peer.ProtocolObject)}
 	server := &ObjectServer{Handler: handler, Logger: logger}
 	if configure != nil {
 		configure(server)
@@ -260,44 +261,14 @@ func newTestObjectClient(t testing.TB, node *objectTestNode, options ...ObjectCl
 	return client
 }
 
-// lockedBuffer collects log output from many goroutines.
-type lockedBuffer struct {
-	mu     sync.Mutex
-	buffer bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buffer.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buffer.String()
-}
-
-// waitFor polls condition until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, condition func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !condition() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // objectGoroutineMarkers name the functions of this protocol's goroutines.
 var objectGoroutineMarkers = []string{
-	"peer.(*objectServerConnection)",
-	"peer.(*objectClientConnection)",
-	"peer.(*ObjectServer).Serve",
-	"peer.(*ObjectServer).startConnection",
-	"peer.(*ObjectClient).dial",
-	"peer.(*ObjectClient).Do",
+	"objproto.(*objectServerConnection)",
+	"objproto.(*objectClientConnection)",
+	"objproto.(*ObjectServer).Serve",
+	"objproto.(*ObjectServer).startConnection",
+	"objproto.(*ObjectClient).dial",
+	"objproto.(*ObjectClient).Do",
 }
 
 func objectGoroutines() []string {
@@ -347,7 +318,7 @@ func checkObjectLeaks(t testing.TB) {
 // client, to send what ObjectClient never would.
 func rawObjectConnection(t testing.TB, node *objectTestNode) net.Conn {
 	t.Helper()
-	conn, err := Dial(context.Background(), node.address, node.creds, ProtocolObject)
+	conn, err := peer.Dial(context.Background(), node.address, node.creds, peer.ProtocolObject)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,11 @@
-package peer
+package objproto
 
 import (
 	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/herd-storage/herd/internal/peer"
 	"io"
 	"net"
 	"runtime"
@@ -51,7 +52,7 @@ func WithDialTimeout(d time.Duration) ObjectClientOption {
 // breaks; any number of goroutines may call Do at once, and their requests
 // travel together on the same connections, answered in any order.
 type ObjectClient struct {
-	creds                 *Credentials
+	creds                 *peer.Credentials
 	connectionsPerAddress int
 	dialTimeout           time.Duration
 
@@ -91,7 +92,7 @@ type objectDial struct {
 
 // NewObjectClient returns a client that authenticates to nodes with creds
 // (see Dial).
-func NewObjectClient(creds *Credentials, options ...ObjectClientOption) *ObjectClient {
+func NewObjectClient(creds *peer.Credentials, options ...ObjectClientOption) *ObjectClient {
 	c := &ObjectClient{
 		creds:                 creds,
 		connectionsPerAddress: defaultObjectConnectionsPerAddress,
@@ -285,7 +286,7 @@ func (c *ObjectClient) connection(ctx context.Context, address string) (*objectC
 func (c *ObjectClient) dial(address string, a *objectAddress, slot *objectConnectionSlot, d *objectDial) {
 	defer c.running.Done()
 	ctx, cancel := context.WithTimeout(c.ctx, c.dialTimeout)
-	raw, err := Dial(ctx, address, c.creds, ProtocolObject)
+	raw, err := peer.Dial(ctx, address, c.creds, peer.ProtocolObject)
 	cancel()
 	var connection *objectClientConnection
 	if err != nil {

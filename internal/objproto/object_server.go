@@ -1,10 +1,11 @@
-package peer
+package objproto
 
 import (
 	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/herd-storage/herd/internal/peer"
 	"io"
 	"log/slog"
 	"net"
@@ -78,7 +79,7 @@ const (
 )
 
 // ObjectServer serves the object protocol on connections accepted from any
-// number of listeners (normally (*Listener).Protocol(ProtocolObject)). Set
+// number of listeners (normally (*Listener).Protocol(peer.ProtocolObject)). Set
 // its fields before the first Serve and do not change them afterwards.
 //
 // Each connection has one goroutine reading requests, one goroutine per
@@ -297,7 +298,7 @@ func (c *objectServerConnection) serve() {
 			if errors.Is(err, ErrObjectProtocol) || errors.Is(err, io.ErrUnexpectedEOF) {
 				level = slog.LevelWarn
 			}
-			c.server.logger().Log(context.Background(), level, "peer: closing object connection", logging.From(logPort, c.remote), "reason", err.Error())
+			c.server.logger().Log(context.Background(), level, "peer: closing object connection", logging.From(peer.LogPort, c.remote), "reason", err.Error())
 		}
 		c.abort()
 		c.handlers.Wait()

@@ -1,4 +1,4 @@
-package peer
+package objproto
 
 import (
 	"context"

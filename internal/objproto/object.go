@@ -1,4 +1,4 @@
-package peer
+package objproto
 
 // The object protocol (peer.ProtocolObject) is how a node's gateway reads and
 // writes pieces of objects on the replicas that hold them: DESIGN.md,

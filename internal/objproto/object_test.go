@@ -1,10 +1,12 @@
-package peer
+package objproto
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/herd-storage/herd/internal/peer"
+	"github.com/herd-storage/herd/internal/peer/peertest"
 	"io"
 	"net"
 	"strings"
@@ -157,7 +159,7 @@ func TestObjectRoundTripEveryOpcode(t *testing.T) {
 // refused without a round trip, with the same errors.
 func TestObjectClientValidatesLocally(t *testing.T) {
 	checkObjectLeaks(t)
-	client := NewObjectClient(testCredentials(t, testCA(t), "unused"))
+	client := NewObjectClient(peertest.Credentials(t, "unused"))
 	defer client.Close()
 	// No node listens at this address: reaching it would fail differently.
 	const nowhere = "127.0.0.1:1"
@@ -352,7 +354,7 @@ func TestObjectServerGarbage(t *testing.T) {
 		if response, _, err := readRawResponse(conn); err == nil {
 			t.Errorf("%s: answered %+v, want the connection closed", name, response)
 		}
-		waitFor(t, 5*time.Second, name+" to be logged", func() bool { return strings.Contains(node.logs.String(), logged) })
+		peertest.WaitFor(t, 5*time.Second, name+" to be logged", func() bool { return strings.Contains(node.logs.String(), logged) })
 	}
 	badMagic := header(ObjectRequest{Opcode: ObjectPing})
 	badMagic[0] = 'G'
@@ -398,7 +400,7 @@ func TestObjectServerGarbage(t *testing.T) {
 	answered("LIST of too many entries", ObjectRequest{Opcode: ObjectList, Epoch: testEpoch, Length: MaxObjectListEntries + 1}, nil, ObjectStatusInvalid)
 
 	conn.Close()
-	waitFor(t, 5*time.Second, "every request to be released", func() bool { return node.server.inFlight.Load() == 0 })
+	peertest.WaitFor(t, 5*time.Second, "every request to be released", func() bool { return node.server.inFlight.Load() == 0 })
 }
 
 // resealRequestHeader recomputes the header CRC of an encoded request whose
@@ -454,7 +456,7 @@ func TestObjectConnectionKilledMidFlight(t *testing.T) {
 			errs <- err
 		}()
 	}
-	waitFor(t, 5*time.Second, "every call to reach the handler", func() bool { return handler.waiting.Load() == calls })
+	peertest.WaitFor(t, 5*time.Second, "every call to reach the handler", func() bool { return handler.waiting.Load() == calls })
 	node.listener.killConnections()
 	for range calls {
 		if err := <-errs; !errors.Is(err, ErrPeerUnavailable) || !strings.Contains(err.Error(), node.address) {
@@ -462,7 +464,7 @@ func TestObjectConnectionKilledMidFlight(t *testing.T) {
 		}
 	}
 	// The server released the requests of the dead connection.
-	waitFor(t, 5*time.Second, "the server to release the dead connection's requests", func() bool { return node.server.inFlight.Load() == 0 })
+	peertest.WaitFor(t, 5*time.Second, "the server to release the dead connection's requests", func() bool { return node.server.inFlight.Load() == 0 })
 
 	if _, _, err := client.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectPing}, nil, nil); err != nil {
 		t.Fatalf("call after the connection died: %v", err)
@@ -495,7 +497,7 @@ func TestObjectContextCancel(t *testing.T) {
 	close(handler.release)
 	// Once the late response is written, a PING sent afterwards is answered
 	// after it on the same stream: the client has discarded it by then.
-	waitFor(t, 5*time.Second, "the late response to be written", func() bool { return node.server.inFlight.Load() == 0 })
+	peertest.WaitFor(t, 5*time.Second, "the late response to be written", func() bool { return node.server.inFlight.Load() == 0 })
 	if _, _, err := client.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectPing}, nil, nil); err != nil {
 		t.Fatalf("PING after the late response: %v", err)
 	}
@@ -556,16 +558,16 @@ func TestObjectDialFailures(t *testing.T) {
 	}
 	nowhere := listener.Addr().String()
 	listener.Close()
-	client := NewObjectClient(testCredentials(t, testCA(t), "client"))
+	client := NewObjectClient(peertest.Credentials(t, "client"))
 	defer client.Close()
 	if _, _, err := client.Do(t.Context(), nowhere, &ObjectRequest{Opcode: ObjectPing}, nil, nil); !errors.Is(err, ErrPeerUnavailable) || !strings.Contains(err.Error(), nowhere) {
 		t.Fatalf("call to a closed port: %v", err)
 	}
 
 	node := startObjectNode(t, newMemoryObjectStore(testEpoch), nil)
-	stranger := NewObjectClient(testCredentials(t, newTestCA(t), "stranger"))
+	stranger := NewObjectClient(peertest.CredentialsFrom(t, peertest.OtherCluster(t), "stranger"))
 	defer stranger.Close()
-	if _, _, err := stranger.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectPing}, nil, nil); !errors.Is(err, ErrPeerUnavailable) || !errors.Is(err, ErrWrongCluster) {
+	if _, _, err := stranger.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectPing}, nil, nil); !errors.Is(err, ErrPeerUnavailable) || !errors.Is(err, peer.ErrWrongCluster) {
 		t.Fatalf("call with another cluster's certificate: %v", err)
 	}
 }
@@ -581,7 +583,7 @@ func TestObjectClientClose(t *testing.T) {
 		_, _, err := client.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectRead, Epoch: testEpoch, OID: 1, Length: 10}, nil, nil)
 		errs <- err
 	}()
-	waitFor(t, 5*time.Second, "the call to reach the handler", func() bool { return handler.waiting.Load() == 1 })
+	peertest.WaitFor(t, 5*time.Second, "the call to reach the handler", func() bool { return handler.waiting.Load() == 1 })
 	client.Close()
 	if err := <-errs; !errors.Is(err, ErrPeerUnavailable) || !errors.Is(err, ErrObjectClientClosed) {
 		t.Fatalf("pending call at Close: %v", err)
@@ -631,7 +633,7 @@ func TestObjectServerBoundsSlowClient(t *testing.T) {
 	}
 	conn.Close()
 	<-sent
-	waitFor(t, 10*time.Second, "the slow connection's requests to be released", func() bool { return node.server.inFlight.Load() == 0 })
+	peertest.WaitFor(t, 10*time.Second, "the slow connection's requests to be released", func() bool { return node.server.inFlight.Load() == 0 })
 }
 
 // TestObjectServerShutdown: Shutdown answers new requests SHUTTING_DOWN and
@@ -649,10 +651,10 @@ func TestObjectServerShutdown(t *testing.T) {
 		}
 		inFlight <- err
 	}()
-	waitFor(t, 5*time.Second, "the READ to reach the handler", func() bool { return handler.waiting.Load() == 1 })
+	peertest.WaitFor(t, 5*time.Second, "the READ to reach the handler", func() bool { return handler.waiting.Load() == 1 })
 	shutdown := make(chan error, 1)
 	go func() { shutdown <- node.server.Shutdown(t.Context()) }()
-	waitFor(t, 5*time.Second, "shutdown to begin", func() bool { return node.server.shuttingDown.Load() })
+	peertest.WaitFor(t, 5*time.Second, "shutdown to begin", func() bool { return node.server.shuttingDown.Load() })
 	if _, _, err := client.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectPing}, nil, nil); !errors.Is(err, ErrShuttingDown) {
 		t.Fatalf("PING during shutdown: %v, want ErrShuttingDown", err)
 	}
