@@ -94,13 +94,14 @@ func commandPaths(t *testing.T) [][]string {
 	return paths
 }
 
+// The tables print local times: the golden files have UTC's. Set before
+// any test starts goroutines that read it.
+func init() { time.Local = time.UTC }
+
 // goldenEnvironment makes the output independent of the caller's.
 func goldenEnvironment(t *testing.T) {
 	t.Setenv("HERD_ADDR", "")
 	t.Setenv("HERD_TOKEN", "")
-	local := time.Local
-	time.Local = time.UTC
-	t.Cleanup(func() { time.Local = local })
 }
 
 // TestHelpGolden: the --help of every command, and what each says to a
