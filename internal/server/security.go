@@ -161,6 +161,18 @@ func (cr *credentials) allowedUnder(nodeID, serial, ca string) error {
 	if c == nil {
 		return nil
 	}
+	return cr.allowedBy(c, nodeID, serial, ca)
+}
+
+// peerLog is what allowedBy reads from the log (*cluster.Cluster).
+type peerLog interface {
+	PeerAllowedUnder(id, serial, ca string) error
+	PeerAdmitted(id string) error
+	CA() cluster.CAState
+}
+
+// allowedBy is allowedUnder on the log c.
+func (cr *credentials) allowedBy(c peerLog, nodeID, serial, ca string) error {
 	err := c.PeerAllowedUnder(nodeID, serial, ca)
 	if t := cr.now(); err != nil && t.next != nil && ca == t.next.Fingerprint() {
 		// A new CA this node learned from a member before its log

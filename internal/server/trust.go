@@ -408,10 +408,17 @@ func (cr *credentials) promote(t *trust) error {
 // setTrust installs t.
 func (cr *credentials) setTrust(t *trust) { cr.trust.Store(t) }
 
+// caStarter is what startCARotation needs of the log (*cluster.Cluster).
+type caStarter interface {
+	CA() cluster.CAState
+	ID() string
+	StartCARotation(ctx context.Context, cert *x509.Certificate, certPEM []byte) (cluster.CAState, error)
+}
+
 // startCARotation makes a new CA on this node, which must hold the
 // cluster CA's key, and records it in the log. The new key stays here
 // (DATA/ca-next.key).
-func (cr *credentials) startCARotation(ctx context.Context, c *cluster.Cluster) (cluster.CAState, error) {
+func (cr *credentials) startCARotation(ctx context.Context, c caStarter) (cluster.CAState, error) {
 	t := cr.now()
 	if !t.current.CanSign() {
 		return cluster.CAState{}, pki.ErrNoCAKey

@@ -1,0 +1,233 @@
+package cluster
+
+// The trust records on Local (the log without raft, local.go): admission
+// at LevelSecurity, CA rotation (carotation.go) and gossip key rotation
+// (gossipkeys.go), committed through the real commands and FSM, for the
+// simulator (internal/sim) and for the node's side of a rotation in tests
+// (server/trust_test.go). Local stands for the leader: what an operator's
+// command or the leader's loop commits is a Local method; what a node
+// reports is a LocalMember method, committed only while the member
+// reaches the leader, as Cluster.propose.
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/herd-storage/herd/internal/pki"
+)
+
+// InitSecurity raises the cluster to LevelSecurity as a first node of
+// this version does (Cluster.InitSecurity), admitting each node of
+// admitted (id to its node certificate's serial; first the one named
+// first, the rest in any order): from then on the log names the
+// certificate each node may use on the peer port.
+func (l *Local) InitSecurity(first string, admitted map[string]string) error {
+	self, ok := admitted[first]
+	if !ok {
+		return fmt.Errorf("%w: the first node %s has no serial", ErrInvalid, first)
+	}
+	if err := l.commitCommand(commandSecurityInit, securityInitCommand{JoinHash: "sim", Admin: Token{ID: "sim", Name: "admin", Hash: "sim"}, Level: LevelSecurity, Self: &nodeAdmitCommand{ID: first, Serial: self}}, nil); err != nil {
+		return err
+	}
+	ids := make([]string, 0, len(admitted))
+	for id := range admitted {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		if id == first {
+			continue
+		}
+		if err := l.commitCommand(commandNodeAdmit, nodeAdmitCommand{ID: id, Serial: admitted[id], Time: time.Now().UTC()}, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// FinalizeSecurity raises the cluster to LevelSecurity as `herd cluster
+// finalize-upgrade` does from an older level: every member is admitted
+// with the serial of its node certificate in admitted (what each proved
+// in a handshake with the proposer). It returns the level.
+func (l *Local) FinalizeSecurity(admitted map[string]string) (int, error) {
+	var level int
+	err := l.commitCommand(commandFeatureLevel, featureLevelCommand{Level: LevelSecurity, Time: time.Now().UTC(), Admitted: admitted}, &level)
+	return level, err
+}
+
+// CA is the committed record of the cluster CA (a copy).
+func (l *Local) CA() (out CAState) {
+	l.fsm.View(func(s *State) { out = copyCAState(s.CA) })
+	return out
+}
+
+// StartCARotation commits the start of a rotation to the CA of certPEM,
+// whose key holder holds (`herd cluster rotate-ca`).
+func (l *Local) StartCARotation(certPEM []byte, holder string) (CAState, error) {
+	cert, err := pki.ParseCertificate(certPEM)
+	if err != nil {
+		return CAState{}, err
+	}
+	var out CAState
+	err = l.commitCommand(commandCA, caCommand{Op: caStart, Fingerprint: pki.Fingerprint(cert), Cert: certPEM, Node: holder, Time: time.Now().UTC()}, &out)
+	return out, err
+}
+
+// FinishCARotation commits the end of the rotation under way (`rotate-ca
+// --finish [--force]`); the log refuses it while a node has no
+// certificate from the new CA.
+func (l *Local) FinishCARotation(force bool) (CAState, error) {
+	r := l.CA().Rotation
+	if r == nil {
+		return CAState{}, fmt.Errorf("%w: no CA rotation is under way", ErrNotFound)
+	}
+	var out CAState
+	err := l.commitCommand(commandCA, caCommand{Op: caFinish, Fingerprint: r.Fingerprint, Force: force, Time: time.Now().UTC()}, &out)
+	return out, err
+}
+
+// CancelCARotation commits the cancel of the rotation under way.
+func (l *Local) CancelCARotation() (CAState, error) {
+	r := l.CA().Rotation
+	if r == nil {
+		return CAState{}, fmt.Errorf("%w: no CA rotation is under way", ErrNotFound)
+	}
+	var out CAState
+	err := l.commitCommand(commandCA, caCommand{Op: caCancel, Fingerprint: r.Fingerprint, Time: time.Now().UTC()}, &out)
+	return out, err
+}
+
+// GossipKeyState is the committed record of the gossip key.
+func (l *Local) GossipKeyState() (k GossipKeyring) {
+	l.fsm.View(func(s *State) { k = copyGossipKeyring(s.GossipKeys) })
+	return k
+}
+
+func copyGossipKeyring(in GossipKeyring) GossipKeyring {
+	out := in
+	if r := in.Rotation; r != nil {
+		copied := *r
+		copied.Installed, copied.Using = slices.Clone(r.Installed), slices.Clone(r.Using)
+		out.Rotation = &copied
+	}
+	return out
+}
+
+// StartGossipKeyRotation commits the start of a rotation to the gossip
+// key of id, made by holder (`herd cluster rotate-gossip-key`).
+func (l *Local) StartGossipKeyRotation(id, holder string) error {
+	return l.commitCommand(commandGossipKey, gossipKeyCommand{Op: gossipKeyStart, Key: id, Node: holder, Time: time.Now().UTC()}, nil)
+}
+
+// AdvanceGossipKeyRotation is the leader's turn of gossipKeyLoop: it
+// commits the switch once every alive member installed the key, the end
+// once every alive member uses it. It returns the step committed ("":
+// none is due yet).
+func (l *Local) AdvanceGossipKeyRotation() (string, error) {
+	var r *GossipKeyRotation
+	var missingInstall, missingUse []string
+	l.fsm.View(func(s *State) {
+		if s.GossipKeys.Rotation != nil {
+			copied := copyGossipKeyring(s.GossipKeys)
+			r = copied.Rotation
+			missingInstall, missingUse = s.missing(r.Installed), s.missing(r.Using)
+		}
+	})
+	switch {
+	case r == nil:
+		return "", nil
+	case r.Phase == GossipKeyInstall && len(missingInstall) == 0:
+		return gossipKeySwitch, l.commitCommand(commandGossipKey, gossipKeyCommand{Op: gossipKeySwitch, Key: r.Key, Time: time.Now().UTC()}, nil)
+	case r.Phase == GossipKeyUse && len(missingUse) == 0:
+		return gossipKeyDone, l.commitCommand(commandGossipKey, gossipKeyCommand{Op: gossipKeyDone, Key: r.Key, Time: time.Now().UTC()}, nil)
+	}
+	return "", nil
+}
+
+// CommitGossipKeyStep commits a step of the gossip key rotation under way
+// as given (switch or done), whether or not it is due: how a test checks
+// that the log refuses a step too early.
+func (l *Local) CommitGossipKeyStep(op string) error {
+	r := l.GossipKeyState().Rotation
+	if r == nil {
+		return fmt.Errorf("%w: no gossip key rotation is under way", ErrNotFound)
+	}
+	return l.commitCommand(commandGossipKey, gossipKeyCommand{Op: op, Key: r.Key, Time: time.Now().UTC()}, nil)
+}
+
+// CA is the record of the cluster CA this member applied (a copy).
+func (m *LocalMember) CA() (out CAState) {
+	m.fsm.View(func(s *State) { out = copyCAState(s.CA) })
+	return out
+}
+
+// GossipKeyState is the record of the gossip key this member applied.
+func (m *LocalMember) GossipKeyState() (k GossipKeyring) {
+	m.fsm.View(func(s *State) { k = copyGossipKeyring(s.GossipKeys) })
+	return k
+}
+
+// PeerAllowedUnder is Cluster.PeerAllowedUnder on this member's log.
+func (m *LocalMember) PeerAllowedUnder(id, serial, ca string) (err error) {
+	m.fsm.View(func(s *State) { err = s.peerAllowed(id, serial, ca) })
+	return err
+}
+
+// PeerAdmitted is Cluster.PeerAdmitted on this member's log.
+func (m *LocalMember) PeerAdmitted(id string) (err error) {
+	m.fsm.View(func(s *State) {
+		if _, removed := s.Removed[id]; removed {
+			err = fmt.Errorf("node %s was removed from the cluster for good", id)
+		} else if _, ok := s.Admitted[id]; !ok && s.Level() >= LevelSecurity {
+			err = fmt.Errorf("node %s was never admitted to this cluster", id)
+		}
+	})
+	return err
+}
+
+// Sync waits until this member applied everything committed, as
+// Cluster.Sync does after the leader's read index; a member that does not
+// reach the leader cannot (ErrNoQuorum).
+func (m *LocalMember) Sync(ctx context.Context) error {
+	m.mu.Lock()
+	connected := m.connected && !m.stopped
+	m.mu.Unlock()
+	if !connected {
+		return fmt.Errorf("%w: the leader is unreachable from node %s", ErrNoQuorum, m.id)
+	}
+	return m.fsm.WaitApplied(ctx, m.log.Len())
+}
+
+// StartCARotation commits the start of a rotation to cert's CA, whose key
+// this member's node holds (Cluster.StartCARotation).
+func (m *LocalMember) StartCARotation(ctx context.Context, cert *x509.Certificate, certPEM []byte) (CAState, error) {
+	out, err := m.propose(ctx, commandCA, caCommand{Op: caStart, Fingerprint: pki.Fingerprint(cert), Cert: certPEM, Node: m.id, Time: time.Now().UTC()})
+	if err != nil {
+		return CAState{}, err
+	}
+	var s CAState
+	return s, json.Unmarshal(out, &s)
+}
+
+// RecordCACertificate records this member's node certificate from the new
+// CA (Cluster.RecordCACertificate).
+func (m *LocalMember) RecordCACertificate(ctx context.Context, fingerprint, serial string) error {
+	_, err := m.propose(ctx, commandCA, caCommand{Op: caCertificate, Fingerprint: fingerprint, Node: m.id, Serial: serial, Time: time.Now().UTC()})
+	return err
+}
+
+// ReportGossipKey reports that this member's node holds the gossip key of
+// id (using false) or encrypts with it (using true), as gossipKeyLoop
+// does.
+func (m *LocalMember) ReportGossipKey(ctx context.Context, id string, using bool) error {
+	op := gossipKeyInstalled
+	if using {
+		op = gossipKeyUsing
+	}
+	_, err := m.propose(ctx, commandGossipKey, gossipKeyCommand{Op: op, Key: id, Node: m.id, Time: time.Now().UTC()})
+	return err
+}
