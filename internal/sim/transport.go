@@ -149,6 +149,14 @@ func (t *transport) call(ctx context.Context, node cluster.Node, op string, oid 
 	if err != nil {
 		return err
 	}
+	if tw := w.trustModel(); tw != nil {
+		// The peer port's mutual TLS (trust.go): a refusal between
+		// two admitted nodes breaks the rotations' promise.
+		if err := tw.handshake(t.from, target); err != nil {
+			w.violation("%s request refused: %v", op, err)
+			return unavailable("%v", err)
+		}
+	}
 	if f.dropRequest {
 		return unavailable("request to %s lost", node.ID)
 	}

@@ -67,6 +67,10 @@ type World struct {
 	stamps  map[stampKey]uint64 // invariant (c); only the step loop uses it
 	oids    []uint64            // every object the clients' VDIs can have
 	counts  map[string]int      // faults injected, by kind
+	// trust is the model of every node's trust (trust.go; nil: none):
+	// every request between two nodes is a handshake of it. Guarded by
+	// mu.
+	trust *trustWorld
 
 	// The rolling upgrade (Config.OldNodes); only the step loop uses
 	// these. late is the client of the VDI created once the level is
@@ -352,6 +356,9 @@ func (w *World) detect() {
 			alive := ok && logged.State == cluster.NodeAlive
 			switch {
 			case n.reachable && now.Sub(n.since) >= joinDelay && (!alive || logged.Incarnation != n.proc.incarnation):
+				if w.trust != nil && !w.trust.gossipSees(n) {
+					continue // gossip drops its packets (trust.go)
+				}
 				joins = append(joins, w.record(n))
 			case !n.reachable && alive && now.Sub(n.since) >= n.suspicion:
 				leaves = append(leaves, n.id)
