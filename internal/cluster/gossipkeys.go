@@ -453,9 +453,10 @@ func (c *Cluster) secretPeers(first string) []string {
 
 // RefreshGossipKeys asks a member over mTLS for its gossip keys and
 // installs those this node lacks, the member's primary as this node's if
-// it did not hold it: what a node that was down while the key was
-// rotated needs before gossip lets it in again. It changes nothing when
-// no member answers.
+// it did not hold it or the member cannot read this node's: what a node
+// that was down while the key was rotated needs before gossip lets it in
+// again (TestGossipKeyringOfANodeThatMissedTheRotation). It changes
+// nothing when no member answers.
 func (c *Cluster) RefreshGossipKeys(ctx context.Context) error {
 	g := c.cfg.GossipKeys
 	if g == nil || g.Fetch == nil {

@@ -131,6 +131,17 @@
 // 1081; TestFailedWritesLeaveNoDivergentReplicas replays them). The
 // gateway now repairs such objects (gateway/suspect.go).
 //
+// # Trust
+//
+// TestScenarioRotations adds the trust state machine (trust.go): the
+// cluster at LevelSecurity, a CA rotation and a gossip key rotation
+// committed through Local's real records, each node's trust (its CAs,
+// its certificates, its gossip keyring) modelled from the log it applied
+// as server/trust.go and cluster/gossipkeys.go derive it, and every
+// request between two nodes a handshake of that model, checked by each
+// side's own log (a refusal is a violation). No TLS and no gossip run:
+// the certificates are serials and the keys ids.
+//
 // # Determinism
 //
 // The schedule is a pure function of the seed: the configuration, every
