@@ -62,6 +62,25 @@ func (g *globals) output(v any, table func(w *tabwriter.Writer)) error {
 	return w.Flush()
 }
 
+// call is the body of most admin commands: one exchange with the node
+// (do, within --timeout), its answer printed by table, or as JSON with
+// --json. do takes the client first, so that a method expression such as
+// (*api.Client).Locks is one.
+func call[T any](g *globals, do func(*api.Client, context.Context) (T, error), table func(*tabwriter.Writer, T)) error {
+	ctx, cancel := g.context()
+	defer cancel()
+	v, err := do(g.client(), ctx)
+	if err != nil {
+		return err
+	}
+	return show(g, v, table)
+}
+
+// show prints v by table, or as JSON with --json.
+func show[T any](g *globals, v T, table func(*tabwriter.Writer, T)) error {
+	return g.output(v, func(w *tabwriter.Writer) { table(w, v) })
+}
+
 // Main runs the command line and returns the process exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
 	g := &globals{stdout: stdout}
@@ -92,12 +111,6 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	root.PersistentFlags().BoolVar(&g.json, "json", false, "print JSON instead of tables")
 	root.PersistentFlags().DurationVar(&g.timeout, "timeout", 30*time.Second, "how long to wait for the cluster")
 	root.AddCommand(versionCommand(g), serverCommand(), clusterCommand(g), nodeCommand(g), eventsCommand(g), vdiCommand(g), scrubCommand(g), lockCommand(g), tokenCommand(g), clientCommand(g), backupCommand(g))
-	for _, group := range root.Commands() {
-		if group.Name() == "vdi" {
-			group.AddCommand(transferCommands(g)...)
-			group.AddCommand(diffCommand(g))
-		}
-	}
 	for _, group := range root.Commands() {
 		if group.HasSubCommands() {
 			requireSubcommand(group)
@@ -199,7 +212,7 @@ func versionCommand(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			info := version.Get()
-			return g.output(info, func(w *tabwriter.Writer) { fmt.Fprintln(w, info.String()) })
+			return show(g, info, func(w *tabwriter.Writer, info version.Info) { fmt.Fprintln(w, info.String()) })
 		},
 	}
 }

@@ -14,13 +14,15 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/herd-storage/herd/internal/api"
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/exportname"
+	"github.com/herd-storage/herd/internal/gateway"
 	"github.com/herd-storage/herd/internal/size"
 	"github.com/herd-storage/herd/internal/transfer"
 )
 
-func diffCommand(g *globals) *cobra.Command {
+func vdiDiffCommand(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "diff NAME@S1 NAME[@S2]",
 		Short: "what changed in a VDI or later snapshot since snapshot S1 (no data is read)",
@@ -34,28 +36,24 @@ formatted otherwise): a write of one byte marks its whole object changed.`,
 			if !exportname.Parse(a[0]).Snapshot() {
 				return fmt.Errorf("%q: give the earlier snapshot as NAME@TAG", a[0])
 			}
-			ctx, cancel := g.context()
-			defer cancel()
-			d, err := g.client().Diff(ctx, a[1], a[0])
-			if err != nil {
-				return err
-			}
-			return g.output(d, func(w *tabwriter.Writer) {
-				if len(d.Extents) > 0 {
-					fmt.Fprintln(w, "OFFSET\tLENGTH\tCONTENT")
-				}
-				for _, e := range d.Extents {
-					content := "data"
-					if e.Zero {
-						content = "zero"
-					}
-					fmt.Fprintf(w, "%d\t%s\t%s\n", e.Offset, size.Format(e.Length), content)
-				}
-				fmt.Fprintf(w, "%s since %s: %s changed in %d extents (%s of it zeroed), of %s; granularity %s (the object)\n",
-					d.VDI, d.Since, size.Format(d.ChangedBytes), len(d.Extents), size.Format(d.ZeroBytes), size.Format(d.Size), size.Format(d.ObjectSize))
-			})
+			return call(g, func(c *api.Client, ctx context.Context) (gateway.Diff, error) { return c.Diff(ctx, a[1], a[0]) }, printDiff)
 		},
 	}
+}
+
+func printDiff(w *tabwriter.Writer, d gateway.Diff) {
+	if len(d.Extents) > 0 {
+		fmt.Fprintln(w, "OFFSET\tLENGTH\tCONTENT")
+	}
+	for _, e := range d.Extents {
+		content := "data"
+		if e.Zero {
+			content = "zero"
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\n", e.Offset, size.Format(e.Length), content)
+	}
+	fmt.Fprintf(w, "%s since %s: %s changed in %d extents (%s of it zeroed), of %s; granularity %s (the object)\n",
+		d.VDI, d.Since, size.Format(d.ChangedBytes), len(d.Extents), size.Format(d.ZeroBytes), size.Format(d.Size), size.Format(d.ObjectSize))
 }
 
 // exportDiff is `herd vdi export NAME@S2 --since S1 FILE`.

@@ -1,6 +1,10 @@
 package cli
 
+// `herd cluster join-token create|list|revoke` and `herd cluster
+// rotate-join-token`: the tokens that admit new nodes.
+
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -9,16 +13,23 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/herd-storage/herd/internal/api"
+	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/pki"
 )
 
 // joinTokenCommand: `herd cluster join-token create|list|revoke`.
 func joinTokenCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "join-token", Short: "join tokens with a lifetime: each admits new nodes until it expires, is used up or revoked"}
+	cmd.AddCommand(joinTokenCreateCommand(g), joinTokenListCommand(g), joinTokenRevokeCommand(g))
+	return cmd
+}
+
+func joinTokenCreateCommand(g *globals) *cobra.Command {
 	var ttl string
 	var uses int
 	var out string
-	create := &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "create [--ttl 24h] [--uses N] [--out FILE]",
 		Short: "a new join token (shown once): valid for --ttl (default 24h; units s, m, h, d), for --uses nodes (default any number)",
 		Args:  args(0, "[--ttl 24h] [--uses N] [--out FILE]"),
@@ -30,19 +41,17 @@ func joinTokenCommand(g *globals) *cobra.Command {
 			if uses < 0 {
 				return usage(fmt.Errorf("--uses %d: at least 0 (0: any number)", uses))
 			}
-			ctx, cancel := g.context()
-			defer cancel()
-			created, err := g.client().CreateJoinToken(ctx, lifetime, uses)
-			if err != nil {
-				return err
-			}
-			if out != "" {
+			return call(g, func(c *api.Client, ctx context.Context) (api.JoinTokenCreated, error) {
+				created, err := c.CreateJoinToken(ctx, lifetime, uses)
+				if err != nil || out == "" {
+					return created, err
+				}
 				if err := pki.WriteSecretFile(out, []byte(created.Token+"\n")); err != nil {
-					return err
+					return created, err
 				}
 				created.Token = ""
-			}
-			return g.output(created, func(w *tabwriter.Writer) {
+				return created, nil
+			}, func(w *tabwriter.Writer, created api.JoinTokenCreated) {
 				limit := "any number of nodes"
 				if created.Uses > 0 {
 					limit = fmt.Sprintf("%d node(s)", created.Uses)
@@ -58,21 +67,19 @@ func joinTokenCommand(g *globals) *cobra.Command {
 			})
 		},
 	}
-	create.Flags().StringVar(&ttl, "ttl", "24h", "how long it admits nodes (s, m, h or d units)")
-	create.Flags().IntVar(&uses, "uses", 0, "how many nodes it admits (0: any number until it expires)")
-	create.Flags().StringVar(&out, "out", "", "write the token to this file (mode 0600) instead of printing it")
-	list := &cobra.Command{
+	cmd.Flags().StringVar(&ttl, "ttl", "24h", "how long it admits nodes (s, m, h or d units)")
+	cmd.Flags().IntVar(&uses, "uses", 0, "how many nodes it admits (0: any number until it expires)")
+	cmd.Flags().StringVar(&out, "out", "", "write the token to this file (mode 0600) instead of printing it")
+	return cmd
+}
+
+func joinTokenListCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:   "list",
 		Short: "join tokens: id, expiry, uses, revoked",
 		Args:  args(0, ""),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, cancel := g.context()
-			defer cancel()
-			tokens, err := g.client().JoinTokens(ctx)
-			if err != nil {
-				return err
-			}
-			return g.output(tokens, func(w *tabwriter.Writer) {
+			return call(g, (*api.Client).JoinTokens, func(w *tabwriter.Writer, tokens []cluster.JoinToken) {
 				fmt.Fprintln(w, "ID\tCREATED\tEXPIRES\tUSED\tSTATE")
 				now := time.Now()
 				for _, t := range tokens {
@@ -94,21 +101,50 @@ func joinTokenCommand(g *globals) *cobra.Command {
 			})
 		},
 	}
-	revoke := &cobra.Command{
+}
+
+func joinTokenRevokeCommand(g *globals) *cobra.Command {
+	return &cobra.Command{
 		Use:   "revoke ID",
 		Short: "revoke a join token: every node refuses it once this returns",
 		Args:  args(1, "ID"),
 		RunE: func(cmd *cobra.Command, a []string) error {
-			ctx, cancel := g.context()
-			defer cancel()
-			t, err := g.client().RevokeJoinToken(ctx, a[0])
-			if err != nil {
-				return err
-			}
-			return g.output(t, func(w *tabwriter.Writer) { fmt.Fprintf(w, "join token %s revoked\n", t.ID) })
+			return call(g, func(c *api.Client, ctx context.Context) (cluster.JoinToken, error) {
+				return c.RevokeJoinToken(ctx, a[0])
+			},
+				func(w *tabwriter.Writer, t cluster.JoinToken) { fmt.Fprintf(w, "join token %s revoked\n", t.ID) })
 		},
 	}
-	cmd.AddCommand(create, list, revoke)
+}
+
+func rotateJoinTokenCommand(g *globals) *cobra.Command {
+	var out string
+	cmd := &cobra.Command{
+		Use:   "rotate-join-token [--out FILE]",
+		Short: "replace the join secret: joins with the old token are refused from then on",
+		Args:  args(0, "[--out FILE]"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return call(g, func(c *api.Client, ctx context.Context) (api.JoinTokenResponse, error) {
+				r, err := c.RotateJoinToken(ctx)
+				if err != nil || out == "" {
+					return r, err
+				}
+				if err := pki.WriteSecretFile(out, []byte(r.Token+"\n")); err != nil {
+					return r, err
+				}
+				r.Token = ""
+				return r, nil
+			}, func(w *tabwriter.Writer, r api.JoinTokenResponse) {
+				if out != "" {
+					fmt.Fprintf(w, "new join token written to %s\n", out)
+					return
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "new join token (shown once):\n")
+				fmt.Fprintf(w, "%s\n", r.Token)
+			})
+		},
+	}
+	cmd.Flags().StringVar(&out, "out", "", "write the token to this file (mode 0600) instead of printing it")
 	return cmd
 }
 

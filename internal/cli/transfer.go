@@ -7,11 +7,8 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/herd-storage/herd/internal/exportname"
-	"github.com/herd-storage/herd/internal/pki"
 	"io"
 	"net"
 	"os"
@@ -23,6 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/exportname"
+	"github.com/herd-storage/herd/internal/pki"
 	"github.com/herd-storage/herd/internal/size"
 	"github.com/herd-storage/herd/internal/transfer"
 )
@@ -46,11 +45,9 @@ func addTransferFlags(cmd *cobra.Command, f *transferFlags) {
 	cmd.Flags().IntVar(&f.requests, "requests", transfer.DefaultRequests, "requests in flight on each connection")
 }
 
-// transferCommands returns `herd vdi import` and `herd vdi export`; Main adds
-// them to the vdi group.
-func transferCommands(g *globals) []*cobra.Command {
-	var importFlags, exportFlags transferFlags
-	importCommand := &cobra.Command{
+func vdiImportCommand(g *globals) *cobra.Command {
+	var importFlags transferFlags
+	cmd := &cobra.Command{
 		Use:   "import NAME FILE|- | import NAME --diff FILE",
 		Short: "copy a disk image into a VDI over NBD, creating it from the image's size if it does not exist (raw; qcow2, vmdk, ... through qemu-img; - is raw from stdin)",
 		Long: `Copy a disk image into the VDI NAME. A VDI that does not exist is created
@@ -93,11 +90,15 @@ when it reports success, the data is on the replicas' disks.`,
 			return t.report(summary)
 		},
 	}
-	addTransferFlags(importCommand, &importFlags)
-	importCommand.Flags().StringVar(&importFlags.format, "format", "auto", "image format: auto (detected from the file's magic), raw, or a qemu-img format such as qcow2")
-	importCommand.Flags().StringVar(&importFlags.diff, "diff", "", "apply the diff FILE (from vdi export NAME@S2 --since S1) to NAME, whose content must be its snapshot S1's; then snapshot it as S2")
+	addTransferFlags(cmd, &importFlags)
+	cmd.Flags().StringVar(&importFlags.format, "format", "auto", "image format: auto (detected from the file's magic), raw, or a qemu-img format such as qcow2")
+	cmd.Flags().StringVar(&importFlags.diff, "diff", "", "apply the diff FILE (from vdi export NAME@S2 --since S1) to NAME, whose content must be its snapshot S1's; then snapshot it as S2")
+	return cmd
+}
 
-	exportCommand := &cobra.Command{
+func vdiExportCommand(g *globals) *cobra.Command {
+	var exportFlags transferFlags
+	cmd := &cobra.Command{
 		Use:   "export NAME[@TAG] FILE|- [--since S1]",
 		Short: "copy a VDI or snapshot into an image file over NBD: raw (sparse; - writes to stdout) or --format qcow2",
 		Long: `Copy the VDI NAME (opened read-only, so a VM may keep running on it; the
@@ -139,11 +140,11 @@ sparse. FILE must not exist, unless --force; "-" writes the image to stdout.`,
 			return t.report(summary)
 		},
 	}
-	addTransferFlags(exportCommand, &exportFlags)
-	exportCommand.Flags().BoolVar(&exportFlags.force, "force", false, "overwrite FILE if it exists")
-	exportCommand.Flags().StringVar(&exportFlags.format, "format", "raw", "image format of FILE: raw, or qcow2 (or another format qemu-img writes, through qemu-img)")
-	exportCommand.Flags().StringVar(&exportFlags.since, "since", "", "write only the changes since the earlier snapshot S1, as a herd diff (docs/DIFF.md), for vdi import --diff")
-	return []*cobra.Command{importCommand, exportCommand}
+	addTransferFlags(cmd, &exportFlags)
+	cmd.Flags().BoolVar(&exportFlags.force, "force", false, "overwrite FILE if it exists")
+	cmd.Flags().StringVar(&exportFlags.format, "format", "raw", "image format of FILE: raw, or qcow2 (or another format qemu-img writes, through qemu-img)")
+	cmd.Flags().StringVar(&exportFlags.since, "since", "", "write only the changes since the earlier snapshot S1, as a herd diff (docs/DIFF.md), for vdi import --diff")
+	return cmd
 }
 
 // transferCommand is an import or export as the flags give it.
@@ -264,13 +265,7 @@ func isTerminal(w io.Writer) bool {
 // report prints the summary line on stderr and, with --json, the summary on
 // stdout.
 func (t *transferCommand) report(s transfer.Summary) error {
-	fmt.Fprintln(t.stderr, s.Line())
-	if t.json {
-		encoder := json.NewEncoder(t.stdout)
-		encoder.SetIndent("", "  ")
-		return encoder.Encode(s)
-	}
-	return nil
+	return t.reportAny(s.Line(), s)
 }
 
 // createForImport creates vdi with the image's virtual size when it does
