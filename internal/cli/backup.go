@@ -27,10 +27,15 @@ index per backup. The first backup of a VDI reads all its data; later ones
 read only what changed since the previous backup's snapshot (herd keeps that
 one snapshot per VDI and store). Every backup restores on its own.`,
 	}
-	var createFlags, restoreFlags transferFlags
+	cmd.AddCommand(backupCreateCommand(g), backupListCommand(g), backupVerifyCommand(g), backupRestoreCommand(g), backupPruneCommand(g))
+	return cmd
+}
+
+func backupCreateCommand(g *globals) *cobra.Command {
+	var flags transferFlags
 	var full bool
 	var chunkSize string
-	create := &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "create NAME[@TAG] DIR",
 		Short: "back up a VDI (a snapshot is taken first) or a snapshot into the store DIR",
 		Args:  args(2, "NAME[@TAG] DIR"),
@@ -47,7 +52,7 @@ one snapshot per VDI and store). Every backup restores on its own.`,
 				return err
 			}
 			defer store.Close()
-			t, err := newTransfer(g, createFlags, cmd)
+			t, err := newTransfer(g, flags, cmd)
 			if err != nil {
 				return err
 			}
@@ -72,12 +77,15 @@ one snapshot per VDI and store). Every backup restores on its own.`,
 			return t.reportAny(line, summary)
 		},
 	}
-	addTransferFlags(create, &createFlags)
-	create.Flags().BoolVar(&full, "full", false, "read every allocated byte, even if an earlier backup could make this one incremental")
-	create.Flags().StringVar(&chunkSize, "chunk-size", "", "chunk size of a new store (default 1MiB; a power of two from 64KiB to 64MiB)")
+	addTransferFlags(cmd, &flags)
+	cmd.Flags().BoolVar(&full, "full", false, "read every allocated byte, even if an earlier backup could make this one incremental")
+	cmd.Flags().StringVar(&chunkSize, "chunk-size", "", "chunk size of a new store (default 1MiB; a power of two from 64KiB to 64MiB)")
+	return cmd
+}
 
-	var listVDI string
-	list := &cobra.Command{
+func backupListCommand(g *globals) *cobra.Command {
+	var vdi string
+	cmd := &cobra.Command{
 		Use:   "list DIR",
 		Short: "the backups in the store DIR, oldest first",
 		Args:  args(1, "DIR"),
@@ -103,7 +111,7 @@ one snapshot per VDI and store). Every backup restores on its own.`,
 			}
 			out := []entry{}
 			for _, ix := range backups {
-				if listVDI != "" && ix.VDI != listVDI {
+				if vdi != "" && ix.VDI != vdi {
 					continue
 				}
 				out = append(out, entry{ix.ID, ix.VDI, ix.Snapshot, ix.Kind, ix.Created, ix.Size, ix.Parent, ix.Stats})
@@ -126,9 +134,12 @@ one snapshot per VDI and store). Every backup restores on its own.`,
 			return nil
 		},
 	}
-	list.Flags().StringVar(&listVDI, "vdi", "", "only the backups of this VDI")
+	cmd.Flags().StringVar(&vdi, "vdi", "", "only the backups of this VDI")
+	return cmd
+}
 
-	verify := &cobra.Command{
+func backupVerifyCommand(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
 		Use:   "verify DIR",
 		Short: "re-hash every chunk in the store DIR and check every backup's chunks are there",
 		Args:  args(1, "DIR"),
@@ -169,8 +180,12 @@ one snapshot per VDI and store). Every backup restores on its own.`,
 			return nil
 		},
 	}
+	return cmd
+}
 
-	restore := &cobra.Command{
+func backupRestoreCommand(g *globals) *cobra.Command {
+	var flags transferFlags
+	cmd := &cobra.Command{
 		Use:   "restore DIR ID NEWNAME",
 		Short: "restore backup ID from the store DIR into a new VDI NEWNAME (on the cluster --addr names)",
 		Args:  args(3, "DIR ID NEWNAME"),
@@ -180,7 +195,7 @@ one snapshot per VDI and store). Every backup restores on its own.`,
 				return err
 			}
 			defer store.Close()
-			t, err := newTransfer(g, restoreFlags, cmd)
+			t, err := newTransfer(g, flags, cmd)
 			if err != nil {
 				return err
 			}
@@ -195,12 +210,15 @@ one snapshot per VDI and store). Every backup restores on its own.`,
 			return t.reportAny(line, r)
 		},
 	}
-	addTransferFlags(restore, &restoreFlags)
+	addTransferFlags(cmd, &flags)
+	return cmd
+}
 
+func backupPruneCommand(g *globals) *cobra.Command {
 	var policy backup.Policy
-	var pruneVDI string
+	var vdi string
 	var dryRun bool
-	prune := &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "prune DIR --keep-last N | --keep-daily N | --keep-weekly N",
 		Short: "delete the backups the policy does not keep, then every chunk no backup uses",
 		Args:  args(1, "DIR --keep-last N | --keep-daily N | --keep-weekly N"),
@@ -213,7 +231,7 @@ one snapshot per VDI and store). Every backup restores on its own.`,
 				return err
 			}
 			defer store.Close()
-			r, err := backup.Prune(store, policy, pruneVDI, dryRun)
+			r, err := backup.Prune(store, policy, vdi, dryRun)
 			if err != nil {
 				return err
 			}
@@ -230,12 +248,11 @@ one snapshot per VDI and store). Every backup restores on its own.`,
 			})
 		},
 	}
-	prune.Flags().IntVar(&policy.Last, "keep-last", 0, "keep the newest N backups of each VDI")
-	prune.Flags().IntVar(&policy.Daily, "keep-daily", 0, "keep the newest backup of each of the last N days that have one")
-	prune.Flags().IntVar(&policy.Weekly, "keep-weekly", 0, "keep the newest backup of each of the last N weeks that have one")
-	prune.Flags().StringVar(&pruneVDI, "vdi", "", "prune only the backups of this VDI")
-	prune.Flags().BoolVar(&dryRun, "dry-run", false, "say what would be deleted, delete nothing")
-	cmd.AddCommand(create, list, verify, restore, prune)
+	cmd.Flags().IntVar(&policy.Last, "keep-last", 0, "keep the newest N backups of each VDI")
+	cmd.Flags().IntVar(&policy.Daily, "keep-daily", 0, "keep the newest backup of each of the last N days that have one")
+	cmd.Flags().IntVar(&policy.Weekly, "keep-weekly", 0, "keep the newest backup of each of the last N weeks that have one")
+	cmd.Flags().StringVar(&vdi, "vdi", "", "prune only the backups of this VDI")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "say what would be deleted, delete nothing")
 	return cmd
 }
 

@@ -9,8 +9,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/spf13/cobra"
+
+	"github.com/herd-storage/herd/internal/cluster"
 )
 
 func eventsCommand(g *globals) *cobra.Command {
@@ -34,7 +35,7 @@ func eventsCommand(g *globals) *cobra.Command {
 				events = events[len(events)-last:]
 			}
 			if !follow {
-				return g.output(events, func(w *tabwriter.Writer) {
+				return show(g, events, func(w *tabwriter.Writer, events []cluster.Event) {
 					fmt.Fprintln(w, "TIME\tKIND\tEVENT")
 					printEvents(w, events)
 				})

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/herd-storage/herd/internal/api"
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/pki"
 )
@@ -35,7 +37,7 @@ ends (--timeout), unless --no-wait.`,
 				return err
 			}
 			if noWait {
-				return g.output(started, func(w *tabwriter.Writer) {
+				return show(g, started, func(w *tabwriter.Writer, started cluster.GossipKeyRotation) {
 					fmt.Fprintf(w, "gossip key rotation to key %s started (herd cluster info, herd events)\n", started.Key)
 				})
 			}
@@ -56,7 +58,7 @@ ends (--timeout), unless --no-wait.`,
 				case <-time.After(200 * time.Millisecond):
 				}
 			}
-			return g.output(state, func(w *tabwriter.Writer) {
+			return show(g, state, func(w *tabwriter.Writer, state cluster.GossipKeyring) {
 				fmt.Fprintf(w, "gossip key %s in use on every node; the old key is removed\n", state.Primary)
 			})
 		},
@@ -145,29 +147,19 @@ fingerprint. --cancel drops the new CA.`,
 			if force && !finish {
 				return usage(fmt.Errorf("--force goes with --finish"))
 			}
-			ctx, stop := g.context()
-			defer stop()
-			client := g.client()
 			switch {
 			case cancel:
-				state, err := client.CancelCARotation(ctx)
-				if err != nil {
-					return err
-				}
-				return g.output(state, func(w *tabwriter.Writer) {
+				return call(g, (*api.Client).CancelCARotation, func(w *tabwriter.Writer, state cluster.CAState) {
 					fmt.Fprintf(w, "CA rotation cancelled: the cluster's CA stays %s; renewed clients use their previous certificate again\n", caText(state.Fingerprint))
 				})
 			case finish:
-				state, err := client.FinishCARotation(ctx, force)
-				if err != nil {
-					return err
-				}
-				if tokenOut != "" {
-					if err := writeRefreshedToken(client.Token(), state.Fingerprint, tokenOut); err != nil {
-						return err
+				return call(g, func(c *api.Client, ctx context.Context) (cluster.CAState, error) {
+					state, err := c.FinishCARotation(ctx, force)
+					if err == nil && tokenOut != "" {
+						err = writeRefreshedToken(c.Token(), state.Fingerprint, tokenOut)
 					}
-				}
-				return g.output(state, func(w *tabwriter.Writer) {
+					return state, err
+				}, func(w *tabwriter.Writer, state cluster.CAState) {
 					fmt.Fprintf(w, "CA rotation finished: the cluster's CA is %s; the old CA and every certificate it issued are refused from now on\n", state.Fingerprint)
 					if tokenOut != "" {
 						fmt.Fprintf(w, "this command's admin token, with the new fingerprint, is in %s\n", tokenOut)
@@ -176,6 +168,9 @@ fingerprint. --cancel drops the new CA.`,
 					}
 				})
 			}
+			ctx, stop := g.context()
+			defer stop()
+			client := g.client()
 			started, err := client.RotateCA(ctx)
 			if err != nil {
 				return err
@@ -195,7 +190,7 @@ fingerprint. --cancel drops the new CA.`,
 				case <-time.After(200 * time.Millisecond):
 				}
 			}
-			return g.output(started, func(w *tabwriter.Writer) {
+			return show(g, started, func(w *tabwriter.Writer, started cluster.CAState) {
 				fmt.Fprintf(w, "CA rotation started: new CA %s (its key on node %s); every node trusts it and the old one\n", r.Fingerprint, r.Holder)
 				if !noWait {
 					fmt.Fprintf(w, "every alive node has a certificate from it (%s)\n", listOrNone(info.Rotation.Done))
