@@ -92,8 +92,8 @@ func givenBinary(path string) (string, error) {
 	return absolute, nil
 }
 
-// buildBinary builds ./cmd/herd, with the build tags given, into a fresh
-// directory under os.TempDir().
+// buildBinary builds ./cmd/herd, static and with the build tags given,
+// into a fresh directory under os.TempDir().
 // The directory outlives the test process (a test package has no hook that
 // runs after its last test), so each build first removes the directories of
 // earlier test processes that have exited.
@@ -117,6 +117,9 @@ func buildBinary(tags string) (string, error) {
 	path := filepath.Join(directory, "herd")
 	command := exec.Command("go", "build", "-tags", tags, "-ldflags", ldflags, "-o", path, "./cmd/herd")
 	command.Dir = root
+	// Static, as the container image ships it (deploy/build-image.sh):
+	// the image of the compose test is this binary, not another build.
+	command.Env = append(os.Environ(), "CGO_ENABLED=0")
 	output, err := command.CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("testcluster: go build -tags %q -ldflags %q -o %s ./cmd/herd in %s: %w\n%s", tags, ldflags, path, root, err, output)

@@ -128,6 +128,7 @@ func TestBinaryStamped(t *testing.T) {
 	herd := filepath.Join(t.TempDir(), "herd")
 	build := exec.Command("go", "build", "-buildvcs=false", "-ldflags", ldflags, "-o", herd, "./cmd/herd")
 	build.Dir = root
+	build.Env = append(os.Environ(), "CGO_ENABLED=0") // as testcluster builds it: one compile of herd for both
 	if output, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build -ldflags %q ./cmd/herd: %v\n%s", ldflags, err, output)
 	}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -33,7 +34,13 @@ func TestComposeCluster(t *testing.T) {
 	}
 	id := fmt.Sprintf("herde2e%d", os.Getpid())
 	image := "herd:" + id
-	if out, err := run(t, 5*time.Minute, filepath.Join(root, "deploy/build-image.sh"), image); err != nil {
+	// The image holds the tests' own herd when it is static (as
+	// testcluster builds it), rather than a second build of the same code.
+	build := exec.Command(filepath.Join(root, "deploy/build-image.sh"), image)
+	if binary := testcluster.Binary(t); isStatic(t, binary) {
+		build.Env = append(os.Environ(), "HERD_IMAGE_BINARY="+binary)
+	}
+	if out, err := runCommand(t, 5*time.Minute, build); err != nil {
 		t.Fatalf("build-image.sh: %v\n%s", err, out)
 	}
 	t.Cleanup(func() { exec.Command("docker", "rmi", "-f", image).Run() })
@@ -151,4 +158,20 @@ func TestSystemdUnitVerifies(t *testing.T) {
 	if out, err := run(t, time.Minute, analyze, "verify", filepath.Join(dir, "herd.service")); err != nil || strings.TrimSpace(out) != "" {
 		t.Fatalf("systemd-analyze verify deploy/herd.service: %v\n%s", err, out)
 	}
+}
+
+// isStatic says whether the ELF file at path needs no dynamic loader.
+func isStatic(t *testing.T, path string) bool {
+	t.Helper()
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return false
+		}
+	}
+	return true
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
@@ -76,13 +77,27 @@ func needLibnbd(t *testing.T) {
 // run runs a client command with a deadline and returns its output.
 func run(t *testing.T, timeout time.Duration, name string, args ...string) (string, error) {
 	t.Helper()
+	return runCommand(t, timeout, exec.Command(name, args...))
+}
+
+// runCommand runs command (not started yet) and returns its output; it
+// fails the test if the command outlives timeout.
+func runCommand(t *testing.T, timeout time.Duration, command *exec.Cmd) (string, error) {
+	t.Helper()
 	ctx, cancel := contextWithTimeout(t, timeout)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
-	if ctx.Err() != nil {
-		t.Fatalf("%s %v hung for %v:\n%s", name, args, timeout, out)
+	var out bytes.Buffer
+	command.Stdout, command.Stderr = &out, &out
+	if err := command.Start(); err != nil {
+		return "", err
 	}
-	return string(out), err
+	stop := context.AfterFunc(ctx, func() { command.Process.Kill() })
+	err := command.Wait()
+	stop()
+	if ctx.Err() != nil {
+		t.Fatalf("%s hung for %v:\n%s", strings.Join(command.Args, " "), timeout, out.Bytes())
+	}
+	return out.String(), err
 }
 
 func mustRun(t *testing.T, timeout time.Duration, name string, args ...string) string {
