@@ -66,6 +66,7 @@ func inFlightWriteReadOldAfterNew(t *testing.T, path string) {
 	for id, side := range real.nodes {
 		// The real recovery answers RECOVER on every node from now on.
 		recoveries[id] = recovery.New(recoveryView{w.cluster}, layout.NewHistory(w.cluster, logger), recoveryPeers{real}, side, id, logger)
+		real.recoverers[id] = recoveries[id].RecoverObject
 	}
 	replicas := &failpointReplicas{realReplicas: real}
 	gatewayOn := func(self string) *Gateway {
@@ -293,6 +294,7 @@ func returningNodeTiedCopy(t *testing.T, path string, digests bool) {
 		}
 	}
 	rec := recovery.New(recoveryView{w.cluster}, layout.NewHistory(w.cluster, logger), peers, real.nodes["node02"], "node02", logger)
+	real.recoverers["node02"] = rec.RecoverObject
 	c := &selfCluster{fakeCluster: w.cluster, self: "node00"}
 	g := New(c, layout.NewHistory(c, logger), real, logger, Options{})
 	t.Cleanup(g.Close)

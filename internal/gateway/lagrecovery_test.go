@@ -146,6 +146,7 @@ func newZoneWorld(t *testing.T) *zoneWorld {
 	logger := quiet()
 	for id, side := range z.real.nodes {
 		z.recoveries[id] = recovery.New(recoveryView{w.cluster}, layout.NewHistory(w.cluster, logger), recoveryPeers{z.real}, side, id, logger)
+		z.real.recoverers[id] = z.recoveries[id].RecoverObject
 	}
 	z.replicas = &failpointReplicas{realReplicas: z.real}
 	c := &selfCluster{fakeCluster: w.cluster, self: "node00"}

@@ -21,6 +21,9 @@ import (
 type realReplicas struct {
 	nodes  map[string]*replica.Replica
 	stores map[string]*store.Store
+	// recoverers serve each node's RECOVER (replica.Served): a node's
+	// recovery.Recovery where a test makes one.
+	recoverers map[string]func(ctx context.Context, epoch, oid uint64) error
 	// stale counts the requests refused as from a stale epoch.
 	stale atomic.Int64
 	// onStale, if set, runs after each such refusal.
@@ -38,7 +41,7 @@ func (replicaView) WaitActive(ctx context.Context, epoch uint64) error { return 
 
 func newRealReplicas(t *testing.T, w *fakeWorld) *realReplicas {
 	t.Helper()
-	r := &realReplicas{nodes: map[string]*replica.Replica{}, stores: map[string]*store.Store{}}
+	r := &realReplicas{nodes: map[string]*replica.Replica{}, stores: map[string]*store.Store{}, recoverers: map[string]func(ctx context.Context, epoch, oid uint64) error{}}
 	for id := range w.cluster.nodes {
 		s, err := store.Open(store.Options{Disks: []store.Disk{{Path: t.TempDir(), Weight: 1}}, ReserveBytes: -1, OpenFiles: 16})
 		if err != nil {
@@ -47,14 +50,14 @@ func newRealReplicas(t *testing.T, w *fakeWorld) *realReplicas {
 		side := replica.New(replicaView{w.cluster}, replica.LocalStore{Store: s})
 		// Recovery without a proof (the fake keeps no history): every
 		// node holds every object here, so a node restamps its own copy.
-		side.SetRecoverer(func(ctx context.Context, epoch, oid uint64) error {
+		r.recoverers[id] = func(ctx context.Context, epoch, oid uint64) error {
 			return side.Exclusive(oid, func(stamp uint64, found bool) error {
 				if !found {
 					return object.ErrNotFound
 				}
 				return side.Store().SetEpoch(oid, epoch)
 			})
-		})
+		}
 		r.nodes[id], r.stores[id] = side, s
 	}
 	return r
@@ -92,7 +95,8 @@ func (r *realReplicas) Flush(ctx context.Context, node cluster.Node, epoch uint6
 }
 
 func (r *realReplicas) Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
-	return r.answer(r.nodes[node.ID].Recover(ctx, epoch, oid))
+	served := replica.Served{Replica: r.nodes[node.ID], Recoverer: r.recoverers[node.ID]}
+	return r.answer(served.Recover(ctx, epoch, oid))
 }
 
 // TestCopyStampedAheadIsRetriedInItsEpoch: the gateway, in epoch E, writes

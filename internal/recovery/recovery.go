@@ -144,12 +144,11 @@ type Status struct {
 	LastError  string    `json:"last_error,omitempty"`
 }
 
-// New returns the recovery of node self, whose replica is local; it
-// serves the replica's RECOVER requests from now on.
+// New returns the recovery of node self, whose replica is local. The
+// node serves RECOVER requests with its RecoverObject (replica.Served).
 func New(c Cluster, layouts *layout.History, replicas Replicas, local *replica.Replica, self string, logger *slog.Logger) *Recovery {
 	r := &Recovery{cluster: c, layouts: layouts, replicas: replicas, proof: NewProof(c, layouts, replicas), local: local, self: self, logger: logger,
 		throttle: newThrottle(defaultRecoveryConcurrency, 0), kick: make(chan struct{}, 1), status: Status{State: "idle"}}
-	local.SetRecoverer(r.RecoverObject)
 	return r
 }
 

@@ -26,6 +26,10 @@ type Client struct {
 	// below that level, Stat reports another node's digest as 0
 	// (unknown).
 	Digests func() bool
+	// LocalRecover, if set, recovers this node's own copies (Served's
+	// Recover, with the node's recovery). Recovery's own client has
+	// none: it is made before recovery, and never asks for RECOVER.
+	LocalRecover func(ctx context.Context, epoch, oid uint64) error
 }
 
 func (p *Client) do(ctx context.Context, node cluster.Node, request objproto.ObjectRequest, payload, into []byte) (objproto.ObjectResponse, []byte, error) {
@@ -213,10 +217,13 @@ func (p *Client) FetchAt(ctx context.Context, node cluster.Node, epoch, oid uint
 	return p.read(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectRead, Flags: objproto.ObjectFlagAnyStamp, Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(buffer))}, buffer)
 }
 
-// Recover on node's copy (see Replica).
+// Recover on node's copy (see Served).
 func (p *Client) Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
 	if node.ID == p.Self {
-		return p.Local.Recover(ctx, epoch, oid)
+		if p.LocalRecover == nil {
+			return fmt.Errorf("%w: this client does not recover this node's own copies", object.ErrUnavailable)
+		}
+		return p.LocalRecover(ctx, epoch, oid)
 	}
 	_, _, err := p.do(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectRecover, Epoch: epoch, OID: oid}, nil, nil)
 	return err

@@ -35,7 +35,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
@@ -98,8 +97,6 @@ type Replica struct {
 	// changes hold the object's lock shared, a pull exclusively. Striped
 	// by object id.
 	locks [1024]waitlock.RWLock
-	// recoverer serves RECOVER requests.
-	recoverer atomic.Pointer[func(ctx context.Context, epoch, oid uint64) error]
 }
 
 func (r *Replica) lock(oid uint64) *waitlock.RWLock {
@@ -167,22 +164,25 @@ func behind(oid, stamp, epoch uint64) error {
 // Store is the node's object store, for recovery (under Exclusive).
 func (r *Replica) Store() ObjectStore { return r.store }
 
-// SetRecoverer installs what serves RECOVER (the node's Recovery).
-func (r *Replica) SetRecoverer(fn func(ctx context.Context, epoch, oid uint64) error) {
-	r.recoverer.Store(&fn)
+// Served is this node's side of the object protocol: its replica, and
+// RECOVER, which the node's recovery carries out. The replica is made
+// first (recovery works through it); Served joins the two once both
+// exist, and is what objproto.ObjectServer serves and replica.Client's
+// LocalRecover calls.
+type Served struct {
+	*Replica
+	// Recoverer makes this node's copy of oid current in epoch
+	// (recovery.Recovery.RecoverObject).
+	Recoverer func(ctx context.Context, epoch, oid uint64) error
 }
 
-// Recover makes this node's copy of oid current in epoch (see
-// Recovery.RecoverObject).
-func (r *Replica) Recover(ctx context.Context, epoch, oid uint64) error {
-	if err := r.Check(ctx, epoch); err != nil {
+// Recover makes this node's copy of oid current in epoch, once the
+// request's epoch is admitted.
+func (s Served) Recover(ctx context.Context, epoch, oid uint64) error {
+	if err := s.Check(ctx, epoch); err != nil {
 		return err
 	}
-	fn := r.recoverer.Load()
-	if fn == nil {
-		return fmt.Errorf("%w: recovery is not running on this node yet", object.ErrUnavailable)
-	}
-	return (*fn)(ctx, epoch, oid)
+	return s.Recoverer(ctx, epoch, oid)
 }
 
 // List calls fn for every object copy on this node with its epoch stamp.

@@ -10,7 +10,19 @@ import (
 )
 
 // ServeObject implements objproto.ObjectHandler: other nodes' gateways reach
-// this node's copies through it.
+// this node's copies through it, RECOVER included.
+func (s Served) ServeObject(ctx context.Context, request *objproto.ObjectRequest, payload []byte) (objproto.ObjectResponse, []byte) {
+	if request.Opcode != objproto.ObjectRecover {
+		return s.Replica.ServeObject(ctx, request, payload)
+	}
+	if err := s.Recover(ctx, request.Epoch, request.OID); err != nil {
+		return objproto.ObjectErrorResponse(s.cluster.Epoch(), err)
+	}
+	return objproto.ObjectResponse{Epoch: s.cluster.Epoch()}, nil
+}
+
+// ServeObject implements objproto.ObjectHandler for everything but RECOVER
+// (Served's).
 func (r *Replica) ServeObject(ctx context.Context, request *objproto.ObjectRequest, payload []byte) (objproto.ObjectResponse, []byte) {
 	epoch := r.cluster.Epoch()
 	fail := func(err error) (objproto.ObjectResponse, []byte) { return objproto.ObjectErrorResponse(epoch, err) }
@@ -94,9 +106,8 @@ func (r *Replica) ServeObject(ctx context.Context, request *objproto.ObjectReque
 		}
 		return objproto.ObjectResponse{Epoch: epoch}, body
 	case objproto.ObjectRecover:
-		if err := r.Recover(ctx, request.Epoch, request.OID); err != nil {
-			return fail(err)
-		}
+		// Served's, with the node's recovery.
+		return fail(fmt.Errorf("%w: this node's replica side serves no RECOVER without its recovery", object.ErrUnavailable))
 	case objproto.ObjectPing:
 	default:
 		return fail(fmt.Errorf("%w: opcode %v", objproto.ErrUnknownObjectOpcode, request.Opcode))

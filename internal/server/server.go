@@ -19,7 +19,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -159,11 +158,14 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	// A disk taken out of service loses its copies without an epoch
-	// change: recovery makes another pass to re-create them.
-	var recoveryKick atomic.Pointer[func()]
+	// change: recovery makes another pass to re-create them. The store
+	// reports it here before recovery exists; recovery's kicker (below)
+	// takes it from there.
+	diskFailed := make(chan struct{}, 1)
 	onDiskFailure := func(path string, cause error) {
-		if kick := recoveryKick.Load(); kick != nil {
-			(*kick)()
+		select {
+		case diskFailed <- struct{}{}:
+		default:
 		}
 	}
 	applyTestKnobs(logger)
@@ -254,19 +256,31 @@ func Run(ctx context.Context, o Options) error {
 	// directly, others' over the peer port), and its gateway serving VDIs
 	// over NBD.
 	replicaSide := replica.New(c, replica.LocalStore{Store: objects})
-	objectServer := &objproto.ObjectServer{Handler: replicaSide, Logger: logger, Epoch: c.Epoch}
-	go objectServer.Serve(peerListener.Protocol(peer.ProtocolObject))
-	defer objectServer.Close()
 	objectClient := objproto.NewObjectClient(credentials.peer)
 	defer objectClient.Close()
 	// Digests: STAT asks for copies' content digests only at the level
 	// where every member knows the flag (objproto.ObjectFlagDigest).
-	replicas := &replica.Client{Self: id, Local: replicaSide, Peer: objectClient, Metrics: meters,
-		Digests: func() bool { return c.Level() >= cluster.LevelCopyDigests }}
+	digests := func() bool { return c.Level() >= cluster.LevelCopyDigests }
 	layouts := layout.NewHistory(c, logger)
-	rec := recovery.New(c, layouts, replicas, replicaSide, id, logger)
-	kick := rec.Kick
-	recoveryKick.Store(&kick)
+	// Recovery reaches every replica but asks none to recover; the node
+	// serves RECOVER (from its own gateway and maintenance through
+	// replicas, from other nodes through objectServer) with it.
+	rec := recovery.New(c, layouts, &replica.Client{Self: id, Local: replicaSide, Peer: objectClient, Metrics: meters, Digests: digests}, replicaSide, id, logger)
+	side := replica.Served{Replica: replicaSide, Recoverer: rec.RecoverObject}
+	replicas := &replica.Client{Self: id, Local: replicaSide, Peer: objectClient, Metrics: meters, Digests: digests, LocalRecover: side.Recover}
+	objectServer := &objproto.ObjectServer{Handler: side, Logger: logger, Epoch: c.Epoch}
+	go objectServer.Serve(peerListener.Protocol(peer.ProtocolObject))
+	defer objectServer.Close()
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-diskFailed:
+				rec.Kick()
+			}
+		}
+	}()
 	maint := maintenance.New(c, layouts, replicas, rec.Proof(), logger)
 	// The gateway repairs an unclean VDI before its next writer serves it,
 	// reading it through itself.

@@ -131,6 +131,12 @@ func sleep(ctx context.Context, d time.Duration) error {
 
 // call sends one request to node and runs handler on its replica side.
 func (t *transport) call(ctx context.Context, node cluster.Node, op string, oid uint64, offset uint32, epoch uint64, handler func(ctx context.Context, r *replica.Replica) error) error {
+	return t.callServed(ctx, node, op, oid, offset, epoch, func(ctx context.Context, s replica.Served) error { return handler(ctx, s.Replica) })
+}
+
+// callServed is call with the node's whole side of the object protocol:
+// its replica and its recovery (RECOVER).
+func (t *transport) callServed(ctx context.Context, node cluster.Node, op string, oid uint64, offset uint32, epoch uint64, handler func(ctx context.Context, s replica.Served) error) error {
 	w := t.w
 	to := w.index(node.ID)
 	if to < 0 {
@@ -142,7 +148,7 @@ func (t *transport) call(ctx context.Context, node cluster.Node, op string, oid 
 		if err != nil {
 			return err
 		}
-		return handler(ctx, p.replica)
+		return handler(ctx, p.served)
 	}
 	f := w.fate(t.from.node.id, node.ID, op, oid, offset, epoch)
 	target, err := w.link(ctx, t.from, to)
@@ -180,7 +186,7 @@ func (t *transport) call(ctx context.Context, node cluster.Node, op string, oid 
 	go func() {
 		defer cancel()
 		defer stop()
-		done <- handler(serve, target.replica)
+		done <- handler(serve, target.served)
 	}()
 	var result error
 	select {
@@ -337,8 +343,8 @@ func (t *transport) FetchAt(ctx context.Context, node cluster.Node, epoch, oid u
 
 // Recover implements gateway.Replicas.
 func (t *transport) Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
-	return t.call(ctx, node, "recover", oid, 0, epoch, func(ctx context.Context, r *replica.Replica) error {
-		return r.Recover(ctx, epoch, oid)
+	return t.callServed(ctx, node, "recover", oid, 0, epoch, func(ctx context.Context, s replica.Served) error {
+		return s.Recover(ctx, epoch, oid)
 	})
 }
 

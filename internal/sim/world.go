@@ -124,6 +124,7 @@ type process struct {
 	member      *cluster.LocalMember
 	store       *store.Store
 	replica     *replica.Replica
+	served      replica.Served // replica and recovery: what other nodes reach
 	gateway     *gateway.Gateway
 	recovery    *recovery.Recovery
 	maintenance *maintenance.Maintenance
@@ -277,6 +278,7 @@ func (w *World) startProcess(n *node) error {
 	tr := &transport{w: w, from: p}
 	layouts := layout.NewHistory(p.member, logger)
 	p.recovery = recovery.New(p.member, layouts, tr, p.replica, n.id, logger)
+	p.served = replica.Served{Replica: p.replica, Recoverer: p.recovery.RecoverObject}
 	p.maintenance = maintenance.New(p.member, layouts, tr, p.recovery.Proof(), logger)
 	p.gateway = gateway.New(p.member, layouts, tr, logger, gateway.Options{Repair: func(ctx context.Context, g *gateway.Gateway, vdi cluster.VDI) error {
 		return p.maintenance.RepairUnclean(ctx, g, vdi)
