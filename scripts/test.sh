@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run every herd test: formatting and vet, unit and fuzz-seed tests with the
-# race detector, the full placement simulation, real multi-process clusters
+# race detector and the executable invariants (-tags invariants:
+# internal/invariants), the full placement simulation, real multi-process clusters
 # (test/e2e; partitions need root for network namespaces), real NBD clients
 # where installed, the data-path and failure tests against a herd built with
 # -race. Every fuzz target's seed corpus runs with the unit tests; the long
@@ -28,24 +29,31 @@ if [ -n "$unformatted" ]; then
 fi
 go vet ./...
 go vet -tags testknobs ./internal/peer ./internal/server
-stage "unit tests (-race)"
+go vet -tags invariants ./internal/...
+stage "unit tests (-race, invariants)"
 # Unit, protocol and harness tests first; then the multi-process cluster
 # tests alone, so that their timing (failure detection, retries under
 # load) does not compete with the simulation and VM tests for 2 cores.
-go test -race -count=1 -timeout 20m $(go list ./... | grep -v /test/ | grep -v /internal/sim$)
+# The unit tests and the simulator run with the executable invariants
+# compiled in (-tags invariants: the cluster state checked after every
+# applied entry, every placement, the store's and replica's stamps and
+# checksums where they change; docs/ARCHITECTURE.md "Executable
+# invariants"): a violation panics, naming it. The stages after these run
+# the production build.
+go test -race -tags invariants -count=1 -timeout 20m $(go list ./... | grep -v /test/ | grep -v /internal/sim$)
 # The simulator runs in testing/synctest bubbles. Go 1.26.8's runtime
 # crashed there under -race in one of about ten runs on 2026-11-27
 # (SIGSEGV at address 0 in runtime.(*timer).maybeRunChan, a select in a
 # bubbled goroutine; the same seeds pass in every other run). Only that
 # exact crash is run once more; a test failure, a race report or any
 # other crash fails CI.
-stage "simulator (-race)"
+stage "simulator (-race, invariants)"
 sim_log=$(mktemp)
-if ! go test -race -count=1 -timeout 20m ./internal/sim 2>&1 | tee "$sim_log"; then
+if ! go test -race -tags invariants -count=1 -timeout 20m ./internal/sim 2>&1 | tee "$sim_log"; then
   if grep -q '^SIGSEGV: segmentation violation' "$sim_log" && grep -q 'runtime.(\*timer).maybeRunChan' "$sim_log" \
     && ! grep -qE '^--- FAIL|WARNING: DATA RACE|^panic: ' "$sim_log"; then
     echo "internal/sim: the Go runtime's synctest timer crash, not a test failure; once more" >&2
-    go test -race -count=1 -timeout 20m ./internal/sim
+    go test -race -tags invariants -count=1 -timeout 20m ./internal/sim
   else
     exit 1
   fi
@@ -63,9 +71,11 @@ stage "store crash test"
 go test -count=1 -timeout 10m -run '^TestCrash' ./internal/store
 stage "simulator finds its seeded bugs"
 # The simulator must keep finding an old bug compiled back in (build tag
-# simbugs), and replay it from its seed.
-go vet -tags simbugs ./internal/recovery ./internal/sim
-go test -count=1 -timeout 10m -tags simbugs -run 'FindsSeededBug' ./internal/sim
+# simbugs), and replay it from its seed, with the invariants compiled in
+# too: the bug must be found by the simulator's checks, not trip an
+# invariant first.
+go vet -tags simbugs,invariants ./internal/recovery ./internal/sim
+go test -count=1 -timeout 10m -tags simbugs,invariants -run 'FindsSeededBug' ./internal/sim
 # The data-path and failure tests run against a herd built with -race
 # (testcluster fails a test whose node logged a race report), once: the
 # multi-process run skips them. A renamed test would silently drop out of
