@@ -122,6 +122,9 @@ func readForwardFrame(r io.Reader, minimum uint32) ([]byte, error) {
 // forwarder keeps the connection to the current leader.
 type forwarder struct {
 	creds *peer.Credentials // the node's, to dial the leader
+	// sim, if set, carries each request instead of a connection: the
+	// simulator's network (sim.go).
+	sim func(ctx context.Context, address string, command []byte) (json.RawMessage, uint64, error)
 
 	mu      sync.Mutex // guards conn
 	conn    *forwardConn
@@ -153,6 +156,9 @@ type forwardRequest struct {
 }
 
 func (f *forwarder) send(ctx context.Context, address string, command []byte) (json.RawMessage, uint64, error) {
+	if f.sim != nil {
+		return f.sim(ctx, address, command)
+	}
 	conn, err := f.connection(ctx, address)
 	if err != nil {
 		return nil, 0, err

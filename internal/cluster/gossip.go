@@ -38,8 +38,13 @@ type nodeMeta struct {
 	Build Build `json:"b,omitzero"`
 }
 
-func (c *Cluster) startGossip() error {
+func (c *Cluster) startGossip() error { return c.startGossipOver(nil) }
+
+// startGossipOver starts memberlist over transport: its own UDP and TCP
+// sockets when nil, the simulator's network otherwise (sim.go).
+func (c *Cluster) startGossipOver(transport memberlist.Transport) error {
 	mc := memberlist.DefaultLANConfig()
+	mc.Transport = transport
 	mc.Name = c.cfg.NodeID
 	mc.BindAddr = c.cfg.BindIP
 	mc.BindPort = c.cfg.GossipPort

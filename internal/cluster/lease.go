@@ -100,7 +100,17 @@ type leaseAnswer struct {
 var processStart = time.Now()
 
 // monoNow is Go's monotonic clock in nanoseconds since processStart.
-func monoNow() int64 { return int64(time.Since(processStart)) }
+func monoNow() int64 {
+	if simClock.Load() {
+		return time.Now().UnixNano()
+	}
+	return int64(time.Since(processStart))
+}
+
+// simClock makes bootNow and monoNow read time.Now, the fake clock of a
+// testing/synctest bubble: set by the simulator (UseSimClock, sim.go),
+// never in a herd process.
+var simClock atomic.Bool
 
 // raise sets a to v unless it holds more already.
 func raise(a *atomic.Int64, v int64) {
@@ -115,6 +125,9 @@ func raise(a *atomic.Int64, v int64) {
 // bootNow is CLOCK_BOOTTIME in nanoseconds: monotonic, and counting while
 // the host is suspended.
 func bootNow() int64 {
+	if simClock.Load() {
+		return time.Now().UnixNano()
+	}
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
 		panic(fmt.Sprintf("cluster: CLOCK_BOOTTIME: %v", err)) // Linux has had it since 2.6.39
@@ -174,12 +187,22 @@ func (l *nodeLease) askRenewal() {
 
 // LeaseValid says whether this node may serve data now: exact, on
 // CLOCK_BOOTTIME (a system call, about 0.5 µs).
-func (c *Cluster) LeaseValid() bool { return c.lease.valid() }
+func (c *Cluster) LeaseValid() bool {
+	if bugServeByContact {
+		return c.HasQuorum()
+	}
+	return c.lease.valid()
+}
 
 // LeaseValidMonotonic is LeaseValid on the monotonic clock, read without
 // a system call: it cannot tell that the host was suspended, so it only
 // admits requests, and LeaseValid decides before a read is answered.
-func (c *Cluster) LeaseValidMonotonic() bool { return c.lease.validMonotonic() }
+func (c *Cluster) LeaseValidMonotonic() bool {
+	if bugServeByContact {
+		return c.HasQuorum()
+	}
+	return c.lease.validMonotonic()
+}
 
 // WaitLease returns nil once this node holds a valid lease, or an error
 // saying why it has none after leaseWait (or when ctx ends).
@@ -330,10 +353,13 @@ func (c *Cluster) renewLease() error {
 type leaseGrants struct {
 	mu    sync.Mutex
 	term  uint64
-	since int64             // bootNow when this node began to act as the term's leader
-	ready bool              // the term's Barrier was applied: CommitIndex covers every earlier term's entries
-	last  map[string]int64  // node id -> bootNow of its last grant
-	floor map[string]uint64 // node id -> the highest applied index it reported
+	since int64            // bootNow when this node began to act as the term's leader
+	ready bool             // the term's Barrier was applied: CommitIndex covers every earlier term's entries
+	last  map[string]int64 // node id -> bootNow of its last grant
+	// dropping are the nodes an entry that takes them out is being
+	// committed for (awaitDrop): granted no lease meanwhile.
+	dropping map[string]int
+	floor    map[string]uint64 // node id -> the highest applied index it reported
 	// granted are each node's grants whose leases may still run, oldest
 	// first: a node uses a lease only once it applied the grant's commit
 	// index, so the oldest one's is a floor too.
@@ -345,7 +371,7 @@ type leaseGrants struct {
 func (g *leaseGrants) begin(term uint64) {
 	if g.term != term || g.last == nil {
 		g.term, g.since, g.ready = term, bootNow(), false
-		g.last, g.floor, g.granted = map[string]int64{}, map[string]uint64{}, map[string][]grant{}
+		g.last, g.floor, g.granted, g.dropping = map[string]int64{}, map[string]uint64{}, map[string][]grant{}, map[string]int{}
 	}
 	if g.changed == nil {
 		g.changed = make(chan struct{})
@@ -454,6 +480,12 @@ func (c *Cluster) grantLease(node string, applied, want uint64) (commit, active 
 	if c.grants.term != term {
 		return 0, 0, fmt.Errorf("%w: this node is no longer the leader", ErrNoQuorum)
 	}
+	if c.grants.dropping[node] > 0 {
+		return 0, 0, fmt.Errorf("%w: node %s is being taken out of the cluster", ErrNoQuorum, node)
+	}
+	// A drop of node applied since commit was read: the grant must carry
+	// it (the leader's commit index covers what it applied).
+	commit = max(commit, c.raft.CommitIndex())
 	c.grants.record(node, bootNow(), applied, commit)
 	close(c.grants.changed)
 	c.grants.changed = make(chan struct{})
@@ -503,36 +535,69 @@ func (c *Cluster) dropWait(node string) time.Duration {
 }
 
 // awaitDrop waits, on the leader, until the entry data may be committed:
-// an entry that takes a node out waits for its lease to run out.
-func (c *Cluster) awaitDrop(ctx context.Context, data []byte) error {
+// an entry that takes a node out waits for its lease to run out. Call
+// release once the entry is applied (or failed): until then the node is
+// granted no lease.
+func (c *Cluster) awaitDrop(ctx context.Context, data []byte) (release func(), err error) {
+	release = func() {}
 	var node string
 	switch commandType(data[0]) {
 	case commandNodeLeave:
 		var cmd nodeLeaveCommand
 		if json.Unmarshal(data[1:], &cmd) != nil {
-			return nil // refused by the state machine with its own error
+			return release, nil // refused by the state machine with its own error
 		}
 		node = cmd.ID
 	case commandNodeRemove:
 		var cmd nodeRemoveCommand
 		if json.Unmarshal(data[1:], &cmd) != nil {
-			return nil
+			return release, nil
 		}
 		node = cmd.ID
 	default:
-		return nil
+		return release, nil
 	}
-	wait := c.dropWait(node)
-	if wait == 0 {
-		return nil
+	// A lease granted while the leader waits (the node's next process,
+	// restarted meanwhile, renews) must run out too: wait again until
+	// none is left, then grant the node none until the entry is
+	// applied (grantLease), when grants carry its index.
+	for {
+		wait := c.holdDrop(node)
+		if wait == 0 {
+			return func() { c.releaseDrop(node) }, nil
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, fmt.Errorf("%w: node %s may still hold a lease for %s", ErrNoQuorum, node, wait.Round(time.Millisecond))
+		}
 	}
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("%w: node %s may still hold a lease for %s", ErrNoQuorum, node, wait.Round(time.Millisecond))
+}
+
+// holdDrop is dropWait, and when it is 0 it holds node's grants back
+// (releaseDrop ends the hold) in the same step: no grant comes between.
+func (c *Cluster) holdDrop(node string) time.Duration {
+	c.grants.mu.Lock()
+	defer c.grants.mu.Unlock()
+	c.grants.begin(c.raft.CurrentTerm())
+	from := c.grants.since
+	if last, ok := c.grants.last[node]; ok && last > from {
+		from = last
+	}
+	if wait := time.Duration(from + int64(leaseDuration+leaseMargin) - bootNow()); wait > 0 {
+		return wait
+	}
+	c.grants.dropping[node]++
+	return 0
+}
+
+func (c *Cluster) releaseDrop(node string) {
+	c.grants.mu.Lock()
+	defer c.grants.mu.Unlock()
+	if c.grants.dropping[node] > 0 {
+		c.grants.dropping[node]--
 	}
 }
 

@@ -186,9 +186,11 @@ func (c *Cluster) proposeIndex(ctx context.Context, data []byte) (json.RawMessag
 		}
 		return result, index, nil
 	}
-	if err := c.awaitDrop(ctx, data); err != nil {
+	release, err := c.awaitDrop(ctx, data)
+	if err != nil {
 		return nil, 0, err
 	}
+	defer release()
 	timeout := applyTimeout
 	if deadline, ok := ctx.Deadline(); ok {
 		timeout = time.Until(deadline)

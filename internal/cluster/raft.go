@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
@@ -42,20 +43,7 @@ func (c *Cluster) startRaft() (fresh bool, err error) {
 	c.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream: stream, MaxPool: 4, Timeout: 10 * time.Second, Logger: hlog,
 	})
-	rc := raft.DefaultConfig()
-	rc.LocalID = raft.ServerID(c.cfg.NodeID)
-	rc.Logger = hlog
-	// Slightly above raft's defaults: on a saturated host (a VM host under
-	// load, a shared CI machine) contact times of 500-700 ms were seen, and
-	// a 500 ms lease made the leader step down under load.
-	rc.HeartbeatTimeout = 1500 * time.Millisecond
-	rc.ElectionTimeout = 1500 * time.Millisecond
-	rc.LeaderLeaseTimeout = leaderLeaseTimeout
-	rc.CommitTimeout = 5 * time.Millisecond
-	rc.BatchApplyCh = true
-	rc.MaxAppendEntries = 512
-	rc.SnapshotThreshold = 4096
-	rc.TrailingLogs = 4096
+	rc := raftConfig(c.cfg.NodeID, hlog)
 	existing, err := raft.HasExistingState(logs, store, snapshots)
 	if err != nil {
 		return false, err
@@ -77,6 +65,26 @@ func (c *Cluster) startRaft() (fresh bool, err error) {
 		c.logger.Info("created a new cluster", "node", c.cfg.NodeID)
 	}
 	return !existing, nil
+}
+
+// raftConfig is herd's raft configuration for node id (the simulator's
+// nodes use it too, sim.go).
+func raftConfig(id string, hlog hclog.Logger) *raft.Config {
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(id)
+	rc.Logger = hlog
+	// Slightly above raft's defaults: on a saturated host (a VM host under
+	// load, a shared CI machine) contact times of 500-700 ms were seen, and
+	// a 500 ms lease made the leader step down under load.
+	rc.HeartbeatTimeout = 1500 * time.Millisecond
+	rc.ElectionTimeout = 1500 * time.Millisecond
+	rc.LeaderLeaseTimeout = leaderLeaseTimeout
+	rc.CommitTimeout = 5 * time.Millisecond
+	rc.BatchApplyCh = true
+	rc.MaxAppendEntries = 512
+	rc.SnapshotThreshold = 4096
+	rc.TrailingLogs = 4096
+	return rc
 }
 
 // streamLayer carries raft over the authenticated peer port.

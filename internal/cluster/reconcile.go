@@ -150,7 +150,7 @@ func (c *Cluster) leaveConfirmed(id string, now time.Time) bool {
 	if s, ok := c.seen[id]; ok {
 		since = s.since
 	}
-	if now.Sub(since) >= gossipDeathVeto || !c.reachable(id) || c.addresses[id].stopping {
+	if now.Sub(since) >= gossipDeathVeto || !c.reachable(id) || (c.addresses[id].stopping && !bugDemoteHealthyVoter) {
 		delete(c.vetoed, id)
 		return true
 	}

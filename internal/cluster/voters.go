@@ -122,7 +122,7 @@ func (p voterPlan) next() (*voterChange, []string) {
 	healthyIDs := []string{}
 	healthy := map[string]bool{}
 	for id, n := range p.nodes {
-		if _, inGossip := p.members[id]; inGossip && n.State == NodeAlive && !p.stopping[id] {
+		if _, inGossip := p.members[id]; inGossip && n.State == NodeAlive && (!p.stopping[id] || bugDemoteHealthyVoter) {
 			healthyIDs = append(healthyIDs, id)
 			healthy[id] = true
 		}
@@ -207,7 +207,7 @@ func (p voterPlan) next() (*voterChange, []string) {
 			continue
 		}
 		settled = false
-		if p.stopping[id] && id != p.self && keepers > 0 {
+		if p.stopping[id] && id != p.self && keepers > 0 && !bugDemoteHealthyVoter {
 			if ch := try(voterChange{kind: changeDemote, id: id, why: "stopping"}); ch != nil {
 				return ch, held
 			}
@@ -218,7 +218,7 @@ func (p voterPlan) next() (*voterChange, []string) {
 		switch {
 		case len(unreachable) > 0:
 			id, why = unreachable[0], why+"; not reached by the leader"
-		case !settled:
+		case !settled && !bugDemoteHealthyVoter:
 			// A voter is departing (gone from gossip, stopping, dead in
 			// the log): the target may count it out already, its raft may
 			// still answer, and it stops any moment. It goes first; no

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/recovery"
 )
 
@@ -13,9 +14,9 @@ import (
 // the build tag simbugs, for the tests that show the simulator finds them.
 var bugLeaseByContact = false
 
-// seededBugs lists the names setSeededBug accepts: the simulator's own and
-// recovery's.
-var seededBugs = append([]string{"lease-by-contact"}, recovery.SeededBugs...)
+// seededBugs lists the names setSeededBug accepts: the simulator's own,
+// recovery's and cluster's (the raft mode's: raft_test.go).
+var seededBugs = append(append([]string{"lease-by-contact"}, recovery.SeededBugs...), cluster.SeededBugs...)
 
 // setSeededBug turns a seeded bug on or off. Call it before a run starts
 // (it is not synchronised).
@@ -25,6 +26,8 @@ func setSeededBug(name string, on bool) error {
 		bugLeaseByContact = on
 	case slices.Contains(recovery.SeededBugs, name):
 		return recovery.SetSeededBug(name, on)
+	case slices.Contains(cluster.SeededBugs, name):
+		return cluster.SetSeededBug(name, on)
 	default:
 		return fmt.Errorf("sim: no seeded bug %q (known: %v)", name, seededBugs)
 	}
