@@ -86,8 +86,32 @@ if [ "$listed" -ne "$(tr "|" "\n" <<<"$race_tests" | wc -l)" ]; then
   echo "race-binary tests: $listed of $race_tests exist" >&2
   exit 1
 fi
-stage "multi-process clusters (test/...)"
-go test -race -count=1 -timeout 40m -skip "^(${race_tests})$" ./test/...
+# The cluster tests mostly wait (failure detection, retries, clients):
+# they run as two processes at once, the long ones below in one and the
+# rest (and test/robustness) in the other, each cluster on loopback
+# addresses of its own. A renamed test would silently move to the other
+# half, so the names are checked too.
+stage "multi-process clusters (test/..., two at once)"
+long_tests='TestComposeCluster|TestRotateCAUnderLoad|TestRollingRestart|TestLibvirtUnprivilegedQEMU|TestNodeJoinRebalances|TestBadNBDClients|TestDashboard|TestLiveMigration|TestRollingUpgradeFromOlderBuild|TestVMOnHerdDisk'
+listed=$(go test -list "^(${long_tests})\$" ./test/e2e | grep -c '^Test' || true)
+if [ "$listed" -ne "$(tr "|" "\n" <<<"$long_tests" | wc -l)" ]; then
+  echo "long cluster tests: $listed of $long_tests exist" >&2
+  exit 1
+fi
+long_log=$(mktemp)
+go test -race -count=1 -timeout 40m -run "^(${long_tests})\$" ./test/e2e >"$long_log" 2>&1 &
+long_pid=$!
+rest_status=0
+go test -race -count=1 -timeout 40m -skip "^(${race_tests}|${long_tests})\$" ./test/... || rest_status=$?
+long_status=0
+wait "$long_pid" || long_status=$?
+echo "--- the long cluster tests (run beside the above):"
+cat "$long_log"
+rm -f "$long_log"
+if [ "$rest_status" -ne 0 ] || [ "$long_status" -ne 0 ]; then
+  exit 1
+fi
+
 
 stage "data-path tests on a -race herd"
 race_directory=$(mktemp -d)
