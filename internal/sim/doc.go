@@ -172,6 +172,29 @@
 //	go test -tags simbugs ./internal/sim -run TestSimulate -sim.bug=every-node-witnesses -sim.seed=2 -v
 //	go test -tags simbugs ./internal/sim -run TestSimulate -sim.bug=lease-by-contact -sim.seed=16 -v
 //
+// # Raft mode
+//
+// Everything above fakes raft, gossip and the leader's reconcile loop.
+// TestSimulateRaft (raftworld.go) runs them instead: three nodes, each
+// process a cluster.StartSim (hashicorp/raft with herd's configuration
+// on in-memory stores that outlive the process, the FSM, memberlist,
+// reconcile with the voter management, leases, rejoin, Depart and
+// Close) over the network of raftnet.go (a raft.Transport and a
+// memberlist.Transport that delay, drop, reorder, partition and hold
+// messages across a pause on the bubble's clock, and forwarded requests
+// carried to the leader's ProposeForwarded), under kills, clean stops,
+// pauses and partitions, one node at a time. It checks (Q) that the
+// quorum survives, (S) that no node serves in an epoch the cluster left
+// without it and (L) that the cluster settles after each fault; it runs
+// no data path. Raft draws its timeouts from math/rand, so a seed does
+// not replay bit for bit: a failing seed is replayed raftReplays times
+// and the count of failures reported. The seeded bugs of cluster/bugs.go
+// (demote-healthy-voter, serve-by-contact) are found by
+// TestRaftSimulatorFindsSeededBug*:
+//
+//	go test ./internal/sim -run TestSimulateRaft -sim.raft.seed=N -v
+//	go test -tags simbugs ./internal/sim -run TestRaftSimulatorFindsSeededBug -v
+//
 // # Deviations from the design
 //
 //   - Locks: the gateway held sync.Mutex and sync.RWMutex across round
