@@ -39,8 +39,17 @@ type Listener struct {
 	cancel    context.CancelFunc
 }
 
-// Listen opens the peer port, serving as the node creds names.
+// Listen opens the peer port, serving as the node creds names, without
+// admitting joining nodes (SetJoinHandler; ListenJoin).
 func Listen(address string, creds *Credentials, logger *slog.Logger) (*Listener, error) {
+	return ListenJoin(address, creds, logger, nil)
+}
+
+// ListenJoin is Listen admitting joining nodes through join from the
+// start. A node's port exists before its cluster does: its join handler
+// asks joining nodes to come again (ErrJoinNotReady) until the cluster
+// it needs has started.
+func ListenJoin(address string, creds *Credentials, logger *slog.Logger, join JoinHandler) (*Listener, error) {
 	if err := creds.check(); err != nil {
 		return nil, err
 	}
@@ -54,6 +63,7 @@ func Listen(address string, creds *Credentials, logger *slog.Logger) (*Listener,
 		tlsConfig: creds.serverConfig(),
 		logger:    logging.WithBounds(logger),
 		protocols: map[Protocol]*SubListener{},
+		join:      join,
 		closed:    make(chan struct{}),
 	}
 	pl.ctx, pl.cancel = context.WithCancel(context.Background())

@@ -183,7 +183,21 @@ func Run(ctx context.Context, o Options) error {
 	peerAddr := net.JoinHostPort(host, strconv.Itoa(o.PeerPort))
 	gossipAddr := net.JoinHostPort(host, strconv.Itoa(o.GossipPort))
 	adminAddr := net.JoinHostPort(host, strconv.Itoa(o.AdminPort))
-	peerListener, err := peer.Listen(peerAddr, credentials.peer, logger)
+	// The peer port admits joining nodes once this node's cluster has
+	// started (clusterStarted, closed after cluster.Start below); until
+	// then it asks them to come again, as it does while the cluster does
+	// not know its join secret yet.
+	var c *cluster.Cluster
+	clusterStarted := make(chan struct{})
+	join := func(ctx context.Context, request peer.JoinRequest, remote net.Addr) (peer.JoinResponse, error) {
+		select {
+		case <-clusterStarted:
+		default:
+			return peer.JoinResponse{}, fmt.Errorf("%w: this node's cluster is starting", peer.ErrJoinNotReady)
+		}
+		return credentials.joinHandler(c, gossipAddr, logger)(ctx, request, remote)
+	}
+	peerListener, err := peer.ListenJoin(peerAddr, credentials.peer, logger, join)
 	if err != nil {
 		return fmt.Errorf("peer port: %w", err)
 	}
@@ -214,7 +228,7 @@ func Run(ctx context.Context, o Options) error {
 		logger.Warn("raft's and memberlist's metrics are not exported", "err", err)
 	}
 	build := version.Get()
-	c, err := cluster.Start(ctx, cluster.Config{
+	c, err = cluster.Start(ctx, cluster.Config{
 		Build:           cluster.Build{Version: build.Version, Commit: build.Commit, StoreFormat: store.FormatVersion, PeerProtocol: objproto.ObjectProtocolVersion, Signs: credentials.now().current.CanSign()},
 		CurrentCA:       func() *x509.Certificate { return credentials.now().current.Cert },
 		DataDir:         o.DataDir,
@@ -243,7 +257,7 @@ func Run(ctx context.Context, o Options) error {
 	defer c.Close()
 	credentials.cluster.Store(c)
 	go credentials.trustLoop(ctx, c, logger)
-	peerListener.SetJoinHandler(credentials.joinHandler(c, gossipAddr, logger))
+	close(clusterStarted)
 	go peer.ServeCalls(peerListener.Protocol(peer.ProtocolSecrets), credentials.serveSecrets)
 	go peer.ServeCalls(peerListener.Protocol(peer.ProtocolSign), credentials.serveSign)
 	if err := credentials.initSecurity(ctx, c, logger); err != nil {
