@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"flag"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -74,5 +75,51 @@ func TestScenarioMergeAndFlattenUnderFaults(t *testing.T) {
 			t.Fatalf("seed %d: %d layers merged (want at least 3), %d flattened (want 1), %d objects copied (want some), %d merges or flattens still waited for at the end (want 0); chains %v\n%s", seed, r.Merged, r.Flattened, r.Copied, r.LayerJobs, r.Chains, strings.Join(layerNotes, "\n"))
 		}
 		t.Logf("seed %d: %d layers merged, %d flattened, %d objects copied; final chains %v; %d operations (%d failed), %d reads by readers", seed, r.Merged, r.Flattened, r.Copied, r.Chains, r.Ops, r.Errors, r.ReaderReads)
+	}
+}
+
+var snapshotLag = flag.Bool("sim.snapshotlag", false, "run TestScenarioSnapshotOnLaggingNode, which fails today: a reader on a node applying the log late reads the old VDI after a snapshot (ARCHITECTURE.md, \"Writer lock and handover\")")
+
+// snapshotOnLaggingNode: n3 and n4 apply the log 800 ms late (within
+// their leases) while the clients' VDIs are snapshotted through their
+// writers. Their readers of ro/NAME read the VDI the name had before the
+// snapshot for up to 800 ms after it, while the writer's writes into the
+// new VDI are acknowledged: stale reads (seed 1: "reader on n4 (process
+// n4.1, ro/vdi0): block 5 read write #0 of client 1, but write #89 was
+// acknowledged before the read began", at t=4.27s). The writer does not
+// wait for every serving node to apply a snapshot as writes in a new
+// epoch wait for it.
+func snapshotOnLaggingNode(seed uint64) Schedule {
+	ms := time.Millisecond
+	return Schedule{
+		Seed:   seed,
+		Config: Config{Nodes: 5, Copies: 2, MaxFaulty: 1, ObjectSize: 64 << 10, VDISize: 2 << 20, Clients: 2, Lanes: 3, Faults: 12 * time.Second, Layers: true},
+		Events: []Event{
+			{At: 1000 * ms, Kind: Lag, Node: 3, Lag: 800 * ms},
+			{At: 1000 * ms, Kind: Lag, Node: 4, Lag: 800 * ms},
+			{At: 2000 * ms, Kind: Snapshot, Client: 0},
+			{At: 2000 * ms, Kind: Snapshot, Client: 1},
+			{At: 4000 * ms, Kind: Snapshot, Client: 0},
+			{At: 4000 * ms, Kind: Snapshot, Client: 1},
+			{At: 6000 * ms, Kind: Snapshot, Client: 0},
+			{At: 8000 * ms, Kind: Snapshot, Client: 1},
+		},
+	}
+}
+
+// TestScenarioSnapshotOnLaggingNode runs on request (-sim.snapshotlag):
+// the known stale read above, kept as its reproduction until the
+// snapshot waits for the serving nodes.
+func TestScenarioSnapshotOnLaggingNode(t *testing.T) {
+	if !*snapshotLag {
+		t.Skip("run on request with -sim.snapshotlag: it fails today (a lagging node's ro/ reader reads the old VDI after a snapshot)")
+	}
+	dir := scratch(t)
+	for seed := uint64(1); seed <= 5; seed++ {
+		r := runScenario(t, snapshotOnLaggingNode(seed), filepath.Join(dir, "s"+itoa(seed)))
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		t.Logf("seed %d: %d reads by readers, none stale", seed, r.ReaderReads)
 	}
 }
