@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Backup rates (issue 13): a full backup, an incremental one after 1% of
+# Backup rates: a full backup, an incremental one after 1% of
 # the VDI changed, and a restore, of a VDI of GIB GiB holding random data,
 # into a store on the same disk, against that disk's bandwidth measured
 # in the same run (dd, O_DIRECT, 1 GiB). Prints each step's time, bytes

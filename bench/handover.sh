@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Measures the writer handover (issue 11): two libnbd clients connected
+# Measures the writer handover: two libnbd clients connected
 # through two nodes of a 3-node cluster write a 4 KiB block and flush in
 # turn, so every write moves the VDI's writer lock to the other node
 # (drain, flush, one log entry, a fresh map cache). Prints the write+flush

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Long robustness run (issue 5): NBD clients write and read-verify on a
+# Long robustness run: NBD clients write and read-verify on a
 # 5-node, 3-copy cluster while a nemesis kills -9, pauses, restarts and
 # partitions nodes (at most 2 faulty at once). Prints the summary:
 # operations, faults injected, client errors, verification failures,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Zones far apart (issue 14): sequential write throughput (fio, nbd engine,
+# Zones far apart: sequential write throughput (fio, nbd engine,
 # 1 MiB blocks, QD16, 20 s) of a VDI whose two copies span two zones, with
 # no delay and with DELAY each way between the zones (25ms: 50 ms RTT), in
 # one run; prints both and the ratio; then the delay again with the VDI

@@ -294,7 +294,7 @@ func TestUnknownAndMalformedCommands(t *testing.T) {
 	}
 }
 
-// Issue 8 §2: a node that comes back before it was missed (a quick
+// An epoch fixes its placement: a node that comes back before it was missed (a quick
 // restart: same id, new incarnation, no leave in between) with another
 // capacity or zone changes the placement, so it begins a new epoch; the
 // earlier epochs keep what placement needed then. Before, only the node

@@ -62,7 +62,7 @@ func up(ids ...string) func(string) bool {
 	return func(id string) bool { return slices.Contains(ids, id) }
 }
 
-// Issue 15, as CI saw it: the first epochs of a cluster are its nodes
+// As CI saw it: the first epochs of a cluster are its nodes
 // joining one by one, before it is formatted, so epoch 1 may hold one
 // node alone. When that node is down, an object nobody has written yet
 // (a map object's first access) or whose copies are all on silent nodes
@@ -90,7 +90,7 @@ func TestProveCurrentStartsAtTheVDIsEpoch(t *testing.T) {
 	}
 }
 
-// Issue 15's second half: a replica of a past epoch that is a member of
+// And: a replica of a past epoch that is a member of
 // the current one but did not answer the survey (paused, cut off, busy,
 // just restarted) is no evidence that data is lost: the proof fails with
 // a retryable error, and only replicas that are out of the epoch (down)
@@ -135,7 +135,7 @@ func TestProveCurrentRetriesSilentMembers(t *testing.T) {
 	}
 }
 
-// Issue 8 §2: an epoch fixes its placement by itself. A node that comes
+// An epoch fixes its placement by itself. A node that comes
 // back (a quick restart, inside the failure detector's window) with
 // another capacity begins a new epoch, and the placement of the epochs
 // before it stays what it was: computed from today's node table, the

@@ -78,7 +78,7 @@ func waitRestored(t *testing.T, c *testcluster.Cluster, i int, oid uint64, offse
 	})
 }
 
-// Issue 10: rot in one replica's object file (header intact) is never
+// Data checksums: rot in one replica's object file (header intact) is never
 // served: reads through every node return the right bytes, the copy is
 // repaired block by block and the counters move; with two of three
 // replicas damaged in different blocks the same; with every replica

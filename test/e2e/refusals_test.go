@@ -29,7 +29,7 @@ import (
 	"github.com/herd-storage/herd/internal/testcluster"
 )
 
-// Issue 29's floods and slot grabs, done as the attacker did them.
+// Floods and slot grabs, done as an attacker with the docs in hand did them.
 
 const (
 	// logBoundPerPort is what a minute of each flood may add to the log,

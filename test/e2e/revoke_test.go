@@ -1,6 +1,6 @@
 package e2e
 
-// Issue 29, "a revoke is final" and "scopes that mean what they say":
+// Security: "a revoke is final" and "scopes that mean what they say":
 // each test does what the attacker did.
 
 import (
