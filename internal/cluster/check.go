@@ -6,6 +6,19 @@ import (
 	"slices"
 )
 
+// checkBudget bounds what State.Check costs the FSM per applied entry
+// (build tag invariants): a state of n items (size) is checked after
+// every max(1, n/checkBudget)th entry, so every entry while the state
+// is small (the simulator's, the tests' harnesses) and about checkBudget
+// items per entry on a large one (a test creating thousands of VDIs
+// would otherwise check O(n^2) items).
+const checkBudget = 64
+
+// size is the number of items State.Check walks.
+func (s *State) size() int {
+	return len(s.Nodes) + len(s.Epochs) + len(s.Locks) + len(s.VDIs) + len(s.Snapshots) + len(s.Garbage) + len(s.Admitted)
+}
+
 // Check returns an error naming the first invariant s breaks. These hold
 // after any sequence of entries, accepted or refused; the FSM checks them
 // after every entry it applies in a build with the tag invariants

@@ -240,6 +240,9 @@ type FSM struct {
 	// halted (guarded by mu), once set, is why this FSM applies no more
 	// entries and takes no snapshot.
 	halted error
+	// unchecked (guarded by mu) counts the entries applied since the
+	// state was last checked (build tag invariants; checkBudget).
+	unchecked int
 
 	waitMu  sync.Mutex // guards applied and waiters
 	applied uint64
@@ -371,8 +374,12 @@ func (f *FSM) ApplyBatch(entries []*raft.Log) []any {
 			}
 			nodesChanged = nodesChanged || len(f.state.Epochs) != before || t == commandNodeJoin
 			if invariants.Enabled {
-				if err := f.state.Check(); err != nil {
-					invariants.Fail("cluster state after log entry %d (command %d, error %v): %v", entry.Index, t, result.Err, err)
+				f.unchecked++
+				if n := f.unchecked; n*checkBudget >= f.state.size() {
+					f.unchecked = 0
+					if err := f.state.Check(); err != nil {
+						invariants.Fail("cluster state after log entry %d (command %d, error %v; the %d entries before it unchecked): %v", entry.Index, t, result.Err, n-1, err)
+					}
 				}
 			}
 		}
