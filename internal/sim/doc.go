@@ -175,8 +175,8 @@
 // # Raft mode
 //
 // Everything above fakes raft, gossip and the leader's reconcile loop.
-// TestSimulateRaft (raftworld.go) runs them instead: three nodes, each
-// process a cluster.StartSim (hashicorp/raft with herd's configuration
+// TestSimulateRaft (raftworld.go) runs them instead: three nodes (five
+// in a quarter of the seeds), each process a cluster.StartSim (hashicorp/raft with herd's configuration
 // on in-memory stores that outlive the process, the FSM, memberlist,
 // reconcile with the voter management, leases, rejoin, Depart and
 // Close) over the network of raftnet.go (a raft.Transport and a

@@ -1,9 +1,10 @@
 package sim
 
 // The raft mode of the simulator: the real cluster runtime of three
-// nodes in one bubble. Each node's process is a cluster.Cluster started
-// by cluster.StartSim: hashicorp/raft with herd's configuration on
-// in-memory stores that outlive the process (its disk), the production
+// nodes (five in a quarter of the seeds) in one bubble. Each node's
+// process is a cluster.Cluster started by cluster.StartSim:
+// hashicorp/raft with herd's configuration on in-memory stores that
+// outlive the process (its disk), the production
 // FSM, memberlist with herd's configuration, the leader's reconcile loop
 // with the voter management, leases, the rejoin loop, Depart and Close,
 // all over the simulator's network (raftnet.go) on the bubble's fake
@@ -11,7 +12,7 @@ package sim
 // data path over cluster.Local); what it checks is what the control
 // path promises the data path:
 //
-//	(Q) Quorum: with at most one node of three faulty (killed, stopped
+//	(Q) Quorum: with at most one node faulty (killed, stopped
 //	    cleanly, paused, cut off), the cluster commits: a probe (a lock
 //	    taken through each node, forwarded to the leader) succeeds at
 //	    least every quorumGap. A clean stop must not take the quorum
@@ -45,12 +46,13 @@ import (
 )
 
 const (
-	raftNodes   = 3
-	quorumGap   = 12 * time.Second // (Q): the longest a healthy majority may go without a commit
-	settleLimit = 45 * time.Second // (L)
-	probeEvery  = 500 * time.Millisecond
-	readEvery   = 100 * time.Millisecond
-	logLines    = 60 // kept per node for a failure's report
+	raftNodes      = 3 // most seeds; a quarter have raftNodesLarge
+	raftNodesLarge = 5
+	quorumGap      = 12 * time.Second // (Q): the longest a healthy majority may go without a commit
+	settleLimit    = 45 * time.Second // (L)
+	probeEvery     = 500 * time.Millisecond
+	readEvery      = 100 * time.Millisecond
+	logLines       = 60 // kept per node for a failure's report
 )
 
 // RaftResult is the outcome of one raft-mode run.
@@ -76,6 +78,7 @@ type raftFault struct {
 
 // raftSchedule is the seed's schedule.
 type raftSchedule struct {
+	nodes        int
 	faults       []raftFault
 	dropPerMille int
 	delayMax     time.Duration
@@ -83,16 +86,26 @@ type raftSchedule struct {
 
 func newRaftSchedule(seed uint64) raftSchedule {
 	r := newSplitMix(seed)
+	// The cluster's size comes from a stream of its own, so that the
+	// three-node seeds kept the schedules they had before five-node
+	// ones existed; so do a five-node seed's victims.
+	size := newSplitMix(seed ^ 0x6e6f646573)
 	between := func(lo, hi time.Duration) time.Duration {
 		steps := uint64((hi-lo)/(250*time.Millisecond)) + 1
 		return lo + time.Duration(r.next()%steps)*250*time.Millisecond
 	}
-	var s raftSchedule
+	s := raftSchedule{nodes: raftNodes}
+	if size.next()%4 == 0 {
+		s.nodes = raftNodesLarge
+	}
 	s.dropPerMille = []int{0, 0, 2, 10}[r.next()%4]
 	s.delayMax = []time.Duration{0, 2 * time.Millisecond, 10 * time.Millisecond, 30 * time.Millisecond}[r.next()%4]
 	n := 3 + int(r.next()%2)
 	for range n {
 		f := raftFault{kind: []string{"kill", "stop", "pause", "partition"}[r.next()%4], victim: int(r.next() % raftNodes)}
+		if s.nodes != raftNodes {
+			f.victim = int(size.next() % uint64(s.nodes))
+		}
 		if r.next()%3 == 0 {
 			f.victim = -1
 		}
@@ -200,11 +213,11 @@ var verboseRaft bool
 func RunRaft(seed uint64) RaftResult {
 	w := &raftWorld{seed: seed, net: newSimNet(seed), start: time.Now(), done: make(chan struct{}), failedCh: make(chan struct{}), epochs: map[uint64]seenEpoch{}}
 	sched := newRaftSchedule(seed)
-	for i := range raftNodes {
+	for i := range sched.nodes {
 		w.nodes = append(w.nodes, &raftNode{index: i, id: fmt.Sprintf("n%d", i), ip: fmt.Sprintf("10.0.0.%d", i+1), zone: fmt.Sprintf("z%d", i),
 			stores: cluster.NewSimStores(), log: &logRing{}})
 	}
-	w.step("seed %d: %d nodes, drops %d‰, delays up to %v", seed, raftNodes, sched.dropPerMille, sched.delayMax)
+	w.step("seed %d: %d nodes, drops %d‰, delays up to %v", seed, sched.nodes, sched.dropPerMille, sched.delayMax)
 	for _, n := range w.nodes {
 		w.startProcess(n)
 		if n.index == 0 {
@@ -422,7 +435,7 @@ func (w *raftWorld) settled() (bool, string) {
 		return false, "no leader"
 	}
 	voters := l.c.RaftVoters()
-	if len(voters) != raftNodes {
+	if len(voters) != len(w.nodes) {
 		return false, fmt.Sprintf("leader %s has voters %v", l.id, voters)
 	}
 	epoch := l.c.CurrentEpoch()
@@ -434,7 +447,7 @@ func (w *raftWorld) settled() (bool, string) {
 		if !ok || node.State != cluster.NodeAlive || node.Incarnation != n.process() || !slices.Contains(epoch.Nodes, n.id) {
 			return false, fmt.Sprintf("leader %s's log has %s as %+v in epoch %d %v, not alive with process %s", l.id, n.id, node.State, epoch.Number, epoch.Nodes, n.process())
 		}
-		if got := n.c.RaftVoters(); len(got) != raftNodes {
+		if got := n.c.RaftVoters(); len(got) != len(w.nodes) {
 			// The leader's latest configuration is not committed until
 			// the others have it: a fault now could leave the servers
 			// with different voter sets (the leader killed as it
@@ -474,7 +487,7 @@ func (w *raftWorld) monitor() {
 					states = append(states, n.id+": no process")
 				}
 			}
-			w.problem("(Q) no commit for %v with at most one node of %d faulty: %s", gap.Round(100*time.Millisecond), raftNodes, strings.Join(states, "; "))
+			w.problem("(Q) no commit for %v with at most one node of %d faulty: %s", gap.Round(100*time.Millisecond), len(w.nodes), strings.Join(states, "; "))
 			return
 		}
 	}
