@@ -38,8 +38,9 @@ stage "unit tests (-race, invariants)"
 # compiled in (-tags invariants: the cluster state checked after every
 # applied entry, every placement, the store's and replica's stamps and
 # checksums where they change; docs/ARCHITECTURE.md "Executable
-# invariants"): a violation panics, naming it. The stages after these run
-# the production build.
+# invariants"): a violation panics, naming it. The placement simulation,
+# the store's crash test and every herd the cluster tests start are the
+# production build.
 go test -race -tags invariants -count=1 -timeout 20m $(go list ./... | grep -v /test/ | grep -v /internal/sim$)
 # The simulator runs in testing/synctest bubbles. Go 1.26.8's runtime
 # crashed there under -race in one of about ten runs on 2026-11-27
@@ -93,7 +94,9 @@ fi
 # they run as two processes at once, the long ones below in one and the
 # rest (and test/robustness) in the other, each cluster on loopback
 # addresses of its own. A renamed test would silently move to the other
-# half, so the names are checked too.
+# half, so the names are checked too. The test processes are built with
+# -tags invariants only to reuse the unit stage's build of the packages
+# they import; the herd they run is testcluster's, built without it.
 stage "multi-process clusters (test/..., two at once)"
 long_tests='TestComposeCluster|TestRotateCAUnderLoad|TestRollingRestart|TestLibvirtUnprivilegedQEMU|TestNodeJoinRebalances|TestBadNBDClients|TestDashboard|TestLiveMigration|TestRollingUpgradeFromOlderBuild|TestVMOnHerdDisk'
 listed=$(go test -list "^(${long_tests})\$" ./test/e2e | grep -c '^Test' || true)
@@ -102,10 +105,10 @@ if [ "$listed" -ne "$(tr "|" "\n" <<<"$long_tests" | wc -l)" ]; then
   exit 1
 fi
 long_log=$(mktemp)
-go test -race -count=1 -timeout 40m -run "^(${long_tests})\$" ./test/e2e >"$long_log" 2>&1 &
+go test -race -tags invariants -count=1 -timeout 40m -run "^(${long_tests})\$" ./test/e2e >"$long_log" 2>&1 &
 long_pid=$!
 rest_status=0
-go test -race -count=1 -timeout 40m -skip "^(${race_tests}|${long_tests})\$" ./test/... || rest_status=$?
+go test -race -tags invariants -count=1 -timeout 40m -skip "^(${race_tests}|${long_tests})\$" ./test/... || rest_status=$?
 long_status=0
 wait "$long_pid" || long_status=$?
 echo "--- the long cluster tests (run beside the above):"
