@@ -46,9 +46,12 @@ type Trust interface {
 }
 
 // CARotator starts a CA rotation: on a node holding the cluster CA's
-// key, or by asking one.
+// key, or by asking one; and finishes it, waiting (a bounded time) until
+// every alive node trusts the new CA alone: it returns the nodes that
+// did not yet.
 type CARotator interface {
 	StartCARotation(ctx context.Context) (cluster.CAState, error)
+	FinishCARotation(ctx context.Context, force bool) (cluster.CAState, []string, error)
 }
 
 // fingerprint is the CA fingerprint new tokens carry.

@@ -35,7 +35,12 @@ func (s *Server) rotationRoutes(mux *http.ServeMux) {
 		if err := decodeBody(r, &req); err != nil {
 			return nil, err
 		}
-		return c.FinishCARotation(r.Context(), req.Force)
+		if s.sec.CA == nil {
+			state, err := c.FinishCARotation(r.Context(), req.Force)
+			return FinishedCA{CAState: state}, err
+		}
+		state, pending, err := s.sec.CA.FinishCARotation(r.Context(), req.Force)
+		return FinishedCA{CAState: state, NotApplied: pending}, err
 	})
 	s.handle(mux, "POST /v1/cluster/ca/cancel", func(r *http.Request) (any, error) {
 		return c.CancelCARotation(r.Context())
@@ -56,6 +61,14 @@ type FinishCARequest struct {
 	Force bool `json:"force,omitempty"`
 }
 
+// FinishedCA answers a finish: the CA record, and the alive nodes that
+// did not trust the new CA alone yet when the node answering stopped
+// waiting for them (server/trust.go's finishWait).
+type FinishedCA struct {
+	cluster.CAState
+	NotApplied []string `json:"not_applied,omitempty"`
+}
+
 // RotateCA starts a CA rotation.
 func (c *Client) RotateCA(ctx context.Context) (cluster.CAState, error) {
 	var v cluster.CAState
@@ -63,8 +76,8 @@ func (c *Client) RotateCA(ctx context.Context) (cluster.CAState, error) {
 }
 
 // FinishCARotation ends the CA rotation under way.
-func (c *Client) FinishCARotation(ctx context.Context, force bool) (cluster.CAState, error) {
-	var v cluster.CAState
+func (c *Client) FinishCARotation(ctx context.Context, force bool) (FinishedCA, error) {
+	var v FinishedCA
 	return v, c.Do(ctx, http.MethodPost, "/v1/cluster/ca/finish", FinishCARequest{Force: force}, &v)
 }
 

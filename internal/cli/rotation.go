@@ -137,8 +137,10 @@ func rotateCACommand(g *globals) *cobra.Command {
 
 --finish is refused while a node has no certificate from the new CA; with
 --force it goes on without the nodes that are down (they must be removed
-and join again). --token-out writes this command's token with the new
-fingerprint. --cancel drops the new CA.`,
+and join again). It returns once every alive node trusts the new CA
+alone (at most 10 s after the finish: it names the nodes that do not
+yet). --token-out writes this command's token with the new fingerprint.
+--cancel drops the new CA.`,
 		Args: args(0, "[--finish [--force] [--token-out FILE] | --cancel]"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if finish && cancel {
@@ -153,14 +155,19 @@ fingerprint. --cancel drops the new CA.`,
 					fmt.Fprintf(w, "CA rotation cancelled: the cluster's CA stays %s; renewed clients use their previous certificate again\n", caText(state.Fingerprint))
 				})
 			case finish:
-				return call(g, func(c *api.Client, ctx context.Context) (cluster.CAState, error) {
+				return call(g, func(c *api.Client, ctx context.Context) (api.FinishedCA, error) {
 					state, err := c.FinishCARotation(ctx, force)
 					if err == nil && tokenOut != "" {
 						err = writeRefreshedToken(c.Token(), state.Fingerprint, tokenOut)
 					}
 					return state, err
-				}, func(w *tabwriter.Writer, state cluster.CAState) {
-					fmt.Fprintf(w, "CA rotation finished: the cluster's CA is %s; the old CA and every certificate it issued are refused from now on\n", state.Fingerprint)
+				}, func(w *tabwriter.Writer, state api.FinishedCA) {
+					if len(state.NotApplied) == 0 {
+						fmt.Fprintf(w, "CA rotation finished: the cluster's CA is %s; the old CA and every certificate it issued are refused on every node\n", state.Fingerprint)
+					} else {
+						fmt.Fprintf(w, "CA rotation finished: the cluster's CA is %s; the old CA and every certificate it issued are refused from now on\n", state.Fingerprint)
+						fmt.Fprintf(w, "nodes %s did not trust the new CA alone yet when the node stopped waiting: they refuse the old one once they apply the finish (herd cluster info)\n", strings.Join(state.NotApplied, ", "))
+					}
 					if tokenOut != "" {
 						fmt.Fprintf(w, "this command's admin token, with the new fingerprint, is in %s\n", tokenOut)
 					} else {

@@ -213,6 +213,7 @@ type rotationState interface {
 	Sync(ctx context.Context) error
 	RecordCACertificate(ctx context.Context, fingerprint, serial string) error
 	Node(id string) (cluster.Node, bool)
+	PeerAllowedUnder(id, serial, ca string) error
 	Halt(err error)
 }
 
@@ -281,12 +282,18 @@ func (cr *credentials) followRotation(ctx context.Context, c rotationState, logg
 	case state.Fingerprint != "" && state.Fingerprint != t.current.Fingerprint():
 		// The rotation finished (while this node ran, or was away).
 		if err := c.Sync(ctx); err != nil {
-			return nil // act on the leader's word only
-		}
-		if state = c.CA(); state.Rotation != nil || state.Fingerprint == t.current.Fingerprint() {
+			// Act on the leader's word only, unless the log applied here
+			// is past this node's CA already: a node left out by --force
+			// cannot reach the leader (it refuses the node's certificate),
+			// yet it may go on applying the log, over a raft connection
+			// the leader opened before it applied the finish.
+			if !t.pastCurrent(c, state) || t.admittedUnder(c, state) {
+				return nil
+			}
+		} else if state = c.CA(); state.Rotation != nil || state.Fingerprint == t.current.Fingerprint() {
 			return nil
 		}
-		if t.next == nil || t.next.Fingerprint() != state.Fingerprint || t.nodeNext == nil {
+		if !t.admittedUnder(c, state) {
 			// Left out of a rotation finished with --force: every other
 			// node refuses this one's certificate from now on.
 			if !cr.leftBehind.Swap(true) {
@@ -315,6 +322,38 @@ func (cr *credentials) followRotation(ctx context.Context, c rotationState, logg
 		logger.Info("CA rotation: dropped the new CA (cancelled)", "ca", t.next.Fingerprint())
 	}
 	return nil
+}
+
+// admittedUnder tells whether this node holds a certificate from the
+// CA the log (state, a rotation finished) names the cluster's that the
+// log admits: its certificate from the rotation's new CA, recorded before
+// the finish. A node without one was left out by --force: it trusts the
+// new CA at most (learned from the log, or from a member: learnCAs), or
+// got a certificate from it too late to record it (the log admits the
+// serial it recorded, or the one from before).
+func (t *trust) admittedUnder(c rotationState, state cluster.CAState) bool {
+	return t.next != nil && t.next.Fingerprint() == state.Fingerprint && t.nodeNext != nil &&
+		c.PeerAllowedUnder(c.ID(), pki.Serial(t.nodeNext.Leaf), state.Fingerprint) == nil
+}
+
+// pastCurrent tells whether the log applied here (state: a rotation
+// finished, to a CA other than this node's current one) is past this
+// node's current CA, not behind it (a node that just started applies the
+// log from a snapshot taken before a finish it took part in): the new CA
+// this node trusts is the log's, or the log retired this node's CA, or
+// it still admits this node's certificate from it (a finish admits the
+// certificates from the new CA it records, so only one that left this
+// node out is followed by its old serial).
+func (t *trust) pastCurrent(c rotationState, state cluster.CAState) bool {
+	if t.next != nil && t.next.Fingerprint() == state.Fingerprint {
+		return true
+	}
+	for _, retired := range state.Retired {
+		if retired.Fingerprint == t.current.Fingerprint() {
+			return true
+		}
+	}
+	return t.node.Leaf != nil && c.PeerAllowedUnder(c.ID(), pki.Serial(t.node.Leaf), "") == nil
 }
 
 // issueNext gets this node's certificate from the new CA: from its own
@@ -488,6 +527,88 @@ func (cr *credentials) StartCARotation(ctx context.Context) (cluster.CAState, er
 		return cluster.CAState{}, fmt.Errorf("%w, and no node that holds it is up to make the new CA (herd node list --json: holds_ca_key)", pki.ErrNoCAKey)
 	}
 	return cluster.CAState{}, fmt.Errorf("no node holding the CA key made the new CA: %s", strings.Join(errs, "; "))
+}
+
+// finishWait bounds how long FinishCARotation waits for the alive nodes
+// to apply the finish (each does within trustInterval of applying the
+// entry): less than the CLI's default --timeout.
+const finishWait = 10 * time.Second
+
+// FinishCARotation implements api.CARotator: it commits the finish, then
+// waits until every node the log has alive trusts the new CA alone, so
+// that the old CA is refused everywhere when it returns (a node left out
+// by --force that starts meanwhile is refused by every member it asks,
+// at once); at most finishWait. It returns the nodes that had not by
+// then.
+func (cr *credentials) FinishCARotation(ctx context.Context, force bool) (cluster.CAState, []string, error) {
+	c := cr.cluster.Load()
+	if c == nil {
+		return cluster.CAState{}, nil, errors.New("this node is starting")
+	}
+	state, err := c.FinishCARotation(ctx, force)
+	if err != nil {
+		return state, nil, err
+	}
+	wait, cancel := context.WithTimeout(ctx, finishWait)
+	defer cancel()
+	return state, cr.waitFinished(wait, c, state.Fingerprint), nil
+}
+
+// nodeLister is what waitFinished reads of the log (*cluster.Cluster).
+type nodeLister interface {
+	ID() string
+	Nodes() []cluster.NodeInfo
+}
+
+// waitFinished waits until every node c has alive trusts the CA of
+// fingerprint alone, or ctx ends; it returns the nodes that do not.
+func (cr *credentials) waitFinished(ctx context.Context, c nodeLister, fingerprint string) []string {
+	done := map[string]bool{}
+	for {
+		var pending []string
+		for _, n := range c.Nodes() {
+			if n.State != cluster.NodeAlive || done[n.ID] {
+				continue
+			}
+			if cr.trustsOnly(ctx, c, n.Node, fingerprint) {
+				done[n.ID] = true
+			} else {
+				pending = append(pending, n.ID)
+			}
+		}
+		if len(pending) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return pending
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// trustsOnly tells whether node n trusts the CA of fingerprint alone: this
+// node by its trust, another by the CAs it answers (ProtocolSecrets).
+func (cr *credentials) trustsOnly(ctx context.Context, c nodeLister, n cluster.Node, fingerprint string) bool {
+	if n.ID == c.ID() {
+		t := cr.now()
+		return t.next == nil && t.current.Fingerprint() == fingerprint
+	}
+	if n.PeerAddr == "" {
+		return false
+	}
+	call, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	body, err := peer.Call(call, n.PeerAddr, cr.peer, peer.ProtocolSecrets, []byte("{}"))
+	if err != nil {
+		return false
+	}
+	var s secrets
+	if json.Unmarshal(body, &s) != nil || len(s.CACerts) != 1 {
+		return false
+	}
+	ca, err := pki.ParseCACertificate(s.CACerts[0])
+	return err == nil && ca.Fingerprint() == fingerprint
 }
 
 // NodeCertificateExpires implements api.Trust.

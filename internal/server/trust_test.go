@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -47,6 +48,21 @@ type memberLog struct {
 	*cluster.LocalMember
 	mu     sync.Mutex
 	halted error
+	// leader, if set, is Sync's new connection to the leader (the
+	// cluster's read index goes over the peer port): Sync fails with it.
+	leader func() error
+}
+
+func (m *memberLog) Sync(ctx context.Context) error {
+	m.mu.Lock()
+	leader := m.leader
+	m.mu.Unlock()
+	if leader != nil {
+		if err := leader(); err != nil {
+			return fmt.Errorf("%w: the leader refused this node: %v", cluster.ErrNoQuorum, err)
+		}
+	}
+	return m.LocalMember.Sync(ctx)
 }
 
 func (m *memberLog) Halt(err error) {
@@ -621,5 +637,274 @@ func TestCARotationLeavesOutANodeThatMissedIt(t *testing.T) {
 	}
 	if got := c.trusts(); slices.Contains(got, nextFP) {
 		t.Errorf("c left out trusts %v: it has no certificate from the new CA to use", got)
+	}
+}
+
+// TestCARotationLeavesOutANodeBackDuringTheFinish: a node down through a
+// whole rotation starts again while the finish (--force) is committed but
+// not yet applied by the member it asks for the keys first, which still
+// trusts both CAs: it learns the new CA from it (learnCAs), or even gets
+// a certificate from the holder, too late to be recorded. Then every
+// member refuses it, the leader too (its Sync fails), but it goes on
+// applying the log (over a raft connection the leader opened before it
+// applied the finish): it stops all the same, saying what to do.
+func TestCARotationLeavesOutANodeBackDuringTheFinish(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		late bool // c gets a certificate from the new CA after the finish
+	}{{"learns the new CA", false}, {"gets a certificate too late", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			log := cluster.NewLocal()
+			defer log.Close()
+			oldCA, err := pki.NewCA("herd cluster CA test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			dirs := map[string]string{"a": t.TempDir(), "c": t.TempDir()}
+			serials := map[string]string{}
+			for id, dir := range dirs {
+				serials[id] = writeNodeDir(t, dir, id, oldCA, id == "a")
+			}
+			if err := log.InitSecurity("a", serials); err != nil {
+				t.Fatal(err)
+			}
+			a := startTrustNode(t, log, "a", dirs["a"], "a.1", 0)
+			c := startTrustNode(t, log, "c", dirs["c"], "c.1", 0)
+			for _, n := range []*trustNode{a, c} {
+				if _, err := log.NodeJoin(n.record(n.member.Incarnation())); err != nil {
+					t.Fatal(err)
+				}
+				n.member.SetConnected(true)
+			}
+			waitCaughtUp(t, log, a, c)
+			cApplied := c.member.Applied()
+			c.stop()
+			if _, err := log.NodeLeave("c", "killed"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.cr.startCARotation(context.Background(), a.member); err != nil {
+				t.Fatal(err)
+			}
+			a.follow(t, "the start", func() bool { r := log.CA().Rotation; return r != nil && r.Certificates["a"] != "" })
+			rotation := log.CA().Rotation
+			nextFP := rotation.Fingerprint
+			// The finish is committed (and applied by a's member), but a
+			// has not reloaded its trust yet: it trusts both CAs.
+			if _, err := log.FinishCARotation(true); err != nil {
+				t.Fatal(err)
+			}
+			waitCaughtUp(t, log, a)
+			oldFP := oldCA.Fingerprint()
+			if got := a.trusts(); !slices.Equal(got, []string{oldFP, nextFP}) {
+				t.Fatalf("a before its turn: trusts %v", got)
+			}
+
+			// c starts again now: its first question goes to a.
+			c = startTrustNode(t, log, "c", dirs["c"], "c.2", cApplied)
+			if _, err := c.cr.fetchGossipKeys(context.Background(), a.addr()); err != nil {
+				t.Fatal(err)
+			}
+			if got := c.trusts(); !slices.Equal(got, []string{oldFP, nextFP}) {
+				t.Fatalf("c after asking a: trusts %v, want both CAs", got)
+			}
+			if tc.late {
+				if err := c.cr.issueNext(context.Background(), c.log, rotation); err != nil {
+					t.Fatalf("c asking the holder, which trusts both CAs still, for its certificate: %v", err)
+				}
+			}
+			// a applies the finish: it trusts the new CA alone and
+			// refuses c, whatever certificate c presents.
+			a.follow(t, "the finish", func() bool { return slices.Equal(a.trusts(), []string{nextFP}) })
+			if err := peerCall(c, a); err == nil {
+				t.Fatal("c, left out of the rotation, reached a")
+			}
+			// c's log catches up (the leader's raft connection to it is
+			// older than the finish); a new connection to the leader is
+			// refused.
+			c.log.mu.Lock()
+			c.log.leader = func() error { return peerCall(c, a) }
+			c.log.mu.Unlock()
+			if _, err := log.NodeJoin(c.record("c.2")); err != nil {
+				t.Fatal(err)
+			}
+			c.member.SetConnected(true)
+			c.follow(t, "c back during the finish", func() bool { return c.log.haltedWith() != nil })
+			if err := c.log.haltedWith(); !strings.Contains(err.Error(), "herd node remove c") || !strings.Contains(err.Error(), "join token") {
+				t.Errorf("c stopped with %q, want it to say to remove it and join again", err)
+			}
+			if got := c.trusts(); slices.Equal(got, []string{nextFP}) {
+				t.Errorf("c left out made the new CA its own")
+			}
+		})
+	}
+}
+
+// TestCARotationDoesNotStopANodeBehindOnItsLog: a node that took part in
+// a rotation and starts again on a log from before its finish (a snapshot
+// older than its files) does not take the old CA in its log for one it
+// was left out of while the leader does not answer: it waits for the log.
+func TestCARotationDoesNotStopANodeBehindOnItsLog(t *testing.T) {
+	log := cluster.NewLocal()
+	defer log.Close()
+	oldCA, err := pki.NewCA("herd cluster CA test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs := map[string]string{"a": t.TempDir(), "b": t.TempDir()}
+	serials := map[string]string{}
+	for id, dir := range dirs {
+		serials[id] = writeNodeDir(t, dir, id, oldCA, id == "a")
+	}
+	if err := log.InitSecurity("a", serials); err != nil {
+		t.Fatal(err)
+	}
+	a := startTrustNode(t, log, "a", dirs["a"], "a.1", 0)
+	b := startTrustNode(t, log, "b", dirs["b"], "b.1", 0)
+	for _, n := range []*trustNode{a, b} {
+		if _, err := log.NodeJoin(n.record(n.member.Incarnation())); err != nil {
+			t.Fatal(err)
+		}
+		n.member.SetConnected(true)
+	}
+	waitCaughtUp(t, log, a, b)
+	// Two rotations, both nodes in them: the log's CA is then one b's
+	// files no longer name.
+	var fingerprints []string
+	for range 2 {
+		if _, err := a.cr.startCARotation(context.Background(), a.member); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []*trustNode{a, b} {
+			n.follow(t, "the start", func() bool { r := log.CA().Rotation; return r != nil && r.Certificates[n.id] != "" })
+		}
+		if _, err := log.FinishCARotation(false); err != nil {
+			t.Fatal(err)
+		}
+		fp := log.CA().Fingerprint
+		fingerprints = append(fingerprints, fp)
+		for _, n := range []*trustNode{a, b} {
+			n.follow(t, "the finish", func() bool { return slices.Equal(n.trusts(), []string{fp}) })
+		}
+		if len(fingerprints) == 1 {
+			waitCaughtUp(t, log, a, b)
+		}
+	}
+	// b starts again on a log from between the rotations: its CA there is
+	// the first rotation's, older than its files' (the second's).
+	between := uint64(0)
+	for i := uint64(1); i <= log.Len(); i++ {
+		m := log.Member("probe", "probe.1", i)
+		ok := m.CA().Fingerprint == fingerprints[0] && m.CA().Rotation == nil
+		m.Stop()
+		if ok {
+			between = i
+		}
+		if between != 0 && !ok {
+			break
+		}
+	}
+	if between == 0 {
+		t.Fatal("no entry of the log between the rotations")
+	}
+	b.stop()
+	b = startTrustNode(t, log, "b", dirs["b"], "b.2", between)
+	if got := b.member.CA().Fingerprint; got != fingerprints[0] {
+		t.Fatalf("b's log names CA %s, want the first rotation's", got)
+	}
+	b.log.mu.Lock()
+	b.log.leader = func() error { return errors.New("no leader yet") }
+	b.log.mu.Unlock()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for range 3 {
+		if err := b.cr.followRotation(context.Background(), b.log, logger); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.log.haltedWith(); err != nil {
+		t.Fatalf("b, behind on its log, stopped: %v", err)
+	}
+	if got := b.trusts(); !slices.Equal(got, []string{fingerprints[1]}) {
+		t.Fatalf("b trusts %v, want %s", got, fingerprints[1])
+	}
+}
+
+// nodesOf lists nodes as the log has them alive (waitFinished's view).
+type nodesOf struct {
+	self  string
+	nodes []*trustNode
+}
+
+func (l nodesOf) ID() string { return l.self }
+
+func (l nodesOf) Nodes() []cluster.NodeInfo {
+	var out []cluster.NodeInfo
+	for _, n := range l.nodes {
+		node := n.record(n.member.Incarnation())
+		node.State = cluster.NodeAlive
+		out = append(out, cluster.NodeInfo{Node: node})
+	}
+	return out
+}
+
+// TestCARotationFinishWaitsForTheNodes: rotate-ca --finish returns once
+// every alive node trusts the new CA alone (each asked over the peer
+// port), and names those that do not when it stops waiting.
+func TestCARotationFinishWaitsForTheNodes(t *testing.T) {
+	log := cluster.NewLocal()
+	defer log.Close()
+	oldCA, err := pki.NewCA("herd cluster CA test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs := map[string]string{"a": t.TempDir(), "b": t.TempDir()}
+	serials := map[string]string{}
+	for id, dir := range dirs {
+		serials[id] = writeNodeDir(t, dir, id, oldCA, id == "a")
+	}
+	if err := log.InitSecurity("a", serials); err != nil {
+		t.Fatal(err)
+	}
+	a := startTrustNode(t, log, "a", dirs["a"], "a.1", 0)
+	b := startTrustNode(t, log, "b", dirs["b"], "b.1", 0)
+	for _, n := range []*trustNode{a, b} {
+		if _, err := log.NodeJoin(n.record(n.member.Incarnation())); err != nil {
+			t.Fatal(err)
+		}
+		n.member.SetConnected(true)
+	}
+	waitCaughtUp(t, log, a, b)
+	if _, err := a.cr.startCARotation(context.Background(), a.member); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*trustNode{a, b} {
+		n.follow(t, "the start", func() bool { r := log.CA().Rotation; return r != nil && r.Certificates[n.id] != "" })
+	}
+	if _, err := log.FinishCARotation(false); err != nil {
+		t.Fatal(err)
+	}
+	nextFP := log.CA().Fingerprint
+	nodes := nodesOf{self: "a", nodes: []*trustNode{a, b}}
+	wait := func(d time.Duration) []string {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		return a.cr.waitFinished(ctx, nodes, nextFP)
+	}
+	if pending := wait(300 * time.Millisecond); !slices.Equal(pending, []string{"a", "b"}) {
+		t.Fatalf("before any node applied the finish: waiting for %v, want a and b", pending)
+	}
+	a.follow(t, "the finish", func() bool { return slices.Equal(a.trusts(), []string{nextFP}) })
+	if pending := wait(300 * time.Millisecond); !slices.Equal(pending, []string{"b"}) {
+		t.Fatalf("a applied the finish, b not: waiting for %v, want b", pending)
+	}
+	done := make(chan []string, 1)
+	go func() { done <- wait(20 * time.Second) }()
+	b.follow(t, "the finish", func() bool { return slices.Equal(b.trusts(), []string{nextFP}) })
+	select {
+	case pending := <-done:
+		if len(pending) > 0 {
+			t.Fatalf("every node applied the finish: still waiting for %v", pending)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the wait did not end once every node trusted the new CA alone")
 	}
 }
