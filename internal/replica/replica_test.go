@@ -151,3 +151,33 @@ func TestCopyStampedBehindIsNotRecovered(t *testing.T) {
 		t.Errorf("after the remove: %v; want not found", err)
 	}
 }
+
+// TestServedRoutesRecoverToRecovery: RECOVER is the node's recovery's
+// (Served), admitted in the request's epoch; the replica alone refuses
+// it as unavailable, and Served answers everything else as the replica
+// does.
+func TestServedRoutesRecoverToRecovery(t *testing.T) {
+	c := newEpochs(5)
+	r, _ := newTestReplica(t, c)
+	ctx := context.Background()
+	oid := object.DataOID(1, 0)
+	var recovered []uint64
+	served := Served{Replica: r, Recoverer: func(ctx context.Context, epoch, oid uint64) error {
+		recovered = append(recovered, epoch)
+		return nil
+	}}
+	request := &objproto.ObjectRequest{Opcode: objproto.ObjectRecover, Epoch: 5, OID: oid}
+	if response, _ := served.ServeObject(ctx, request, nil); response.Status != objproto.ObjectStatusOK || len(recovered) != 1 || recovered[0] != 5 {
+		t.Fatalf("RECOVER through Served: %+v, recovered in epochs %v; want OK, recovered in epoch 5", response, recovered)
+	}
+	if response, _ := r.ServeObject(ctx, request, nil); response.Status == objproto.ObjectStatusOK {
+		t.Fatalf("RECOVER through the replica alone: %+v; want a refusal", response)
+	}
+	if err := served.Recover(ctx, 4, oid); !errors.Is(err, object.ErrStaleEpoch) || len(recovered) != 1 {
+		t.Fatalf("RECOVER in epoch 4 of 5: %v (recovered in epochs %v); want a stale epoch, no recovery", err, recovered)
+	}
+	write := &objproto.ObjectRequest{Opcode: objproto.ObjectWrite, Flags: objproto.ObjectFlagCreate, Epoch: 5, OID: oid, Length: 4096}
+	if response, _ := served.ServeObject(ctx, write, bytes.Repeat([]byte{0x44}, 4096)); response.Status != objproto.ObjectStatusOK {
+		t.Fatalf("WRITE through Served: %+v", response)
+	}
+}
