@@ -22,7 +22,6 @@ import (
 	"sort"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
@@ -201,16 +200,30 @@ type Server struct {
 	conns *connections
 	// overcommit is the provisioned/usable ratio health warns above
 	// (capacity.go).
-	overcommit atomic.Pointer[float64]
+	overcommit float64
 	// peerHTTP carries every call to other nodes' admin APIs (peerClient).
 	peerHTTP     *http.Client
 	peerHTTPOnce sync.Once
 }
 
+// Options are an admin server's settings (`herd server` flags).
+type Options struct {
+	// OvercommitRatio: cluster health warns when the VDIs' sizes exceed
+	// the usable space times this (--overcommit-ratio; 0:
+	// DefaultOvercommitRatio).
+	OvercommitRatio float64
+	// Connections bound the admin port's connections (zero fields: the
+	// defaults).
+	Connections ConnectionLimits
+}
+
 // NewServer builds the handler set; Serve starts it.
-func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Logger) *Server {
-	s := &Server{cluster: c, data: data, sec: sec, logger: logger}
-	s.conns = newConnections(s, ConnectionLimits{})
+func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Logger, options Options) *Server {
+	if options.OvercommitRatio <= 0 {
+		options.OvercommitRatio = DefaultOvercommitRatio
+	}
+	s := &Server{cluster: c, data: data, sec: sec, logger: logger, overcommit: options.OvercommitRatio}
+	s.conns = newConnections(s, options.Connections)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/health", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, HealthResponse{Status: "ok"})

@@ -56,18 +56,9 @@ type Capacity struct {
 // health warns, unless the operator sets another.
 const DefaultOvercommitRatio = 1.0
 
-// SetOvercommitRatio sets the ratio of provisioned to usable space above
-// which health warns (herd server --overcommit-ratio; 0: the default).
-func (s *Server) SetOvercommitRatio(ratio float64) {
-	if ratio <= 0 {
-		ratio = DefaultOvercommitRatio
-	}
-	s.overcommit.Store(&ratio)
-}
-
 func (s *Server) overcommitRatio() float64 {
-	if r := s.overcommit.Load(); r != nil {
-		return *r
+	if s.overcommit > 0 {
+		return s.overcommit
 	}
 	return DefaultOvercommitRatio
 }

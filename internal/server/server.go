@@ -355,9 +355,8 @@ func Run(ctx context.Context, o Options) error {
 	meters.AddGauges(credentials.gauges(c)...)
 	meters.AddGauges(metrics.Gauge{Name: "herd_gateway_zone_lag_bytes", Help: "Bytes of writes to VDIs set to --ack zone that this node acknowledged once its zone had them, not yet in the other zones.",
 		Read: func() []metrics.Sample { return []metrics.Sample{{Value: float64(gw.LagBytes())}} }})
-	apiServer := api.NewServer(c, dataPath{gateway: gw, store: objects, recovery: rec, maintenance: maint, metrics: meters, scrub: scrubber}, security, logger)
-	apiServer.SetOvercommitRatio(o.OvercommitRatio)
-	apiServer.SetConnectionLimits(o.AdminLimits)
+	apiServer := api.NewServer(c, dataPath{gateway: gw, store: objects, recovery: rec, maintenance: maint, metrics: meters, scrub: scrubber}, security, logger,
+		api.Options{OvercommitRatio: o.OvercommitRatio, Connections: o.AdminLimits})
 	served := make(chan error, 1)
 	go func() { served <- apiServer.Serve(adminListener) }()
 	logger.Info("herd node running", "node", id, "bind", host, "peer", peerAddr, "admin", adminAddr, "nbd", nbdAddr, "nbd_socket", socketPath, "insecure_nbd", o.InsecureNBD, "zone", o.Zone, "capacity", capacity)
