@@ -49,6 +49,13 @@ var errHandedOver = errors.New("the vdi's writer lock moved to another node: the
 // settable at run time.
 type MergeRate struct{ bytes atomic.Int64 }
 
+// NewMergeRate returns a rate of bytesPerSecond (0: unlimited).
+func NewMergeRate(bytesPerSecond int64) *MergeRate {
+	r := &MergeRate{}
+	r.bytes.Store(bytesPerSecond)
+	return r
+}
+
 // Set changes the rate.
 func (r *MergeRate) Set(bytesPerSecond int64) { r.bytes.Store(bytesPerSecond) }
 

@@ -339,9 +339,7 @@ func Run(ctx context.Context, o Options) error {
 	go scrubber.Run(ctx)
 
 	go maint.RunGarbageCollector(ctx, c, gw)
-	mergeRate := &gateway.MergeRate{}
-	mergeRate.Set(int64(o.MergeRate))
-	go gw.RunMerges(ctx, c, mergeRate)
+	go gw.RunMerges(ctx, c, gateway.NewMergeRate(int64(o.MergeRate)))
 	meters.AddGauges(
 		metrics.Gauge{Name: "herd_merge_objects_copied_total", Help: "Objects this node copied into a child while merging a deleted snapshot or flattening.", Read: func() []metrics.Sample { return []metrics.Sample{{Value: float64(gw.Merges().Copied.Load())}} }},
 		metrics.Gauge{Name: "herd_merge_layers_merged_total", Help: "Deleted snapshots this node merged into their only child.", Read: func() []metrics.Sample { return []metrics.Sample{{Value: float64(gw.Merges().Merged.Load())}} }},
