@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -223,14 +224,14 @@ func (s *semaphore) peakUsed() int64 {
 	return s.peak
 }
 
-// acquire takes n from sem for a request, and warns (at most once a
-// second per semaphore) when it had to wait longer than slowWait: this
-// node is at its bound and requests queue.
-func (g *Gateway) acquire(ctx context.Context, sem *semaphore, n int64, what string) error {
+// acquire takes n from sem for a request, and warns on logger (at most
+// once a second per semaphore) when it had to wait longer than
+// slowWait: this node is at its bound and requests queue.
+func acquire(ctx context.Context, logger *slog.Logger, sem *semaphore, n int64, what string) error {
 	waited, err := sem.acquire(ctx, n)
 	if waited > slowWait {
 		if ok, suppressed := sem.warn.allow(time.Now()); ok {
-			g.logger.Warn("gateway: at a resource bound, requests wait for it",
+			logger.Warn("gateway: at a resource bound, requests wait for it",
 				"bound", sem.name, "limit", sem.limit, "unit", sem.unit, "request", what,
 				"waited", waited.Round(time.Millisecond), "similar_waits_not_logged", suppressed)
 		}

@@ -423,12 +423,12 @@ func TestSemaphoreOrderCancelAndWarning(t *testing.T) {
 		g := newWorld(t, 1, 1).gatewayWith("node00", logger, Options{})
 		sem := newSemaphore("test units", "units", 4)
 		ctx := context.Background()
-		if err := g.acquire(ctx, sem, 4, "first"); err != nil {
+		if err := acquire(ctx, g.logger, sem, 4, "first"); err != nil {
 			t.Fatal(err)
 		}
 		waiter := func(name string, n int64, ctx context.Context) chan error {
 			done := make(chan error, 1)
-			go func() { done <- g.acquire(ctx, sem, n, name) }()
+			go func() { done <- acquire(ctx, g.logger, sem, n, name) }()
 			synctest.Wait() // queued in call order
 			return done
 		}
@@ -482,7 +482,7 @@ func TestSemaphoreOrderCancelAndWarning(t *testing.T) {
 			t.Fatalf("peak %d, limit 4", peak)
 		}
 		// More than the whole limit is taken alone.
-		if err := g.acquire(ctx, sem, 10, "huge"); err != nil {
+		if err := acquire(ctx, g.logger, sem, 10, "huge"); err != nil {
 			t.Fatal(err)
 		}
 		next := waiter("after huge", 1, ctx)

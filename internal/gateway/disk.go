@@ -222,7 +222,7 @@ func (d *Disk) writePiece(ctx context.Context, vdi cluster.VDI, chain []uint32, 
 	near := !fua && state.limiter.ackZone.Load()
 	if owner == vdi.ID {
 		if near {
-			_, err := g.writeNear(ctx, oid, vdi.Copies, p, within, object.Flags{}, vdi.ObjectSize, nil)
+			_, err := g.lag.writeNear(ctx, oid, vdi.Copies, p, within, object.Flags{}, vdi.ObjectSize, nil)
 			return err
 		}
 		return g.write(ctx, oid, vdi.Copies, p, within, object.Flags{Sync: fua})
@@ -236,7 +236,7 @@ func (d *Disk) writePiece(ctx context.Context, vdi cluster.VDI, chain []uint32, 
 	if owner != 0 && (within != 0 || uint64(len(p)) != vdi.ObjectSize) {
 		err = g.copyObject(ctx, vdi, owner, index, fua, func(data []byte) { copy(data[within:], p) })
 	} else if near {
-		data, err = g.writeNear(ctx, oid, vdi.Copies, p, within, object.Flags{Create: true, Fresh: true}, vdi.ObjectSize, nil)
+		data, err = g.lag.writeNear(ctx, oid, vdi.Copies, p, within, object.Flags{Create: true, Fresh: true}, vdi.ObjectSize, nil)
 	} else {
 		// Fresh: a copy of this object may exist already, unreferenced,
 		// left by a first write or a remove that failed on some replicas
@@ -270,7 +270,7 @@ func (d *Disk) writePiece(ctx context.Context, vdi cluster.VDI, chain []uint32, 
 // whole write per replica, and is bounded instead.
 func (g *Gateway) copyObject(ctx context.Context, vdi cluster.VDI, owner, index uint32, fua bool, change func(data []byte)) error {
 	size := int64(vdi.ObjectSize)
-	if err := g.acquire(ctx, g.copyBytes, size, fmt.Sprintf("copy-on-write of object %d of vdi %q", index, vdi.Name)); err != nil {
+	if err := acquire(ctx, g.logger, g.copyBytes, size, fmt.Sprintf("copy-on-write of object %d of vdi %q", index, vdi.Name)); err != nil {
 		return err
 	}
 	defer g.copyBytes.release(size)
@@ -339,7 +339,7 @@ func (d *Disk) zero(ctx context.Context, offset, length uint64, noHole, fua bool
 	return d.each(ctx, pieces, func(pc piece) error {
 		// A piece carries no payload, so the NBD server's byte budget
 		// does not count it: the node-wide slot does (bounds.go).
-		if err := g.acquire(ctx, g.zeroPieces, 1, what); err != nil {
+		if err := acquire(ctx, g.logger, g.zeroPieces, 1, what); err != nil {
 			return err
 		}
 		defer g.zeroPieces.release(1)

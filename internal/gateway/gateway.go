@@ -33,7 +33,7 @@
 // snapshot) > a request slot (fair.go; QoS waits come before io, qos.go)
 // > Gateway.zeroPieces (a TRIM/WRITE_ZEROES piece's slot) >
 // vdiState.allocation[i] (first write / copy-on-write of object i) >
-// Gateway.copyBytes (a copy's buffer) > Gateway.lag.bytes (a write
+// Gateway.copyBytes (a copy's buffer) > zoneLag.bytes (a write
 // acknowledged in this zone, until its far part lands; lag.go) >
 // Gateway.objectLocks[oid] (shared
 // by changes, exclusive while a replica recovers oid) > vdiState.mu,
@@ -223,8 +223,8 @@ type Gateway struct {
 	copyBytes  *semaphore
 
 	// lag tracks the writes acknowledged in this zone whose other zones'
-	// replicas are still to get them (lag.go).
-	lag *lagTable
+	// replicas are still to get them, and lands them (lag.go).
+	lag *zoneLag
 
 	// objectLocks order a whole-object copy to a replica that lacks the
 	// object against writes to it: writes hold their object's lock
@@ -258,11 +258,12 @@ func New(c Cluster, layouts *layout.History, replicas Replicas, logger *slog.Log
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	starter, _ := replicas.(Starter)
-	return &Gateway{cluster: c, layouts: layouts, replicas: replicas, starter: starter, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, limiters: map[string]*limiter{}, snapshots: &limiter{}, fair: newFairQueue(options.FairSlots), dirty: map[string]bool{}, ctx: ctx, cancel: cancel,
+	g := &Gateway{cluster: c, layouts: layouts, replicas: replicas, starter: starter, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, limiters: map[string]*limiter{}, snapshots: &limiter{}, fair: newFairQueue(options.FairSlots), dirty: map[string]bool{}, ctx: ctx, cancel: cancel,
 		zeroPieces: newSemaphore("TRIM/WRITE_ZEROES pieces in flight", "pieces", int64(options.ZeroPieces)),
 		copyBytes:  newSemaphore("copy-on-write buffers", "bytes", options.CopyBytes),
-		lag:        newLagTable(options.LagBytes),
 	}
+	g.lag = newZoneLag(options.LagBytes, c, layouts, logger, ctx, g, g)
+	return g
 }
 
 // Close stops the gateway's background goroutines (its lock watchers:
@@ -511,7 +512,7 @@ func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ct
 
 // mutateOp is mutate for a change that may be started (replicaOp).
 func (g *Gateway) mutateOp(ctx context.Context, oid uint64, copies int, op replicaOp) error {
-	if err := g.waitLag(ctx, oid); err != nil {
+	if err := g.lag.wait(ctx, oid); err != nil {
 		return err
 	}
 	return g.mutateOn(ctx, oid, copies, nil, op)
@@ -640,7 +641,7 @@ func (g *Gateway) read(ctx context.Context, oid uint64, copies int, p []byte, of
 	if err := g.repairSuspect(ctx, oid, copies); err != nil {
 		return err
 	}
-	if served, err := g.readLagging(ctx, oid, p, offset); served || err != nil {
+	if served, err := g.lag.readLagging(ctx, oid, p, offset); served || err != nil {
 		return err
 	}
 	return g.readReplicas(ctx, oid, copies, p, offset)
@@ -784,7 +785,7 @@ func (g *Gateway) markDirty(nodes []cluster.Node) {
 // stable storage on every replica). Only the nodes this gateway wrote to
 // since its last flush are asked; a node that failed stays in the set.
 func (g *Gateway) flush(ctx context.Context) error {
-	if err := g.drainLag(ctx); err != nil {
+	if err := g.lag.drain(ctx); err != nil {
 		return err
 	}
 	g.dirtyMu.Lock()

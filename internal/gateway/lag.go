@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -283,6 +284,52 @@ func (t *lagTable) all() []*lagOp {
 	return out
 }
 
+// zoneLag is acknowledgement in the writer's zone: it owns the far
+// parts pending on this gateway (its lagTable) and the bound on their
+// bytes, and writes, lands, reads around and drains them. It reaches
+// replicas through path, the data path's operations it needs, and marks
+// and repairs objects through heal.
+type zoneLag struct {
+	*lagTable
+	limit   int64 // Options.LagBytes
+	cluster interface{ ID() string }
+	layouts *layout.History
+	logger  *slog.Logger
+	// ctx is the gateway's: a far part outlives its request, and ends
+	// with the gateway.
+	ctx  context.Context
+	path lagPath
+	heal lagHealer
+}
+
+// lagPath is what zone lag needs of the data path.
+type lagPath interface {
+	// write writes a piece to every replica of its object.
+	write(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags object.Flags) error
+	// writeOn writes a piece to the replicas pick chooses.
+	writeOn(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags object.Flags, pick pickFunc) error
+	// writeTo writes a piece to one replica.
+	writeTo(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, copies int, p []byte, offset uint32, flags object.Flags) error
+	// mutateReplicas runs a change on the replicas pick chooses,
+	// recovering those that lack the object.
+	mutateReplicas(ctx context.Context, oid uint64, copies int, pick pickFunc, op replicaOp) error
+	// readFrom reads from one replica.
+	readFrom(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, p []byte, offset uint32) error
+	// checkFence fails if the writer lock ctx's request runs under is
+	// no longer held.
+	checkFence(ctx context.Context) error
+}
+
+// lagHealer is what zone lag needs of suspect-object repair (suspect.go).
+type lagHealer interface {
+	suspect(oid uint64, err error)
+	repairSuspect(ctx context.Context, oid uint64, copies int) error
+}
+
+func newZoneLag(limit int64, c interface{ ID() string }, layouts *layout.History, logger *slog.Logger, ctx context.Context, path lagPath, heal lagHealer) *zoneLag {
+	return &zoneLag{lagTable: newLagTable(limit), limit: limit, cluster: c, layouts: layouts, logger: logger, ctx: ctx, path: path, heal: heal}
+}
+
 // LagBytes is the bytes of writes acknowledged in this node's zone and
 // not yet in the other zones (herd_gateway_zone_lag_bytes).
 func (g *Gateway) LagBytes() int64 { return g.lag.inFlight.Load() }
@@ -299,44 +346,44 @@ func await(ctx context.Context, ops []*lagOp) error {
 	return nil
 }
 
-// waitLag waits for the far parts of oid pending now: a change that goes
+// wait waits for the far parts of oid pending now: a change that goes
 // to every replica follows them (rule 3).
-func (g *Gateway) waitLag(ctx context.Context, oid uint64) error {
-	return await(ctx, g.lag.of(oid))
+func (z *zoneLag) wait(ctx context.Context, oid uint64) error {
+	return await(ctx, z.of(oid))
 }
 
-// drainLag waits for every far part pending now, then repairs every
+// drain waits for every far part pending now, then repairs every
 // object whose far part failed, writing the failed parts again (rules 1
 // and 6). FLUSH, handover, snapshot and close call it first.
-func (g *Gateway) drainLag(ctx context.Context) error {
-	if err := await(ctx, g.lag.all()); err != nil {
+func (z *zoneLag) drain(ctx context.Context) error {
+	if err := await(ctx, z.all()); err != nil {
 		return err
 	}
-	g.lag.mu.Lock()
-	failed := make(map[uint64]int, len(g.lag.failed))
-	for oid, f := range g.lag.failed {
+	z.mu.Lock()
+	failed := make(map[uint64]int, len(z.failed))
+	for oid, f := range z.failed {
 		failed[oid] = f.copies
 	}
-	g.lag.mu.Unlock()
+	z.mu.Unlock()
 	for oid, copies := range failed {
 		// It settles what it wrote (lagTable.settle); a part that
 		// failed meanwhile stays for the next FLUSH.
-		if err := g.repairSuspect(ctx, oid, copies); err != nil {
+		if err := z.heal.repairSuspect(ctx, oid, copies); err != nil {
 			return fmt.Errorf("a write acknowledged in this zone did not reach the other zones, and repairing its object failed: %w", err)
 		}
 	}
 	return nil
 }
 
-// lagRepair returns the parts of oid that a repair writes over the copy
+// repairParts returns the parts of oid that a repair writes over the copy
 // it read (rule 6), and those it settles: these, and the parts
 // acknowledged under a writer lock this node no longer holds, dropped
 // (their VDI is unclean; its next writer repairs it). Called under the
 // object's exclusive lock.
-func (g *Gateway) lagRepair(ctx context.Context, oid uint64) (apply, settle []*lagOp) {
-	settle = g.lag.repairOps(oid)
+func (z *zoneLag) repairParts(ctx context.Context, oid uint64) (apply, settle []*lagOp) {
+	settle = z.repairOps(oid)
 	for _, op := range settle {
-		if op.fence != nil && g.checkFence(context.WithValue(ctx, fenceKey{}, *op.fence)) != nil {
+		if op.fence != nil && z.path.checkFence(context.WithValue(ctx, fenceKey{}, *op.fence)) != nil {
 			continue
 		}
 		apply = append(apply, op)
@@ -357,8 +404,8 @@ func applyLag(data []byte, ops []*lagOp) {
 // nearPick splits a round's targets: the replicas in this node's zone,
 // when the object has some there and some elsewhere. split says whether
 // it did.
-func (g *Gateway) nearPick(rv *layout.Epoch, targets []cluster.Node) (near []cluster.Node, split bool) {
-	zone := rv.Nodes[g.cluster.ID()].Zone
+func (z *zoneLag) nearPick(rv *layout.Epoch, targets []cluster.Node) (near []cluster.Node, split bool) {
+	zone := rv.Nodes[z.cluster.ID()].Zone
 	if zone == "" {
 		return targets, false
 	}
@@ -377,23 +424,23 @@ func (g *Gateway) nearPick(rv *layout.Epoch, targets []cluster.Node) (near []clu
 // this node's zone has it, the far part pending (nil when the object's
 // replicas are not split between zones: then every replica has it). The
 // far part lands after after, if not nil.
-func (g *Gateway) writeNear(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags object.Flags, objectSize uint64, after *lagOp) (*lagOp, error) {
-	rv, err := g.layouts.Current()
+func (z *zoneLag) writeNear(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags object.Flags, objectSize uint64, after *lagOp) (*lagOp, error) {
+	rv, err := z.layouts.Current()
 	if err != nil {
 		return nil, err
 	}
 	// While the parts kept for repairs reach the bound, writes go to
 	// every replica (rule 5): no more parts are started to fail.
-	if _, split := g.nearPick(rv, rv.ReplicasOf(oid, copies)); !split || g.lag.kept.Load() >= g.options.LagBytes {
+	if _, split := z.nearPick(rv, rv.ReplicasOf(oid, copies)); !split || z.kept.Load() >= z.limit {
 		if after != nil {
 			if err := await(ctx, []*lagOp{after}); err != nil {
 				return nil, err
 			}
 		}
-		return nil, g.write(ctx, oid, copies, p, offset, flags)
+		return nil, z.path.write(ctx, oid, copies, p, offset, flags)
 	}
 	size := int64(len(p))
-	if err := g.acquire(ctx, g.lag.bytes, size, fmt.Sprintf("write of %d bytes to object %016x acknowledged in this zone", len(p), oid)); err != nil {
+	if err := acquire(ctx, z.logger, z.bytes, size, fmt.Sprintf("write of %d bytes to object %016x acknowledged in this zone", len(p), oid)); err != nil {
 		return nil, err
 	}
 	op := &lagOp{oid: oid, start: offset, end: offset + uint32(len(p)), offset: offset, flags: flags, copies: copies, done: make(chan struct{})}
@@ -401,7 +448,7 @@ func (g *Gateway) writeNear(ctx context.Context, oid uint64, copies int, p []byt
 		op.start, op.end = 0, uint32(objectSize) // a create replaces the whole copy
 	}
 	pick := func(rv *layout.Epoch, targets []cluster.Node) []cluster.Node {
-		near, split := g.nearPick(rv, targets)
+		near, split := z.nearPick(rv, targets)
 		op.epoch, op.near = rv.Number, nil
 		if split {
 			for _, n := range near {
@@ -410,37 +457,37 @@ func (g *Gateway) writeNear(ctx context.Context, oid uint64, copies int, p []byt
 		}
 		return near
 	}
-	if err := g.writeOn(ctx, oid, copies, p, offset, flags, pick); err != nil {
-		g.lag.bytes.release(size)
+	if err := z.path.writeOn(ctx, oid, copies, p, offset, flags, pick); err != nil {
+		z.bytes.release(size)
 		return nil, err
 	}
 	if op.near == nil {
 		// The epoch changed under the write and every replica has it.
-		g.lag.bytes.release(size)
+		z.bytes.release(size)
 		return nil, nil
 	}
 	op.data = bytes.Clone(p)
 	// The far part outlives the request: it ends with the gateway, and
 	// keeps the request's fence (a writer lock taken away stops it, and
 	// a repair drops it then: rule 6).
-	far := g.ctx
+	far := z.ctx
 	if f, ok := ctx.Value(fenceKey{}).(fenceCheck); ok {
 		far = context.WithValue(far, fenceKey{}, f)
 		op.fence = &f
 	}
-	g.lag.add(op, after)
-	go g.landFar(far, op)
+	z.add(op, after)
+	go z.landFar(far, op)
 	return op, nil
 }
 
 // landFar lands op's far part: after the parts it follows, on the
 // replicas that did not acknowledge its near part, or on every replica
 // if the epoch changed meanwhile (rule 4).
-func (g *Gateway) landFar(ctx context.Context, op *lagOp) {
-	defer g.lag.finish(op, g.suspect)
+func (z *zoneLag) landFar(ctx context.Context, op *lagOp) {
+	defer z.finish(op, z.heal.suspect)
 	if err := await(ctx, op.deps); err != nil {
 		op.err = err
-		g.suspect(op.oid, err)
+		z.heal.suspect(op.oid, err)
 		return
 	}
 	pick := func(rv *layout.Epoch, targets []cluster.Node) []cluster.Node {
@@ -453,7 +500,7 @@ func (g *Gateway) landFar(ctx context.Context, op *lagOp) {
 	// Not mutateOn: a suspect object's repair waits for this part (it
 	// would wait for itself); landing on top of a repair is harmless,
 	// since the parts that overlap it follow it again (rule 2).
-	op.err = g.mutateReplicas(ctx, op.oid, op.copies, pick, replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
+	op.err = z.path.mutateReplicas(ctx, op.oid, op.copies, pick, replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
 		f := flags
 		if rv.Number != op.epoch {
 			// A node new to the placement must recover the whole
@@ -461,11 +508,11 @@ func (g *Gateway) landFar(ctx context.Context, op *lagOp) {
 			// holding only this piece.
 			f.Create, f.Fresh = false, false
 		}
-		return g.writeTo(ctx, node, rv, op.oid, op.copies, op.data, op.offset, f)
+		return z.path.writeTo(ctx, node, rv, op.oid, op.copies, op.data, op.offset, f)
 	}})
 	if op.err != nil {
-		g.suspect(op.oid, op.err)
-		g.logger.Warn("gateway: a write acknowledged in this zone did not reach the other zones; it is kept, and written to every replica again before its object's next use or FLUSH",
+		z.heal.suspect(op.oid, op.err)
+		z.logger.Warn("gateway: a write acknowledged in this zone did not reach the other zones; it is kept, and written to every replica again before its object's next use or FLUSH",
 			"object", fmt.Sprintf("%016x", op.oid), "err", op.err)
 	}
 }
@@ -474,12 +521,12 @@ func (g *Gateway) landFar(ctx context.Context, op *lagOp) {
 // part of it pending now, if they are all of the current epoch and one of
 // them answers; otherwise it waits for those parts to land (rule 3).
 // served says whether p was filled.
-func (g *Gateway) readLagging(ctx context.Context, oid uint64, p []byte, offset uint32) (served bool, err error) {
-	ops := g.lag.of(oid)
+func (z *zoneLag) readLagging(ctx context.Context, oid uint64, p []byte, offset uint32) (served bool, err error) {
+	ops := z.of(oid)
 	if len(ops) == 0 {
 		return false, nil
 	}
-	rv, err := g.layouts.Current()
+	rv, err := z.layouts.Current()
 	if err != nil {
 		return false, err
 	}
@@ -491,7 +538,7 @@ func (g *Gateway) readLagging(ctx context.Context, oid uint64, p []byte, offset 
 		}
 		nodes = slices.DeleteFunc(slices.Clone(nodes), func(id string) bool { return !slices.Contains(op.near, id) })
 	}
-	self := g.cluster.ID()
+	self := z.cluster.ID()
 	slices.SortStableFunc(nodes, func(a, b string) int {
 		if a == self {
 			return -1
@@ -506,7 +553,7 @@ func (g *Gateway) readLagging(ctx context.Context, oid uint64, p []byte, offset 
 		if !ok {
 			continue
 		}
-		if err := g.readFrom(ctx, node, rv, oid, p, offset); err == nil {
+		if err := z.path.readFrom(ctx, node, rv, oid, p, offset); err == nil {
 			return true, nil
 		}
 	}

@@ -187,7 +187,7 @@ func (g *Gateway) repairSuspect(ctx context.Context, oid uint64, copies int) err
 	}
 	// The repair rewrites every replica: the writes still on their way
 	// to other zones land first (lag.go, rule 3).
-	if err := g.waitLag(ctx, oid); err != nil {
+	if err := g.lag.wait(ctx, oid); err != nil {
 		return err
 	}
 	lock := g.objectLock(oid)
@@ -205,7 +205,7 @@ func (g *Gateway) repairSuspect(ctx context.Context, oid uint64, copies int) err
 	err = g.readReplicas(ctx, oid, copies, data, 0)
 	// The writes acknowledged in this zone that the copy read may lack:
 	// its far parts that failed, and those still pending (lag.go, rule 6).
-	apply, settle := g.lagRepair(ctx, oid)
+	apply, settle := g.lag.repairParts(ctx, oid)
 	clearSuspect := func() { g.clearSuspect(oid) }
 	if errors.Is(err, object.ErrNoObject) {
 		if len(apply) == 0 {

@@ -293,7 +293,7 @@ func (g *Gateway) release(state *vdiState, kind openKind) {
 		// lock goes (lag.go, rule 1); one that cannot leaves its object
 		// suspect, repaired below.
 		drain, cancelDrain := context.WithTimeout(context.Background(), g.options.RetryTimeout)
-		if err := g.drainLag(drain); err != nil {
+		if err := g.lag.drain(drain); err != nil {
 			g.logger.Warn("gateway: writes acknowledged in this zone did not all reach the other zones before the close", "vdi", name, "err", err)
 		}
 		cancelDrain()
@@ -370,7 +370,7 @@ func (g *Gateway) snapshotOnce(ctx context.Context, name, tag string) (cluster.S
 			state.io.Lock()
 			defer state.io.Unlock()
 			// The snapshot's objects are complete in every zone.
-			if err := g.drainLag(ctx); err != nil {
+			if err := g.lag.drain(ctx); err != nil {
 				return cluster.SnapshotResult{}, err
 			}
 			if state.standby() {
@@ -476,7 +476,7 @@ func (g *Gateway) setEntry(ctx context.Context, state *vdiState, vdi cluster.VDI
 // far part of the object's data, if any).
 func (g *Gateway) setEntryNear(ctx context.Context, state *vdiState, vdi cluster.VDI, id, index, value uint32, data *lagOp) error {
 	return g.putEntry(ctx, state, vdi, id, index, value, func(oid uint64, raw []byte, offset uint32, flags object.Flags) error {
-		_, err := g.writeNear(ctx, oid, vdi.Copies, raw, offset, flags, vdi.ObjectSize, data)
+		_, err := g.lag.writeNear(ctx, oid, vdi.Copies, raw, offset, flags, vdi.ObjectSize, data)
 		return err
 	})
 }
@@ -504,7 +504,7 @@ func (g *Gateway) putEntry(ctx context.Context, state *vdiState, vdi cluster.VDI
 
 // remove deletes an object from every replica (absent copies are fine).
 func (g *Gateway) remove(ctx context.Context, oid uint64, copies int) error {
-	if err := g.waitLag(ctx, oid); err != nil {
+	if err := g.lag.wait(ctx, oid); err != nil {
 		return err
 	}
 	err := g.replicate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
