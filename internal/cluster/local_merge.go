@@ -25,8 +25,8 @@ func (l *Local) FlattenVDI(name string) (VDI, error) {
 }
 
 // LayerMerged is Cluster.LayerMerged.
-func (m *LocalMember) LayerMerged(ctx context.Context, layer, child uint32) error {
-	_, err := m.propose(ctx, commandVDILayer, vdiLayerCommand{Op: layerMerged, ID: layer, Child: child, Time: time.Now().UTC()})
+func (m *LocalMember) LayerMerged(ctx context.Context, layer, child, parent uint32) error {
+	_, err := m.propose(ctx, commandVDILayer, vdiLayerCommand{Op: layerMerged, ID: layer, Child: child, Parent: &parent, Time: time.Now().UTC()})
 	return err
 }
 

@@ -49,8 +49,14 @@ type vdiLayerCommand struct {
 	// Child is the VDI that now holds the layer's objects.
 	Child uint32 `json:"child,omitempty"`
 	// Name is the writable VDI to flatten (flatten).
-	Name string    `json:"name,omitempty"`
-	Time time.Time `json:"time"`
+	Name string `json:"name,omitempty"`
+	// Parent (merged) is the layer's parent when the job began: the
+	// merge is refused if another merge into the layer has changed it
+	// since, because the layer then holds objects the job did not copy
+	// (LayerJob.LayerParent). Absent from entries of builds before it:
+	// not checked.
+	Parent *uint32   `json:"parent,omitempty"`
+	Time   time.Time `json:"time"`
 }
 
 func (c vdiLayerCommand) check() error {
@@ -68,6 +74,11 @@ type LayerJob struct {
 	// Sources are the chain members whose objects the job copies,
 	// nearest first: the layer alone, or every ancestor.
 	Sources []uint32 `json:"sources"`
+	// LayerParent is the layer's parent (merges): the job's `merged`
+	// entry carries it, and is refused if the layer's parent changed
+	// meanwhile (its own deleted parent merged into it, adding objects
+	// the job may have passed over).
+	LayerParent uint32 `json:"layer_parent,omitempty"`
 	// Holder is the node holding Child's writer lock ("" for none, or a
 	// snapshot): it runs the job, through its open of the VDI, so the
 	// copies and the guest's writes share the allocation locks. Jobs
@@ -114,7 +125,7 @@ func (s *State) LayerJobs() []LayerJob {
 		if len(kids) != 1 || kids[0].Flatten {
 			continue
 		}
-		jobs = append(jobs, LayerJob{Child: *kids[0], Layer: v.ID, Sources: []uint32{v.ID}, Holder: holder(kids[0])})
+		jobs = append(jobs, LayerJob{Child: *kids[0], Layer: v.ID, Sources: []uint32{v.ID}, LayerParent: v.Parent, Holder: holder(kids[0])})
 	}
 	for _, v := range s.VDIs {
 		if v.Flatten && v.Parent != 0 {
@@ -161,6 +172,12 @@ func applyVDILayer(s *State, data []byte) (any, error) {
 		if len(kids) != 1 || kids[0].ID != c.Child {
 			return nil, fmt.Errorf("%w: deleted layer %d no longer has vdi %d as its only child", ErrInvalid, c.ID, c.Child)
 		}
+		if c.Parent != nil && layer.Parent != *c.Parent {
+			// A merge into the layer committed while this job copied
+			// from it: the layer now holds objects the job may have
+			// passed over, which the child would lose with the layer.
+			return nil, fmt.Errorf("%w: deleted layer %d has parent %d, not %d as when its merge into vdi %d began (merged into meanwhile): the merge runs again", ErrInvalid, c.ID, layer.Parent, *c.Parent, c.Child)
+		}
 		child := kids[0]
 		child.Parent = layer.Parent
 		delete(s.Snapshots, layer.ID)
@@ -203,12 +220,13 @@ func (c *applied) LayerJobs() []LayerJob {
 }
 
 // LayerMerged records that child holds every object it read through the
-// deleted layer: the layer leaves the chain and its objects are freed.
-func (c *Cluster) LayerMerged(ctx context.Context, layer, child uint32) error {
+// deleted layer, whose parent was parent when the job began: the layer
+// leaves the chain and its objects are freed.
+func (c *Cluster) LayerMerged(ctx context.Context, layer, child, parent uint32) error {
 	if err := c.Requires(FeatureLayerMerge); err != nil {
 		return err
 	}
-	_, err := c.propose(ctx, commandVDILayer, vdiLayerCommand{Op: layerMerged, ID: layer, Child: child, Time: time.Now().UTC()})
+	_, err := c.propose(ctx, commandVDILayer, vdiLayerCommand{Op: layerMerged, ID: layer, Child: child, Parent: &parent, Time: time.Now().UTC()})
 	return err
 }
 

@@ -360,10 +360,14 @@ type pickFunc func(rv *layout.Epoch, targets []cluster.Node) []cluster.Node
 func (g *Gateway) replicateOn(ctx context.Context, oid uint64, copies int, pick pickFunc, op replicaOp) error {
 	budget := g.newBudget()
 	for attempt := 0; ; attempt++ {
-		if attempt > 0 {
-			if err := g.checkFence(ctx); err != nil {
-				return err
-			}
+		// Every attempt, the first too: a node that lost the writer lock
+		// while it was away (paused or cut off long enough to leave the
+		// cluster, so the lock went with it and another node took it: a
+		// merge's open on the leader) still has the lock in its open
+		// state when it returns; the log it has applied to write in the
+		// current epoch says the lock is another's.
+		if err := g.checkFence(ctx); err != nil {
+			return err
 		}
 		rv, err := g.layouts.Current()
 		if err != nil {

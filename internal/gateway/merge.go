@@ -38,7 +38,7 @@ import (
 type MergeLog interface {
 	IsLeader() bool
 	LayerJobs() []cluster.LayerJob
-	LayerMerged(ctx context.Context, layer, child uint32) error
+	LayerMerged(ctx context.Context, layer, child, parent uint32) error
 	LayerFlattened(ctx context.Context, child, parent uint32) error
 }
 
@@ -235,7 +235,7 @@ func (g *Gateway) RunLayerJob(ctx context.Context, job cluster.LayerJob, log Mer
 		g.logger.Info("flattened a vdi", "vdi", child.FullName(), "parent", child.Parent, "took", time.Since(started).Round(time.Millisecond))
 		return nil
 	}
-	if err := log.LayerMerged(ctx, job.Layer, child.ID); err != nil {
+	if err := log.LayerMerged(ctx, job.Layer, child.ID, job.LayerParent); err != nil {
 		return err
 	}
 	g.mergeStats.Merged.Add(1)

@@ -31,7 +31,7 @@ func (l fakeMergeLog) reparent(child, parent uint32) {
 	}
 }
 
-func (l fakeMergeLog) LayerMerged(ctx context.Context, layer, child uint32) error {
+func (l fakeMergeLog) LayerMerged(ctx context.Context, layer, child, _ uint32) error {
 	l.c.mu.Lock()
 	parent := l.c.frozen[layer].Parent
 	delete(l.c.frozen, layer)

@@ -60,7 +60,14 @@ func TestScenarioMergeAndFlattenUnderFaults(t *testing.T) {
 		t.Skipf("seeded bug %q is on", seededBug)
 	}
 	dir := scratch(t)
-	for seed := uint64(1); seed <= 3; seed++ {
+	// Seeds 7 and 9 each lost an acknowledged write before the fixes
+	// they found: 7, two stacked merges committed out of order (the
+	// merged entry now carries the layer's parent: cluster
+	// TestStackedMergeRefusedAfterItsLayerChanged); 9, a writer back
+	// from a pause wrote with the lock it had lost to the leader's merge
+	// (the gateway now checks the lock before every attempt of a
+	// change, not only retries).
+	for _, seed := range []uint64{1, 2, 3, 7, 9} {
 		r := runScenario(t, layers(seed), filepath.Join(dir, "s"+itoa(seed)))
 		if r.Err != nil {
 			t.Fatal(r.Err)
