@@ -45,14 +45,14 @@ type ChecksumStats struct {
 
 // ChecksumStats returns the counts so far.
 func (g *Gateway) ChecksumStats() ChecksumStats {
-	return ChecksumStats{Repairs: g.checksumRepairs.Load(), Lost: g.checksumLost.Load()}
+	return ChecksumStats{Repairs: g.heal.checksumRepairs.Load(), Lost: g.heal.checksumLost.Load()}
 }
 
 // healBlocks rewrites, on node, the blocks of oid over [offset,
 // offset+length) that fail their checksum there, with the same blocks
 // read from another replica of rv (whose read verifies them), or with
 // good (already verified, whole blocks from start) when given.
-func (g *Gateway) healBlocks(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, copies int, offset uint32, length int, good []byte) error {
+func (h *healer) healBlocks(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, copies int, offset uint32, length int, good []byte) error {
 	start, size := blockRange(offset, length)
 	if good == nil {
 		buffer := make([]byte, size)
@@ -61,7 +61,7 @@ func (g *Gateway) healBlocks(ctx context.Context, node cluster.Node, rv *layout.
 			if other.ID == node.ID {
 				continue
 			}
-			if _, err := g.replicas.Read(ctx, other, rv.Number, oid, buffer, start); err != nil {
+			if _, err := h.replicas.Read(ctx, other, rv.Number, oid, buffer, start); err != nil {
 				last = err
 				continue
 			}
@@ -72,11 +72,11 @@ func (g *Gateway) healBlocks(ctx context.Context, node cluster.Node, rv *layout.
 			return fmt.Errorf("%w: no other replica has the blocks of object %016x at %d+%d good: %v", object.ErrChecksum, oid, start, size, last)
 		}
 	}
-	if err := g.replicas.Write(ctx, node, rv.Number, oid, good, start, object.Flags{Repair: true}); err != nil {
+	if err := h.replicas.Write(ctx, node, rv.Number, oid, good, start, object.Flags{Repair: true}); err != nil {
 		return err
 	}
-	g.checksumRepairs.Add(1)
-	g.logger.Warn("gateway: repaired blocks that failed their checksum from another replica",
+	h.checksumRepairs.Add(1)
+	h.logger.Warn("gateway: repaired blocks that failed their checksum from another replica",
 		"object", fmt.Sprintf("%016x", oid), "node", node.ID, "offset", start, "bytes", size)
 	return nil
 }
@@ -84,12 +84,12 @@ func (g *Gateway) healBlocks(ctx context.Context, node cluster.Node, rv *layout.
 // changeHealing runs change on node; if it meets blocks that fail their
 // checksum there, it repairs them from another replica and runs change
 // once more.
-func (g *Gateway) changeHealing(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, copies int, offset uint32, length int, change func() error) error {
+func (h *healer) changeHealing(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, copies int, offset uint32, length int, change func() error) error {
 	err := change()
 	if !errors.Is(err, object.ErrChecksum) {
 		return err
 	}
-	if err := g.healBlocks(ctx, node, rv, oid, copies, offset, length, nil); err != nil {
+	if err := h.healBlocks(ctx, node, rv, oid, copies, offset, length, nil); err != nil {
 		return err
 	}
 	return change()
@@ -100,7 +100,7 @@ func (g *Gateway) changeHealing(ctx context.Context, node cluster.Node, rv *layo
 // piece that failed its checksum somewhere on every replica. The
 // replicas whose blocks failed are repaired. A block bad on all of them
 // fails the read with object.ErrChecksum.
-func (g *Gateway) readBlockwise(ctx context.Context, rv *layout.Epoch, oid uint64, copies int, p []byte, offset uint32) error {
+func (h *healer) readBlockwise(ctx context.Context, rv *layout.Epoch, oid uint64, copies int, p []byte, offset uint32) error {
 	start, size := blockRange(offset, len(p))
 	whole := make([]byte, size)
 	candidates := rv.ReplicasOf(oid, copies)
@@ -110,7 +110,7 @@ func (g *Gateway) readBlockwise(ctx context.Context, rv *layout.Epoch, oid uint6
 		var last error
 		good := false
 		for _, node := range candidates {
-			err := g.readFrom(ctx, node, rv, oid, block, start+uint32(at))
+			err := h.path.readFrom(ctx, node, rv, oid, block, start+uint32(at))
 			if err == nil {
 				good = true
 				break
@@ -122,8 +122,8 @@ func (g *Gateway) readBlockwise(ctx context.Context, rv *layout.Epoch, oid uint6
 		}
 		if !good {
 			if errors.Is(last, object.ErrChecksum) {
-				g.checksumLost.Add(1)
-				g.logger.Error("gateway: a block fails its checksum on every replica: its data is lost; reads of it fail",
+				h.checksumLost.Add(1)
+				h.logger.Error("gateway: a block fails its checksum on every replica: its data is lost; reads of it fail",
 					"vdi_id", object.VDI(oid), "object", fmt.Sprintf("%016x", oid), "object_offset", start+uint32(at), "replicas", len(candidates))
 			}
 			return &object.ReplicaError{Node: "every replica", OID: oid, Err: last}
@@ -135,11 +135,32 @@ func (g *Gateway) readBlockwise(ctx context.Context, rv *layout.Epoch, oid uint6
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), roundTimeout)
 				defer cancel()
-				if err := g.healBlocks(ctx, node, rv, oid, copies, start, size, whole); err != nil {
-					g.logger.Warn("gateway: repairing blocks that failed their checksum", "object", fmt.Sprintf("%016x", oid), "node", node.ID, "err", err)
+				if err := h.healBlocks(ctx, node, rv, oid, copies, start, size, whole); err != nil {
+					h.logger.Warn("gateway: repairing blocks that failed their checksum", "object", fmt.Sprintf("%016x", oid), "node", node.ID, "err", err)
 				}
 			}()
 		}
 	}
 	return nil
+}
+
+// repairDamaged replaces a replica's damaged copy of oid, after another
+// replica served the read: the bad copy is removed and the replica
+// recovers the object from a proven current copy.
+func (h *healer) repairDamaged(node cluster.Node, epoch, oid uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), roundTimeout)
+	defer cancel()
+	rv, err := h.layouts.Current()
+	if err != nil || rv.Number != epoch {
+		return // the next epoch's recovery sees the damage again
+	}
+	err = h.replicas.Remove(ctx, node, epoch, oid)
+	if err == nil || errors.Is(err, object.ErrNotFound) {
+		err = h.path.recoverOn(ctx, node, rv, oid)
+	}
+	if err != nil {
+		h.logger.Warn("gateway: repairing a damaged copy failed", "object", fmt.Sprintf("%016x", oid), "node", node.ID, "err", err)
+		return
+	}
+	h.logger.Info("gateway: repaired a damaged copy from another replica", "object", fmt.Sprintf("%016x", oid), "node", node.ID, "epoch", epoch)
 }

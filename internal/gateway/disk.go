@@ -388,7 +388,7 @@ func (d *Disk) zeroPiece(ctx context.Context, vdi cluster.VDI, chain []uint32, p
 	}
 	flags := object.Flags{Sync: fua, NoHole: noHole}
 	return g.mutateOp(ctx, oid, vdi.Copies, replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
-		return g.changeHealing(ctx, node, rv, oid, vdi.Copies, pc.within, int(pc.length), func() error {
+		return g.heal.changeHealing(ctx, node, rv, oid, vdi.Copies, pc.within, int(pc.length), func() error {
 			return g.replicas.Zero(ctx, node, rv.Number, oid, pc.within, uint32(pc.length), flags)
 		})
 	}, change: &failedChange{offset: pc.within, length: uint32(pc.length)}})

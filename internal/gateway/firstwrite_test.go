@@ -67,7 +67,7 @@ func TestFirstWriteIsNoFailedChange(t *testing.T) {
 	if strings.Contains(log.String(), "may have reached some replicas only") {
 		t.Fatalf("a first write logged a failed change:\n%s", log.String())
 	}
-	if n := g.suspectCount.Load(); n != 0 {
+	if n := g.heal.suspectCount.Load(); n != 0 {
 		t.Fatalf("%d suspect objects after first writes that all succeeded", n)
 	}
 	buf := make([]byte, 5)

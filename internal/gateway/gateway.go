@@ -50,7 +50,6 @@ import (
 	"math"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
@@ -199,19 +198,10 @@ type Gateway struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	// suspects are objects whose replicas may differ: a change to them
-	// failed, perhaps after reaching some replicas (suspect.go).
-	// checksumRepairs and checksumLost count bad blocks (checksum.go).
-	checksumRepairs atomic.Uint64
-	checksumLost    atomic.Uint64
-
-	suspectMu    sync.Mutex // guards suspects and failed
-	suspects     map[uint64]bool
-	suspectCount atomic.Int64
-	// failed are the changes that made objects suspect, in order, for
-	// their repair to re-apply (nil for an object whose failed change is
-	// not known: then none is).
-	failed map[uint64][]*failedChange
+	// heal repairs suspect objects (a change to them failed, perhaps
+	// after reaching some replicas; suspect.go), blocks that fail their
+	// checksum (checksum.go) and damaged copies.
+	heal *healer
 
 	dirtyMu sync.Mutex      // guards dirty
 	dirty   map[string]bool // nodes written through this gateway since its last flush
@@ -262,7 +252,9 @@ func New(c Cluster, layouts *layout.History, replicas Replicas, logger *slog.Log
 		zeroPieces: newSemaphore("TRIM/WRITE_ZEROES pieces in flight", "pieces", int64(options.ZeroPieces)),
 		copyBytes:  newSemaphore("copy-on-write buffers", "bytes", options.CopyBytes),
 	}
-	g.lag = newZoneLag(options.LagBytes, c, layouts, logger, ctx, g, g)
+	g.heal = &healer{cluster: c, layouts: layouts, replicas: replicas, logger: logger, path: g}
+	g.lag = newZoneLag(options.LagBytes, c, layouts, logger, ctx, g, g.heal)
+	g.heal.lag = g.lag
 	return g
 }
 
@@ -468,7 +460,7 @@ func (g *Gateway) writeOp(oid uint64, copies int, p []byte, offset uint32, flags
 		return func() error {
 			// As writeTo, with the first attempt already sent.
 			sent := true
-			err := g.changeHealing(ctx, node, rv, oid, copies, offset, len(p), func() error {
+			err := g.heal.changeHealing(ctx, node, rv, oid, copies, offset, len(p), func() error {
 				if sent {
 					sent = false
 					return wait()
@@ -483,7 +475,7 @@ func (g *Gateway) writeOp(oid uint64, copies int, p []byte, offset uint32, flags
 
 // writeTo writes a piece to one replica.
 func (g *Gateway) writeTo(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, copies int, p []byte, offset uint32, flags object.Flags) error {
-	err := g.changeHealing(ctx, node, rv, oid, copies, offset, len(p), func() error {
+	err := g.heal.changeHealing(ctx, node, rv, oid, copies, offset, len(p), func() error {
 		return g.replicas.Write(ctx, node, rv.Number, oid, p, offset, flags)
 	})
 	return writeError(flags, err)
@@ -525,13 +517,13 @@ func (g *Gateway) mutateOp(ctx context.Context, oid uint64, copies int, op repli
 // mutateOn is mutate on the replicas pick chooses, without waiting for
 // the writes on their way to other zones.
 func (g *Gateway) mutateOn(ctx context.Context, oid uint64, copies int, pick pickFunc, op replicaOp) error {
-	if err := g.repairSuspect(ctx, oid, copies); err != nil {
+	if err := g.heal.repairSuspect(ctx, oid, copies); err != nil {
 		return err
 	}
 	err := g.mutateReplicas(ctx, oid, copies, pick, op)
 	if err != nil && !reachedNoReplica(err) {
-		g.suspect(oid, err)
-		g.keepFailed(oid, op.change)
+		g.heal.suspect(oid, err)
+		g.heal.keepFailed(oid, op.change)
 	}
 	return err
 }
@@ -642,7 +634,7 @@ func (g *Gateway) read(ctx context.Context, oid uint64, copies int, p []byte, of
 	// A suspect object is repaired first, even with far parts pending:
 	// the near copies that acknowledged them may lack an earlier one
 	// that failed (lag.go, rule 6).
-	if err := g.repairSuspect(ctx, oid, copies); err != nil {
+	if err := g.heal.repairSuspect(ctx, oid, copies); err != nil {
 		return err
 	}
 	if served, err := g.lag.readLagging(ctx, oid, p, offset); served || err != nil {
@@ -692,13 +684,13 @@ func (g *Gateway) readReplicas(ctx context.Context, oid uint64, copies int, p []
 			err := g.readFrom(ctx, node, rv, oid, p, offset)
 			if err == nil {
 				for _, bad := range damaged {
-					go g.repairDamaged(bad, rv.Number, oid)
+					go g.heal.repairDamaged(bad, rv.Number, oid)
 				}
 				for _, bad := range badBlocks {
 					go func() {
 						ctx, cancel := context.WithTimeout(context.Background(), roundTimeout)
 						defer cancel()
-						if err := g.healBlocks(ctx, bad, rv, oid, copies, offset, len(p), nil); err != nil {
+						if err := g.heal.healBlocks(ctx, bad, rv, oid, copies, offset, len(p), nil); err != nil {
 							g.logger.Warn("gateway: repairing blocks that failed their checksum", "object", fmt.Sprintf("%016x", oid), "node", bad.ID, "err", err)
 						}
 					}()
@@ -724,7 +716,7 @@ func (g *Gateway) readReplicas(ctx context.Context, oid uint64, copies int, p []
 		if len(badBlocks) > 0 {
 			// Every replica failed, some with bad blocks: take each
 			// block from where it is good.
-			err := g.readBlockwise(ctx, rv, oid, copies, p, offset)
+			err := g.heal.readBlockwise(ctx, rv, oid, copies, p, offset)
 			if err == nil || errors.Is(err, object.ErrChecksum) {
 				return err
 			}
@@ -739,27 +731,6 @@ func (g *Gateway) readReplicas(ctx context.Context, oid uint64, copies int, p []
 			return err
 		}
 	}
-}
-
-// repairDamaged replaces a replica's damaged copy of oid, after another
-// replica served the read: the bad copy is removed and the replica
-// recovers the object from a proven current copy.
-func (g *Gateway) repairDamaged(node cluster.Node, epoch, oid uint64) {
-	ctx, cancel := context.WithTimeout(context.Background(), roundTimeout)
-	defer cancel()
-	rv, err := g.layouts.Current()
-	if err != nil || rv.Number != epoch {
-		return // the next epoch's recovery sees the damage again
-	}
-	err = g.replicas.Remove(ctx, node, epoch, oid)
-	if err == nil || errors.Is(err, object.ErrNotFound) {
-		err = g.recoverOn(ctx, node, rv, oid)
-	}
-	if err != nil {
-		g.logger.Warn("gateway: repairing a damaged copy failed", "object", fmt.Sprintf("%016x", oid), "node", node.ID, "err", err)
-		return
-	}
-	g.logger.Info("gateway: repaired a damaged copy from another replica", "object", fmt.Sprintf("%016x", oid), "node", node.ID, "epoch", epoch)
 }
 
 // readFrom reads from one replica, recovering its copy first if needed.

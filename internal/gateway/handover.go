@@ -243,7 +243,7 @@ func (g *Gateway) handOver(ctx context.Context, state *vdiState, gen uint64, to 
 	if err := g.flush(ctx); err != nil {
 		return false, fmt.Errorf("flushing before the handover: %w", err)
 	}
-	if !g.repairSuspects(ctx, vdi, chain) {
+	if !g.heal.repairSuspects(ctx, vdi, chain) {
 		if err := g.cluster.MarkVDIUnclean(ctx, vdi.Name); err != nil {
 			return false, fmt.Errorf("objects whose replicas may differ could not be repaired, and marking the vdi unclean failed: %w", err)
 		}

@@ -122,7 +122,7 @@ type lagTable struct {
 	kept     atomic.Int64 // the bytes of the parts kept in failed
 
 	// mu guards pending, failed and every part's settled; it is taken
-	// before Gateway.suspectMu (settle clears a suspect under it).
+	// before healer.suspectMu (settle clears a suspect under it).
 	mu      sync.Mutex
 	pending map[uint64][]*lagOp // by object, in the order acknowledged
 	// failed are objects whose far part failed, with the parts kept for

@@ -251,8 +251,8 @@ func (z *zoneWorld) check(t *testing.T, first string) {
 	z.g.lag.mu.Lock()
 	kept := len(z.g.lag.failed)
 	z.g.lag.mu.Unlock()
-	if z.g.isSuspect(z.oid) || kept > 0 {
-		t.Errorf("after a FLUSH that completed, the object is suspect (%v) or %d objects have far parts kept for their repair", z.g.isSuspect(z.oid), kept)
+	if z.g.heal.isSuspect(z.oid) || kept > 0 {
+		t.Errorf("after a FLUSH that completed, the object is suspect (%v) or %d objects have far parts kept for their repair", z.g.heal.isSuspect(z.oid), kept)
 	}
 }
 

@@ -15,4 +15,4 @@ func (g *Gateway) ReplicasOf(oid uint64, copies int) (epoch uint64, nodes []clus
 }
 
 // ObjectSize is the size of oid's VDI's objects.
-func (g *Gateway) ObjectSize(oid uint64) (uint64, error) { return g.objectSize(oid) }
+func (g *Gateway) ObjectSize(oid uint64) (uint64, error) { return objectSizeIn(g.cluster, oid) }

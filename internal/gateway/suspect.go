@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/layout"
 	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/waitlock"
 )
 
 // Suspect objects.
@@ -45,39 +49,83 @@ import (
 // log before releasing its lock, and the next writer repairs the whole
 // VDI (maintenance.RepairUnclean), as it does when a writer's node dies.
 
+// healer makes replicas whose copies may differ identical again, and
+// heals what a replica reports damaged: the suspect objects (a change
+// to them failed, perhaps after reaching some replicas only, here), the
+// blocks that fail their checksum (checksum.go) and copies found
+// damaged. It reads and writes replicas through path, and consults zone
+// lag (lag.go) for the writes acknowledged in this zone that a repair
+// must write again.
+type healer struct {
+	cluster  interface{ Tree() []cluster.VDI }
+	layouts  *layout.History
+	replicas Replicas
+	logger   *slog.Logger
+	path     healPath
+	lag      *zoneLag
+
+	// checksumRepairs and checksumLost count bad blocks (checksum.go).
+	checksumRepairs atomic.Uint64
+	checksumLost    atomic.Uint64
+
+	suspectMu    sync.Mutex // guards suspects and failed
+	suspects     map[uint64]bool
+	suspectCount atomic.Int64
+	// failed are the changes that made objects suspect, in order, for
+	// their repair to re-apply (nil for an object whose failed change is
+	// not known: then none is).
+	failed map[uint64][]*failedChange
+}
+
+// healPath is what healing needs of the data path.
+type healPath interface {
+	// objectLock is oid's lock: shared by changes, exclusive by a
+	// repair.
+	objectLock(oid uint64) *waitlock.RWLock
+	// replicate runs op on every replica of oid.
+	replicate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error
+	// readReplicas reads a piece from one replica, with failover.
+	readReplicas(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error
+	// readFrom reads a piece from one replica, recovering its copy first
+	// if needed.
+	readFrom(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, p []byte, offset uint32) error
+	// recoverOn has node make its copy of oid current in rv's epoch.
+	recoverOn(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64) error
+}
+
 // suspect marks oid: a change to it failed, perhaps after reaching some
 // of its replicas.
-func (g *Gateway) suspect(oid uint64, err error) {
-	g.suspectMu.Lock()
-	defer g.suspectMu.Unlock()
-	if g.suspects == nil {
-		g.suspects = map[uint64]bool{}
+func (h *healer) suspect(oid uint64, err error) {
+	h.suspectMu.Lock()
+	defer h.suspectMu.Unlock()
+	if h.suspects == nil {
+		h.suspects = map[uint64]bool{}
 	}
-	if !g.suspects[oid] {
-		g.suspects[oid] = true
-		g.suspectCount.Add(1)
-		g.logger.Warn("gateway: a change failed and may have reached some replicas only; the object is repaired before its next use",
+	if !h.suspects[oid] {
+		h.suspects[oid] = true
+		h.suspectCount.Add(1)
+		h.logger.Warn("gateway: a change failed and may have reached some replicas only; the object is repaired before its next use",
 			"object", fmt.Sprintf("%016x", oid), "err", err)
 	}
 }
 
-func (g *Gateway) isSuspect(oid uint64) bool {
-	if g.suspectCount.Load() == 0 {
+func (h *healer) isSuspect(oid uint64) bool {
+	if h.suspectCount.Load() == 0 {
 		return false
 	}
-	g.suspectMu.Lock()
-	defer g.suspectMu.Unlock()
-	return g.suspects[oid]
+	h.suspectMu.Lock()
+	defer h.suspectMu.Unlock()
+	return h.suspects[oid]
 }
 
-func (g *Gateway) clearSuspect(oid uint64) {
-	g.suspectMu.Lock()
-	defer g.suspectMu.Unlock()
-	if g.suspects[oid] {
-		delete(g.suspects, oid)
-		g.suspectCount.Add(-1)
+func (h *healer) clearSuspect(oid uint64) {
+	h.suspectMu.Lock()
+	defer h.suspectMu.Unlock()
+	if h.suspects[oid] {
+		delete(h.suspects, oid)
+		h.suspectCount.Add(-1)
 	}
-	delete(g.failed, oid)
+	delete(h.failed, oid)
 }
 
 // failedChange is a change to an object as its bytes: data written at
@@ -107,51 +155,51 @@ func (c *failedChange) apply(data []byte) {
 // repair to apply (a copy: the caller's buffer is reused). An unknown
 // change (nil) voids those kept before it: applied over its effects,
 // they could undo them.
-func (g *Gateway) keepFailed(oid uint64, change *failedChange) {
-	g.suspectMu.Lock()
-	defer g.suspectMu.Unlock()
-	if g.failed == nil {
-		g.failed = map[uint64][]*failedChange{}
+func (h *healer) keepFailed(oid uint64, change *failedChange) {
+	h.suspectMu.Lock()
+	defer h.suspectMu.Unlock()
+	if h.failed == nil {
+		h.failed = map[uint64][]*failedChange{}
 	}
 	if change == nil {
-		g.failed[oid] = nil
+		h.failed[oid] = nil
 		return
 	}
 	kept := *change
 	kept.data = slices.Clone(change.data)
-	g.failed[oid] = append(g.failed[oid], &kept)
+	h.failed[oid] = append(h.failed[oid], &kept)
 }
 
 // failedChanges returns the failed changes kept for oid, oldest first.
-func (g *Gateway) failedChanges(oid uint64) []*failedChange {
-	g.suspectMu.Lock()
-	defer g.suspectMu.Unlock()
-	return slices.Clone(g.failed[oid])
+func (h *healer) failedChanges(oid uint64) []*failedChange {
+	h.suspectMu.Lock()
+	defer h.suspectMu.Unlock()
+	return slices.Clone(h.failed[oid])
 }
 
 // dropFailed forgets the first n failed changes kept for oid: a repair
 // wrote them to every replica. (The object may stay suspect for far
 // parts still on their way, lag.go; re-applied after a later change,
 // they would undo it.)
-func (g *Gateway) dropFailed(oid uint64, n int) {
-	g.suspectMu.Lock()
-	defer g.suspectMu.Unlock()
-	if kept := g.failed[oid]; len(kept) <= n {
-		delete(g.failed, oid)
+func (h *healer) dropFailed(oid uint64, n int) {
+	h.suspectMu.Lock()
+	defer h.suspectMu.Unlock()
+	if kept := h.failed[oid]; len(kept) <= n {
+		delete(h.failed, oid)
 	} else {
-		g.failed[oid] = kept[n:]
+		h.failed[oid] = kept[n:]
 	}
 }
 
 // suspectsOf returns the suspect objects of the VDIs in ids.
-func (g *Gateway) suspectsOf(ids []uint32) []uint64 {
-	if g.suspectCount.Load() == 0 {
+func (h *healer) suspectsOf(ids []uint32) []uint64 {
+	if h.suspectCount.Load() == 0 {
 		return nil
 	}
-	g.suspectMu.Lock()
-	defer g.suspectMu.Unlock()
+	h.suspectMu.Lock()
+	defer h.suspectMu.Unlock()
 	var out []uint64
-	for oid := range g.suspects {
+	for oid := range h.suspects {
 		if slices.Contains(ids, object.VDI(oid)) {
 			out = append(out, oid)
 		}
@@ -159,11 +207,11 @@ func (g *Gateway) suspectsOf(ids []uint32) []uint64 {
 	return out
 }
 
-// objectSize is the size of oid's VDI's objects (map objects have the
-// same size as data objects).
-func (g *Gateway) objectSize(oid uint64) (uint64, error) {
+// objectSizeIn is the size of oid's VDI's objects in c's tree (map
+// objects have the same size as data objects).
+func objectSizeIn(c interface{ Tree() []cluster.VDI }, oid uint64) (uint64, error) {
 	id := object.VDI(oid)
-	for _, v := range g.cluster.Tree() {
+	for _, v := range c.Tree() {
 		if v.ID == id {
 			return v.ObjectSize, nil
 		}
@@ -174,45 +222,45 @@ func (g *Gateway) objectSize(oid uint64) (uint64, error) {
 // needsRepair says whether oid is suspect or has far parts kept for its
 // repair (lag.go, rule 6; a kept part leaves its object suspect, so this
 // is the same, checked twice); otherwise it costs two atomic loads.
-func (g *Gateway) needsRepair(oid uint64) bool {
-	return g.isSuspect(oid) || g.lag.hasFailed(oid)
+func (h *healer) needsRepair(oid uint64) bool {
+	return h.isSuspect(oid) || h.lag.hasFailed(oid)
 }
 
 // repairSuspect makes the replicas of oid identical if a failed change
 // left it suspect (see above), with every write acknowledged in this
 // zone that the copy it reads may lack; otherwise it costs atomic loads.
-func (g *Gateway) repairSuspect(ctx context.Context, oid uint64, copies int) error {
-	if !g.needsRepair(oid) {
+func (h *healer) repairSuspect(ctx context.Context, oid uint64, copies int) error {
+	if !h.needsRepair(oid) {
 		return nil
 	}
 	// The repair rewrites every replica: the writes still on their way
 	// to other zones land first (lag.go, rule 3).
-	if err := g.lag.wait(ctx, oid); err != nil {
+	if err := h.lag.wait(ctx, oid); err != nil {
 		return err
 	}
-	lock := g.objectLock(oid)
+	lock := h.path.objectLock(oid)
 	lock.Lock()
 	defer lock.Unlock()
-	if !g.needsRepair(oid) {
+	if !h.needsRepair(oid) {
 		return nil // repaired by a request that held the lock before us
 	}
 	started := time.Now()
-	size, err := g.objectSize(oid)
+	size, err := objectSizeIn(h.cluster, oid)
 	if err != nil {
 		return err
 	}
 	data := make([]byte, size)
-	err = g.readReplicas(ctx, oid, copies, data, 0)
+	err = h.path.readReplicas(ctx, oid, copies, data, 0)
 	// The writes acknowledged in this zone that the copy read may lack:
 	// its far parts that failed, and those still pending (lag.go, rule 6).
-	apply, settle := g.lag.repairParts(ctx, oid)
-	clearSuspect := func() { g.clearSuspect(oid) }
+	apply, settle := h.lag.repairParts(ctx, oid)
+	clearSuspect := func() { h.clearSuspect(oid) }
 	if errors.Is(err, object.ErrNoObject) {
 		if len(apply) == 0 {
 			// No node holds it: the change never created it anywhere,
 			// or a failed remove reached every replica. Nothing can
 			// differ.
-			g.lag.settle(oid, settle, clearSuspect)
+			h.lag.settle(oid, settle, clearSuspect)
 			return nil
 		}
 		// No copy left, but writes acknowledged in this zone: they are
@@ -228,41 +276,41 @@ func (g *Gateway) repairSuspect(ctx context.Context, oid uint64, copies int) err
 	if err != nil {
 		return fmt.Errorf("object %016x: a failed change may have reached some of its replicas only, and reading it to make them identical failed: %w", oid, err)
 	}
-	failed := g.failedChanges(oid)
+	failed := h.failedChanges(oid)
 	for _, change := range failed {
 		change.apply(data)
 	}
 	applyLag(data, apply)
 	flags := object.Flags{Create: true, Sync: true}
-	err = g.replicate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
-		err := g.replicas.Write(ctx, node, rv.Number, oid, data, 0, flags)
+	err = h.path.replicate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
+		err := h.replicas.Write(ctx, node, rv.Number, oid, data, 0, flags)
 		if object.Damaged(err) || errors.Is(err, object.ErrNotRecovered) {
 			// Its copy is overwritten whole; make it current first
 			// (the replica refuses changes to a copy not yet proven
 			// current in this epoch).
-			if err := g.recoverOn(ctx, node, rv, oid); err != nil && !errors.Is(err, object.ErrNoObject) {
+			if err := h.path.recoverOn(ctx, node, rv, oid); err != nil && !errors.Is(err, object.ErrNoObject) {
 				return err
 			}
-			err = g.replicas.Write(ctx, node, rv.Number, oid, data, 0, flags)
+			err = h.replicas.Write(ctx, node, rv.Number, oid, data, 0, flags)
 		}
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("object %016x: a failed change may have reached some of its replicas only, and making them identical failed: %w", oid, err)
 	}
-	g.dropFailed(oid, len(failed))
-	g.lag.settle(oid, settle, clearSuspect)
-	g.logger.Info("gateway: made the replicas of a suspect object identical", "object", fmt.Sprintf("%016x", oid), "failed_changes_applied", len(failed), "writes_acknowledged_in_this_zone", len(apply), "took", time.Since(started).Round(time.Millisecond))
+	h.dropFailed(oid, len(failed))
+	h.lag.settle(oid, settle, clearSuspect)
+	h.logger.Info("gateway: made the replicas of a suspect object identical", "object", fmt.Sprintf("%016x", oid), "failed_changes_applied", len(failed), "writes_acknowledged_in_this_zone", len(apply), "took", time.Since(started).Round(time.Millisecond))
 	return nil
 }
 
 // repairSuspects repairs the suspect objects of a VDI this gateway gives
 // up (the caller releases its lock) and reports whether none is left.
-func (g *Gateway) repairSuspects(ctx context.Context, vdi cluster.VDI, chain []uint32) bool {
+func (h *healer) repairSuspects(ctx context.Context, vdi cluster.VDI, chain []uint32) bool {
 	left := 0
-	for _, oid := range g.suspectsOf(chain) {
-		if err := g.repairSuspect(ctx, oid, vdi.Copies); err != nil {
-			g.logger.Warn("gateway: repairing a suspect object failed", "vdi", vdi.Name, "object", fmt.Sprintf("%016x", oid), "err", err)
+	for _, oid := range h.suspectsOf(chain) {
+		if err := h.repairSuspect(ctx, oid, vdi.Copies); err != nil {
+			h.logger.Warn("gateway: repairing a suspect object failed", "vdi", vdi.Name, "object", fmt.Sprintf("%016x", oid), "err", err)
 			left++
 		}
 	}

@@ -299,7 +299,7 @@ func (g *Gateway) release(state *vdiState, kind openKind) {
 		cancelDrain()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if !g.repairSuspects(ctx, vdi, chain) {
+		if !g.heal.repairSuspects(ctx, vdi, chain) {
 			// Its replicas may differ: the next writer must repair it.
 			// If even that cannot be recorded, the lock stays ours; it
 			// goes (marking the VDI unclean) when this node leaves or
@@ -515,12 +515,12 @@ func (g *Gateway) remove(ctx context.Context, oid uint64, copies int) error {
 		return err
 	})
 	if err != nil {
-		g.suspect(oid, err)
+		g.heal.suspect(oid, err)
 	} else {
 		// Gone everywhere: nothing can differ, and the far parts kept
 		// for its repair, all older, are void (lag.go, rule 6).
 		g.lag.forget(oid)
-		g.clearSuspect(oid)
+		g.heal.clearSuspect(oid)
 	}
 	return err
 }
