@@ -222,7 +222,7 @@ func TestZeroPiecesBoundedNodeWide(t *testing.T) {
 		}()
 		// 6 requests of 4 pieces each would be 24 in flight: 10 are.
 		gate.drain(t, done, 10, 10)
-		if peak := g.zeroPieces.peakUsed(); peak != 10 {
+		if peak := g.admit.zeroPieces.peakUsed(); peak != 10 {
 			t.Fatalf("the node-wide semaphore peaked at %d, want 10", peak)
 		}
 		verify(t, e, m)
@@ -272,7 +272,7 @@ func TestCopyOnWriteMemoryBounded(t *testing.T) {
 			done <- errors.Join(errs...)
 		}()
 		gate.drain(t, done, 3, 3)
-		if peak := g.copyBytes.peakUsed(); peak != 3*smallObject {
+		if peak := g.admit.copyBytes.peakUsed(); peak != 3*smallObject {
 			t.Fatalf("copy buffers peaked at %d bytes, want %d", peak, 3*smallObject)
 		}
 		if got := bufpool.Outstanding(); got != buffers {

@@ -270,10 +270,10 @@ func (d *Disk) writePiece(ctx context.Context, vdi cluster.VDI, chain []uint32, 
 // whole write per replica, and is bounded instead.
 func (g *Gateway) copyObject(ctx context.Context, vdi cluster.VDI, owner, index uint32, fua bool, change func(data []byte)) error {
 	size := int64(vdi.ObjectSize)
-	if err := acquire(ctx, g.logger, g.copyBytes, size, fmt.Sprintf("copy-on-write of object %d of vdi %q", index, vdi.Name)); err != nil {
+	if err := acquire(ctx, g.logger, g.admit.copyBytes, size, fmt.Sprintf("copy-on-write of object %d of vdi %q", index, vdi.Name)); err != nil {
 		return err
 	}
-	defer g.copyBytes.release(size)
+	defer g.admit.copyBytes.release(size)
 	buffer := getObjectBuffer(vdi.ObjectSize)
 	defer buffer.release()
 	data := buffer.Bytes
@@ -339,10 +339,10 @@ func (d *Disk) zero(ctx context.Context, offset, length uint64, noHole, fua bool
 	return d.each(ctx, pieces, func(pc piece) error {
 		// A piece carries no payload, so the NBD server's byte budget
 		// does not count it: the node-wide slot does (bounds.go).
-		if err := acquire(ctx, g.logger, g.zeroPieces, 1, what); err != nil {
+		if err := acquire(ctx, g.logger, g.admit.zeroPieces, 1, what); err != nil {
 			return err
 		}
-		defer g.zeroPieces.release(1)
+		defer g.admit.zeroPieces.release(1)
 		return d.zeroPiece(ctx, vdi, chain, pc, noHole, fua)
 	})
 }

@@ -34,7 +34,7 @@ import (
 //  2. A slot is held for the request's replica I/O only and released
 //     whatever happens; a request whose context ends while it queues
 //     leaves the queue (or passes on the slot it was just handed).
-//  3. Lock order: vdiState.io > a slot > Gateway.zeroPieces (see the
+//  3. Lock order: vdiState.io > a slot > admission.zeroPieces (see the
 //     package doc). Nothing takes a second slot while holding one.
 //  4. Share: Options.FairSlots divided by the busy VDIs (those with
 //     requests in flight or queued), at least 1.
@@ -160,7 +160,7 @@ func (q *fairQueue) release(flow *limiter) {
 // slot takes a request slot for d's VDI (rule 1: after io and the
 // writer check); the caller calls the returned release.
 func (d *Disk) slot(ctx context.Context) (func(), error) {
-	q, flow := d.gateway.fair, d.state.limiter
+	q, flow := d.gateway.admit.fair, d.state.limiter
 	if err := q.acquire(ctx, flow); err != nil {
 		return nil, err
 	}

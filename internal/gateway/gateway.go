@@ -30,14 +30,15 @@
 //
 // Lock order (outermost first): vdiState.openMu (open/close of the VDI's
 // writer lock) > vdiState.io (shared by requests, exclusive by a
-// snapshot) > a request slot (fair.go; QoS waits come before io, qos.go)
-// > Gateway.zeroPieces (a TRIM/WRITE_ZEROES piece's slot) >
-// vdiState.allocation[i] (first write / copy-on-write of object i) >
-// Gateway.copyBytes (a copy's buffer) > zoneLag.bytes (a write
-// acknowledged in this zone, until its far part lands; lag.go) >
-// Gateway.objectLocks[oid] (shared
-// by changes, exclusive while a replica recovers oid) > vdiState.mu,
-// Gateway.mu, Gateway.dirtyMu (short, never held across I/O). Nothing
+// snapshot) > a request slot (admission, fair.go; QoS waits come
+// before io, qos.go) > admission.zeroPieces (a TRIM/WRITE_ZEROES
+// piece's slot) > vdiState.allocation[i] (first write / copy-on-write
+// of object i) > admission.copyBytes (a copy's buffer) > zoneLag.bytes
+// (a write acknowledged in this zone, until its far part lands; lag.go)
+// > Gateway.objectLocks[oid] (shared by changes, exclusive while a
+// replica recovers oid or the healer repairs it) > vdiState.mu,
+// Gateway.mu > admission.mu, Gateway.dirtyMu, zoneLag.mu >
+// healer.suspectMu (short, never held across I/O). Nothing
 // serialises requests a client sent concurrently, except the first write
 // to an object; what one request may spend is bounded (bounds.go).
 package gateway
@@ -184,14 +185,11 @@ type Gateway struct {
 	merges     mergeState
 	mergeStats MergeStats
 
-	mu   sync.Mutex // guards open and limiters
+	mu   sync.Mutex // guards open
 	open map[string]*vdiState
-	// limiters pace each open VDI name's requests (qos.go); snapshots is
-	// the one of every snapshot's opens, never limited.
-	limiters  map[string]*limiter
-	snapshots *limiter
-	// fair shares the node's request slots between VDIs (fair.go).
-	fair *fairQueue
+	// admit paces and admits requests: QoS limits (qos.go), fair sharing
+	// of the request slots (fair.go), the node's bounds (bounds.go).
+	admit *admission
 
 	// ctx ends the gateway's own goroutines (the lock watchers); Close
 	// cancels it.
@@ -205,12 +203,6 @@ type Gateway struct {
 
 	dirtyMu sync.Mutex      // guards dirty
 	dirty   map[string]bool // nodes written through this gateway since its last flush
-
-	// zeroPieces counts TRIM and WRITE_ZEROES pieces in flight
-	// (Options.ZeroPieces); copyBytes the copy-on-write buffers in use
-	// (Options.CopyBytes). See bounds.go.
-	zeroPieces *semaphore
-	copyBytes  *semaphore
 
 	// lag tracks the writes acknowledged in this zone whose other zones'
 	// replicas are still to get them, and lands them (lag.go).
@@ -248,9 +240,8 @@ func New(c Cluster, layouts *layout.History, replicas Replicas, logger *slog.Log
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	starter, _ := replicas.(Starter)
-	g := &Gateway{cluster: c, layouts: layouts, replicas: replicas, starter: starter, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, limiters: map[string]*limiter{}, snapshots: &limiter{}, fair: newFairQueue(options.FairSlots), dirty: map[string]bool{}, ctx: ctx, cancel: cancel,
-		zeroPieces: newSemaphore("TRIM/WRITE_ZEROES pieces in flight", "pieces", int64(options.ZeroPieces)),
-		copyBytes:  newSemaphore("copy-on-write buffers", "bytes", options.CopyBytes),
+	g := &Gateway{cluster: c, layouts: layouts, replicas: replicas, starter: starter, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, dirty: map[string]bool{}, ctx: ctx, cancel: cancel,
+		admit: newAdmission(c, logger, ctx, options),
 	}
 	g.heal = &healer{cluster: c, layouts: layouts, replicas: replicas, logger: logger, path: g}
 	g.lag = newZoneLag(options.LagBytes, c, layouts, logger, ctx, g, g.heal)

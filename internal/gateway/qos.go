@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -167,7 +168,7 @@ type limiter struct {
 	// has them (cluster.AckZone, lag.go); kept current by the watcher.
 	ackZone atomic.Bool
 
-	// refs counts the vdiStates using the limiter, guarded by Gateway.mu;
+	// refs counts the vdiStates using the limiter, guarded by admission.mu;
 	// stop ends its watcher.
 	refs int
 	stop context.CancelFunc
@@ -201,37 +202,74 @@ func (l *limiter) limits() cluster.Limits {
 	return cluster.Limits{}
 }
 
-// limiterFor returns the limiter of vdi's name, starting its watcher
-// with the first user (g.mu held). Snapshots share g.snapshots, never
-// limited.
-func (g *Gateway) limiterFor(vdi cluster.VDI) *limiter {
-	if vdi.Snapshot {
-		return g.snapshots
+// admission lets a request in and bounds what it spends on this node:
+// the QoS limiters of the VDI names open here (this file), the fair
+// sharing of the node's request slots between VDIs (fair.go), and the
+// node-wide bounds on TRIM/WRITE_ZEROES pieces and copy-on-write
+// buffers (bounds.go). It watches the cluster log for limit changes.
+type admission struct {
+	cluster interface {
+		WaitVDI(ctx context.Context, name string, done func(v cluster.VDI, err error) bool) (cluster.VDI, error)
 	}
-	l, ok := g.limiters[vdi.Name]
+	logger *slog.Logger
+	// ctx is the gateway's: the limiters' watchers end with it.
+	ctx context.Context
+
+	mu sync.Mutex // guards limiters and their refs; taken under Gateway.mu
+	// limiters pace each open VDI name's requests; snapshots is the one
+	// of every snapshot's opens, never limited.
+	limiters  map[string]*limiter
+	snapshots *limiter
+	// fair shares the node's request slots between VDIs (fair.go).
+	fair *fairQueue
+	// zeroPieces counts TRIM and WRITE_ZEROES pieces in flight
+	// (Options.ZeroPieces); copyBytes the copy-on-write buffers in use
+	// (Options.CopyBytes). See bounds.go.
+	zeroPieces *semaphore
+	copyBytes  *semaphore
+}
+
+func newAdmission(c Cluster, logger *slog.Logger, ctx context.Context, options Options) *admission {
+	return &admission{cluster: c, logger: logger, ctx: ctx, limiters: map[string]*limiter{}, snapshots: &limiter{}, fair: newFairQueue(options.FairSlots),
+		zeroPieces: newSemaphore("TRIM/WRITE_ZEROES pieces in flight", "pieces", int64(options.ZeroPieces)),
+		copyBytes:  newSemaphore("copy-on-write buffers", "bytes", options.CopyBytes),
+	}
+}
+
+// limiterFor returns the limiter of vdi's name, starting its watcher
+// with the first user. Snapshots share a.snapshots, never limited.
+func (a *admission) limiterFor(vdi cluster.VDI) *limiter {
+	if vdi.Snapshot {
+		return a.snapshots
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	l, ok := a.limiters[vdi.Name]
 	if !ok {
 		l = &limiter{name: vdi.Name}
 		l.set(vdi.Limits)
 		l.ackZone.Store(vdi.Ack == cluster.AckZone)
-		ctx, cancel := context.WithCancel(g.ctx)
+		ctx, cancel := context.WithCancel(a.ctx)
 		l.stop = cancel
-		g.limiters[vdi.Name] = l
-		go g.watchLimits(ctx, l)
+		a.limiters[vdi.Name] = l
+		go a.watchLimits(ctx, l)
 	}
 	l.refs++
 	return l
 }
 
-// dropLimiter forgets a user of l; the last stops its watcher (g.mu held).
-func (g *Gateway) dropLimiter(l *limiter) {
-	if l == g.snapshots {
+// dropLimiter forgets a user of l; the last stops its watcher.
+func (a *admission) dropLimiter(l *limiter) {
+	if l == a.snapshots {
 		return
 	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	l.refs--
 	if l.refs == 0 {
 		l.stop()
-		if g.limiters[l.name] == l {
-			delete(g.limiters, l.name)
+		if a.limiters[l.name] == l {
+			delete(a.limiters, l.name)
 		}
 	}
 }
@@ -239,9 +277,9 @@ func (g *Gateway) dropLimiter(l *limiter) {
 // watchLimits keeps l's limits those the cluster log holds for its VDI
 // until ctx ends (rule 5). A VDI that is gone (deleted while open) keeps
 // its last limits.
-func (g *Gateway) watchLimits(ctx context.Context, l *limiter) {
+func (a *admission) watchLimits(ctx context.Context, l *limiter) {
 	for ctx.Err() == nil {
-		v, err := g.cluster.WaitVDI(ctx, l.name, func(v cluster.VDI, err error) bool {
+		v, err := a.cluster.WaitVDI(ctx, l.name, func(v cluster.VDI, err error) bool {
 			return err == nil && (v.Limits != l.limits() || (v.Ack == cluster.AckZone) != l.ackZone.Load())
 		})
 		if ctx.Err() != nil {
@@ -249,11 +287,11 @@ func (g *Gateway) watchLimits(ctx context.Context, l *limiter) {
 		}
 		if err == nil && v.Limits != l.limits() {
 			l.set(v.Limits)
-			g.logger.Info("gateway: vdi limits changed", "vdi", l.name, "limits", v.Limits.String())
+			a.logger.Info("gateway: vdi limits changed", "vdi", l.name, "limits", v.Limits.String())
 		}
 		if zone := v.Ack == cluster.AckZone; err == nil && zone != l.ackZone.Load() {
 			l.ackZone.Store(zone)
-			g.logger.Info("gateway: vdi acknowledgement changed", "vdi", l.name, "zone", zone)
+			a.logger.Info("gateway: vdi acknowledgement changed", "vdi", l.name, "zone", zone)
 		}
 	}
 }
@@ -261,9 +299,10 @@ func (g *Gateway) watchLimits(ctx context.Context, l *limiter) {
 // Limits returns the QoS limits this gateway applies to VDI name's opens
 // now (unlimited when none is open through it).
 func (g *Gateway) Limits(name string) cluster.Limits {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if l, ok := g.limiters[name]; ok {
+	a := g.admit
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if l, ok := a.limiters[name]; ok {
 		return l.limits()
 	}
 	return cluster.Limits{}

@@ -143,7 +143,7 @@ func TestGatewayPacesLimitedVDI(t *testing.T) {
 	g := w.gateway("node00")
 	d := open(t, g, "vm")
 	ro := open(t, g, "ro/vm")
-	if d.state.limiter != ro.state.limiter || d.state.limiter == g.snapshots {
+	if d.state.limiter != ro.state.limiter || d.state.limiter == g.admit.snapshots {
 		t.Fatal("vm and ro/vm do not share a limiter")
 	}
 	ctx := context.Background()
@@ -188,7 +188,7 @@ func TestGatewayPacesLimitedVDI(t *testing.T) {
 	if _, err := g.Snapshot(ctx, "vm", "s1"); err != nil {
 		t.Fatal(err)
 	}
-	if s := open(t, g, "vm@s1"); s.state.limiter != g.snapshots {
+	if s := open(t, g, "vm@s1"); s.state.limiter != g.admit.snapshots {
 		t.Fatal("a snapshot's open is limited")
 	}
 	// Removed: back to one atomic load.
@@ -201,7 +201,7 @@ func TestGatewayPacesLimitedVDI(t *testing.T) {
 	d.Close()
 	ro.Close()
 	g.mu.Lock()
-	left := len(g.limiters)
+	left := len(g.admit.limiters)
 	g.mu.Unlock()
 	if left != 0 {
 		t.Fatalf("%d limiters left after every open closed", left)

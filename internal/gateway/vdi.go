@@ -125,7 +125,7 @@ func (g *Gateway) Open(ctx context.Context, name string) (*Disk, error) {
 	g.mu.Lock()
 	state, ok := g.open[key]
 	if !ok {
-		state = &vdiState{key: key, vdi: vdi, chain: g.cluster.Chain(vdi.ID), pages: map[uint64][]uint32{}, disks: map[*Disk]struct{}{}, limiter: g.limiterFor(vdi)}
+		state = &vdiState{key: key, vdi: vdi, chain: g.cluster.Chain(vdi.ID), pages: map[uint64][]uint32{}, disks: map[*Disk]struct{}{}, limiter: g.admit.limiterFor(vdi)}
 		g.open[key] = state
 	}
 	state.refs++
@@ -329,7 +329,7 @@ func (g *Gateway) release(state *vdiState, kind openKind) {
 		if g.open[state.key] == state {
 			delete(g.open, state.key)
 		}
-		g.dropLimiter(state.limiter)
+		g.admit.dropLimiter(state.limiter)
 	}
 	g.mu.Unlock()
 }
