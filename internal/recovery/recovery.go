@@ -230,6 +230,18 @@ func (r *Recovery) Run(ctx context.Context) {
 		}(epoch)
 		for attempt := 0; run.Err() == nil; attempt++ {
 			err := r.recover(run, epoch)
+			if errors.Is(err, errNotFormatted) {
+				// Nothing to recover yet, but the format adds no epoch:
+				// this epoch's pass runs once the cluster is formatted
+				// (a pass never run left the status at epoch 0, idle,
+				// until a node next joined or left).
+				select {
+				case <-run.Done():
+				case <-time.After(time.Second):
+				}
+				attempt = -1
+				continue
+			}
 			var held *heldError
 			if errors.As(err, &held) {
 				r.waitHold(run)
@@ -250,6 +262,10 @@ func (r *Recovery) Run(ctx context.Context) {
 		cancel()
 	}
 }
+
+// errNotFormatted: the cluster is not formatted yet; Run tries the same
+// epoch again.
+var errNotFormatted = errors.New("recovery: the cluster is not formatted yet")
 
 // heldError ends a pass that deferred copies for a maintenance window.
 type heldError struct {
@@ -311,7 +327,7 @@ func (r *Recovery) waitHold(ctx context.Context) {
 func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 	rv, err := r.layouts.Current()
 	if errors.Is(err, layout.ErrNotFormatted) {
-		return nil
+		return errNotFormatted
 	}
 	if err != nil {
 		return err
