@@ -553,6 +553,19 @@ func (c *Cluster) awaitDrop(ctx context.Context, data []byte) (release func(), e
 		if json.Unmarshal(data[1:], &cmd) != nil {
 			return release, nil
 		}
+		alive := false
+		c.fsm.View(func(s *State) {
+			n, ok := s.Nodes[cmd.ID]
+			alive = ok && n.State == NodeAlive
+		})
+		if alive {
+			// Refused by the state machine (only a node out of the
+			// epoch may be removed): no wait. An alive node renews its
+			// lease all the time, and the wait below would last until
+			// the caller gave up. Its leave, should it come first,
+			// waits for its leases itself.
+			return release, nil
+		}
 		node = cmd.ID
 	default:
 		return release, nil
