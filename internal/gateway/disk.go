@@ -144,7 +144,7 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 			// An ancestor's object freed after a merge or flatten took
 			// its layer out of the chain (merge.go): read through the
 			// chain the log has now, every map page again.
-			g.refreshChain(state)
+			g.layers.refreshChain(state)
 			state.mu.Lock()
 			state.dropPagesLocked()
 			state.mu.Unlock()

@@ -180,10 +180,9 @@ type Gateway struct {
 	options  Options
 	session  string // this gateway's lock session
 
-	// merges and mergeStats: the merge and flatten jobs under way here
-	// (merge.go).
-	merges     mergeState
-	mergeStats MergeStats
+	// layers answers for chains' layers and diffs, and runs the merge
+	// and flatten jobs (layers.go, merge.go).
+	layers *layers
 
 	mu   sync.Mutex // guards open
 	open map[string]*vdiState
@@ -243,6 +242,7 @@ func New(c Cluster, layouts *layout.History, replicas Replicas, logger *slog.Log
 	g := &Gateway{cluster: c, layouts: layouts, replicas: replicas, starter: starter, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, dirty: map[string]bool{}, ctx: ctx, cancel: cancel,
 		admit: newAdmission(c, logger, ctx, options),
 	}
+	g.layers = &layers{cluster: c, logger: logger, path: g}
 	g.heal = &healer{cluster: c, layouts: layouts, replicas: replicas, logger: logger, path: g}
 	g.lag = newZoneLag(options.LagBytes, c, layouts, logger, ctx, g, g.heal)
 	g.heal.lag = g.lag

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"github.com/herd-storage/herd/internal/cluster"
@@ -76,13 +77,57 @@ func Ancestor(tree []cluster.VDI, chain []uint32, name string) (cluster.VDI, int
 	return cluster.VDI{}, 0, fmt.Errorf("snapshot %q %w among the ancestors of %s (%s)", name, cluster.ErrNotFound, self, strings.Join(tags, ", "))
 }
 
+// layers is what the gateway knows of a VDI's chain beyond reading it:
+// each object's layer (Layers, Disk.Layers), what changed since an
+// ancestor snapshot (Diff), and the merge and flatten jobs that shorten
+// chains (merge.go). It reads and changes object maps through path.
+type layers struct {
+	cluster interface {
+		ID() string
+		Tree() []cluster.VDI
+		Chain(id uint32) []uint32
+		LookupVDI(ctx context.Context, name string) (cluster.VDI, error)
+	}
+	logger *slog.Logger
+	path   layerPath
+
+	// merges and mergeStats: the merge and flatten jobs under way here
+	// (merge.go).
+	merges     mergeState
+	mergeStats MergeStats
+}
+
+// layerPath is what layers and merges need of the data path.
+type layerPath interface {
+	// Map reads a VDI's whole object map.
+	Map(ctx context.Context, v cluster.VDI) ([]uint32, error)
+	// entry and setEntry read and change one map entry through an open
+	// state's cache.
+	entry(ctx context.Context, state *vdiState, vdi cluster.VDI, id, index uint32, refresh bool) (uint32, error)
+	setEntry(ctx context.Context, state *vdiState, vdi cluster.VDI, id, index, value uint32, sync bool) error
+	// copyObject copies an owner's object whole into vdi's own.
+	copyObject(ctx context.Context, vdi cluster.VDI, owner, index uint32, fua bool, change func(data []byte)) error
+	// withFence makes ctx's changes fail once state's writer lock is
+	// gone.
+	withFence(ctx context.Context, state *vdiState) context.Context
+	// Open opens a VDI for writing (a merge's own open).
+	Open(ctx context.Context, name string) (*Disk, error)
+	// openStates returns the VDIs open here.
+	openStates() []*vdiState
+}
+
 // Layers reads the maps of v's chain (from the replicas, not a cache) and
 // returns every object's Layer, down to depth limit (0: the whole chain;
 // objects defined only deeper have depth 0 then).
 func (g *Gateway) Layers(ctx context.Context, v cluster.VDI, limit int) ([]Layer, error) {
+	return g.layers.of(ctx, v, limit)
+}
+
+// of is Gateway.Layers.
+func (ls *layers) of(ctx context.Context, v cluster.VDI, limit int) ([]Layer, error) {
 	objects := (v.Size + v.ObjectSize - 1) / v.ObjectSize
 	layers := make([]Layer, objects)
-	chain := g.cluster.Chain(v.ID)
+	chain := ls.cluster.Chain(v.ID)
 	if limit > 0 && limit < len(chain) {
 		chain = chain[:limit]
 	}
@@ -90,7 +135,7 @@ func (g *Gateway) Layers(ctx context.Context, v cluster.VDI, limit int) ([]Layer
 	for i, id := range chain {
 		member := v
 		member.ID = id
-		entries, err := g.Map(ctx, member)
+		entries, err := ls.path.Map(ctx, member)
 		if err != nil {
 			return nil, fmt.Errorf("reading the object map of vdi %d (depth %d of %s): %w", id, i+1, v.FullName(), err)
 		}
@@ -127,7 +172,7 @@ func (d *Disk) Layers(ctx context.Context, offset, length uint64) ([]LayerExtent
 	extents := make([]LayerExtent, 0, min(pieces.count(), 64))
 	for i := range pieces.count() {
 		pc := pieces.piece(i)
-		layer, err := d.gateway.layer(ctx, d.state, vdi, chain, pc.index, refresh)
+		layer, err := d.gateway.layers.layer(ctx, d.state, vdi, chain, pc.index, refresh)
 		if err != nil {
 			return nil, err
 		}
@@ -160,9 +205,9 @@ func (g *Gateway) Chain(ctx context.Context, name string) (tree []cluster.VDI, c
 }
 
 // layer is resolve's walk, reporting where it stopped.
-func (g *Gateway) layer(ctx context.Context, state *vdiState, vdi cluster.VDI, chain []uint32, index uint32, refresh bool) (Layer, error) {
+func (ls *layers) layer(ctx context.Context, state *vdiState, vdi cluster.VDI, chain []uint32, index uint32, refresh bool) (Layer, error) {
 	for depth, id := range chain {
-		e, err := g.entry(ctx, state, vdi, id, index, refresh && depth == 0)
+		e, err := ls.path.entry(ctx, state, vdi, id, index, refresh && depth == 0)
 		if err != nil {
 			return Layer{}, err
 		}
@@ -199,18 +244,23 @@ type DiffExtent struct {
 // ("TAG" or "NAME@TAG", see Ancestor) through the object maps: no data is
 // read.
 func (g *Gateway) Diff(ctx context.Context, name, since string) (Diff, error) {
-	v, err := g.cluster.LookupVDI(ctx, name)
+	return g.layers.diff(ctx, name, since)
+}
+
+// diff is Gateway.Diff.
+func (ls *layers) diff(ctx context.Context, name, since string) (Diff, error) {
+	v, err := ls.cluster.LookupVDI(ctx, name)
 	if err != nil {
 		return Diff{}, err
 	}
-	tree := g.cluster.Tree()
-	s, depth, err := Ancestor(tree, g.cluster.Chain(v.ID), since)
+	tree := ls.cluster.Tree()
+	s, depth, err := Ancestor(tree, ls.cluster.Chain(v.ID), since)
 	if err != nil {
 		return Diff{}, err
 	}
 	// Only the members above the ancestor: every object they define
 	// changed since it.
-	layers, err := g.Layers(ctx, v, depth-1)
+	layers, err := ls.of(ctx, v, depth-1)
 	if err != nil {
 		return Diff{}, err
 	}

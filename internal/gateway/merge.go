@@ -86,21 +86,27 @@ type mergeState struct {
 
 // MergeProgress returns the jobs under way on this node.
 func (g *Gateway) MergeProgress() []MergeProgress {
-	g.merges.mu.Lock()
-	defer g.merges.mu.Unlock()
+	ls := g.layers
+	ls.merges.mu.Lock()
+	defer ls.merges.mu.Unlock()
 	var out []MergeProgress
-	for _, p := range g.merges.progress {
+	for _, p := range ls.merges.progress {
 		out = append(out, *p)
 	}
 	return out
 }
 
 // Merges returns this node's merge counters.
-func (g *Gateway) Merges() *MergeStats { return &g.mergeStats }
+func (g *Gateway) Merges() *MergeStats { return &g.layers.mergeStats }
 
 // RunMerges runs, until ctx ends, the merge and flatten jobs this node
 // owns (see above), one at a time, rate paced.
 func (g *Gateway) RunMerges(ctx context.Context, log MergeLog, rate *MergeRate) {
+	g.layers.runMerges(ctx, log, rate)
+}
+
+// runMerges is Gateway.RunMerges.
+func (ls *layers) runMerges(ctx context.Context, log MergeLog, rate *MergeRate) {
 	ticker := time.NewTicker(time.Second)
 	defer ticker.Stop()
 	for {
@@ -109,9 +115,9 @@ func (g *Gateway) RunMerges(ctx context.Context, log MergeLog, rate *MergeRate) 
 			return
 		case <-ticker.C:
 		}
-		g.refreshChains()
+		ls.refreshChains()
 		for _, job := range log.LayerJobs() {
-			mine := job.Holder == g.cluster.ID() || (job.Holder == "" && log.IsLeader())
+			mine := job.Holder == ls.cluster.ID() || (job.Holder == "" && log.IsLeader())
 			if !mine {
 				continue
 			}
@@ -122,38 +128,43 @@ func (g *Gateway) RunMerges(ctx context.Context, log MergeLog, rate *MergeRate) 
 				// waits until a writer opens it, and runs there.
 				continue
 			}
-			if err := g.RunLayerJob(ctx, job, log, rate); err != nil {
+			if err := ls.runJob(ctx, job, log, rate); err != nil {
 				if ctx.Err() == nil && !errors.Is(err, errHandedOver) {
-					g.logger.Warn("merge of a vdi layer failed; will retry", "child", job.Child.FullName(), "layer", job.Layer, "flatten", job.Flatten, "err", err)
+					ls.logger.Warn("merge of a vdi layer failed; will retry", "child", job.Child.FullName(), "layer", job.Layer, "flatten", job.Flatten, "err", err)
 				}
 				continue
 			}
-			g.refreshChains()
+			ls.refreshChains()
 		}
 	}
 }
 
 // refreshChains gives every open VDI its chain as the log has it now (a
 // merge or flatten shortened it).
-func (g *Gateway) refreshChains() {
+func (ls *layers) refreshChains() {
+	for _, s := range ls.path.openStates() {
+		ls.refreshChain(s)
+	}
+}
+
+// openStates returns the VDIs open here.
+func (g *Gateway) openStates() []*vdiState {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	states := make([]*vdiState, 0, len(g.open))
 	for _, s := range g.open {
 		states = append(states, s)
 	}
-	g.mu.Unlock()
-	for _, s := range states {
-		g.refreshChain(s)
-	}
+	return states
 }
 
 // refreshChain gives one open VDI its chain as the log has it now, and
 // forgets its cached map pages if the chain changed.
-func (g *Gateway) refreshChain(s *vdiState) {
+func (ls *layers) refreshChain(s *vdiState) {
 	s.mu.Lock()
 	id := s.vdi.ID
 	s.mu.Unlock()
-	chain := g.cluster.Chain(id)
+	chain := ls.cluster.Chain(id)
 	if len(chain) == 0 {
 		return
 	}
@@ -180,41 +191,46 @@ func equalChain(a, b []uint32) bool {
 // RunLayerJob copies what job's child reads through its sources into it,
 // then records the merge or flatten in the log.
 func (g *Gateway) RunLayerJob(ctx context.Context, job cluster.LayerJob, log MergeLog, rate *MergeRate) error {
+	return g.layers.runJob(ctx, job, log, rate)
+}
+
+// runJob is Gateway.RunLayerJob.
+func (ls *layers) runJob(ctx context.Context, job cluster.LayerJob, log MergeLog, rate *MergeRate) error {
 	child := job.Child
-	state, done, err := g.jobState(ctx, child)
+	state, done, err := ls.jobState(ctx, child)
 	if err != nil {
 		return err
 	}
 	defer done()
 	objects := (child.Size + child.ObjectSize - 1) / child.ObjectSize
 	progress := &MergeProgress{Child: child.ID, Layer: job.Layer, Flatten: job.Flatten, Total: objects}
-	g.merges.mu.Lock()
-	if g.merges.progress == nil {
-		g.merges.progress = map[uint32]*MergeProgress{}
+	ls.merges.mu.Lock()
+	if ls.merges.progress == nil {
+		ls.merges.progress = map[uint32]*MergeProgress{}
 	}
-	g.merges.progress[child.ID] = progress
-	g.merges.mu.Unlock()
-	g.mergeStats.Running.Add(1)
+	ls.merges.progress[child.ID] = progress
+	ls.merges.mu.Unlock()
+	ls.mergeStats.Running.Add(1)
 	defer func() {
-		g.mergeStats.Running.Add(-1)
-		g.merges.mu.Lock()
-		delete(g.merges.progress, child.ID)
-		g.merges.mu.Unlock()
+		ls.mergeStats.Running.Add(-1)
+		ls.merges.mu.Lock()
+		delete(ls.merges.progress, child.ID)
+		ls.merges.mu.Unlock()
 	}()
 	started := time.Now()
 	var copiedBytes int64
 	for index := uint64(0); index < objects; index++ {
-		copied, err := g.mergeObject(ctx, state, job, uint32(index))
+		copied, err := ls.mergeObject(ctx, state, job, uint32(index))
 		if err != nil {
 			return fmt.Errorf("object %d of %s: %w", index, child.FullName(), err)
 		}
-		g.merges.mu.Lock()
+		ls.merges.mu.Lock()
 		progress.Done = index + 1
-		g.merges.mu.Unlock()
+		ls.merges.mu.Unlock()
 		if !copied {
 			continue
 		}
-		g.mergeStats.Copied.Add(1)
+		ls.mergeStats.Copied.Add(1)
 		copiedBytes += int64(child.ObjectSize)
 		if r := rate.Get(); r > 0 {
 			due := started.Add(time.Duration(float64(copiedBytes) / float64(r) * float64(time.Second)))
@@ -231,28 +247,28 @@ func (g *Gateway) RunLayerJob(ctx context.Context, job cluster.LayerJob, log Mer
 		if err := log.LayerFlattened(ctx, child.ID, child.Parent); err != nil {
 			return err
 		}
-		g.mergeStats.Flattens.Add(1)
-		g.logger.Info("flattened a vdi", "vdi", child.FullName(), "parent", child.Parent, "took", time.Since(started).Round(time.Millisecond))
+		ls.mergeStats.Flattens.Add(1)
+		ls.logger.Info("flattened a vdi", "vdi", child.FullName(), "parent", child.Parent, "took", time.Since(started).Round(time.Millisecond))
 		return nil
 	}
 	if err := log.LayerMerged(ctx, job.Layer, child.ID, job.LayerParent); err != nil {
 		return err
 	}
-	g.mergeStats.Merged.Add(1)
-	g.logger.Info("merged a deleted snapshot into its child", "layer", job.Layer, "child", child.FullName(), "took", time.Since(started).Round(time.Millisecond))
+	ls.mergeStats.Merged.Add(1)
+	ls.logger.Info("merged a deleted snapshot into its child", "layer", job.Layer, "child", child.FullName(), "took", time.Since(started).Round(time.Millisecond))
 	return nil
 }
 
 // jobState returns the open state the job copies through, and what to
 // call when done: the guest's open when this node holds the writer lock,
 // otherwise an open of the job's own.
-func (g *Gateway) jobState(ctx context.Context, child cluster.VDI) (*vdiState, func(), error) {
+func (ls *layers) jobState(ctx context.Context, child cluster.VDI) (*vdiState, func(), error) {
 	if child.Snapshot {
 		// Never written: a state of its own, for its caches and locks.
-		state := &vdiState{key: child.FullName(), vdi: child, chain: g.cluster.Chain(child.ID), pages: map[uint64][]uint32{}, disks: map[*Disk]struct{}{}}
+		state := &vdiState{key: child.FullName(), vdi: child, chain: ls.cluster.Chain(child.ID), pages: map[uint64][]uint32{}, disks: map[*Disk]struct{}{}}
 		return state, func() {}, nil
 	}
-	disk, err := g.Open(ctx, child.Name)
+	disk, err := ls.path.Open(ctx, child.Name)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -262,7 +278,7 @@ func (g *Gateway) jobState(ctx context.Context, child cluster.VDI) (*vdiState, f
 // mergeObject copies object index into the job's child if the child
 // reads it through the job's sources and does not own it; reports
 // whether it copied data.
-func (g *Gateway) mergeObject(ctx context.Context, state *vdiState, job cluster.LayerJob, index uint32) (bool, error) {
+func (ls *layers) mergeObject(ctx context.Context, state *vdiState, job cluster.LayerJob, index uint32) (bool, error) {
 	child := job.Child
 	if !child.Snapshot {
 		state.io.RLock()
@@ -276,17 +292,17 @@ func (g *Gateway) mergeObject(ctx context.Context, state *vdiState, job cluster.
 		if !held {
 			return false, errHandedOver
 		}
-		ctx = g.withFence(ctx, state)
+		ctx = ls.path.withFence(ctx, state)
 	}
 	lock := &state.allocation[index%uint32(len(state.allocation))]
 	lock.Lock()
 	defer lock.Unlock()
-	own, err := g.entry(ctx, state, child, child.ID, index, false)
+	own, err := ls.path.entry(ctx, state, child, child.ID, index, false)
 	if err != nil || own != 0 {
 		return false, err
 	}
 	for _, from := range job.Sources {
-		e, err := g.entry(ctx, state, child, from, index, false)
+		e, err := ls.path.entry(ctx, state, child, from, index, false)
 		if err != nil {
 			return false, err
 		}
@@ -297,14 +313,14 @@ func (g *Gateway) mergeObject(ctx context.Context, state *vdiState, job cluster.
 			if job.Flatten {
 				return false, nil // without a parent, no entry reads as zeros
 			}
-			return false, g.setEntry(ctx, state, child, child.ID, index, objmap.Tombstone, true)
+			return false, ls.path.setEntry(ctx, state, child, child.ID, index, objmap.Tombstone, true)
 		}
 		// The copy-on-write path: the owner's object copied whole into
 		// the child's own, durable, then the entry.
-		if err := g.copyObject(ctx, child, e, index, true, func([]byte) {}); err != nil {
+		if err := ls.path.copyObject(ctx, child, e, index, true, func([]byte) {}); err != nil {
 			return false, err
 		}
-		return true, g.setEntry(ctx, state, child, child.ID, index, child.ID, true)
+		return true, ls.path.setEntry(ctx, state, child, child.ID, index, child.ID, true)
 	}
 	return false, nil
 }

@@ -133,7 +133,7 @@ func TestMergeDeletedLayerWhileWriting(t *testing.T) {
 	}
 	freeLayer(t, g, layer.ID, objects)
 	verify(t, e, m) // the open's old chain: re-read through the new one
-	g.refreshChains()
+	g.layers.refreshChains()
 	verify(t, e, m)
 	verify(t, open(t, w.gateway("node01"), "disk"), m)
 	verify(t, open(t, g, "disk@base"), base)
@@ -154,7 +154,7 @@ func TestMergeDeletedLayerWhileWriting(t *testing.T) {
 	if chain := w.cluster.Chain(clone.ID); len(chain) != 1 {
 		t.Fatalf("chain after the flatten: %v", chain)
 	}
-	g.refreshChains()
+	g.layers.refreshChains()
 	verify(t, c, cm)
 	// base's objects are still disk's: only the clone is independent.
 	verify(t, e, m)
