@@ -109,7 +109,7 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 	if !d.readOnly {
 		// A writable open reads as the writer: on standby, its first
 		// request of any kind takes the lock over (handover.go).
-		if err := g.ensureWriter(ctx, state, d.takeoverCheck); err != nil {
+		if err := g.writer.ensureWriter(ctx, state, d.takeoverCheck); err != nil {
 			return err
 		}
 	}
@@ -177,7 +177,7 @@ func (d *Disk) WriteAt(ctx context.Context, p []byte, offset uint64, fua bool) e
 	}
 	d.state.io.RLock()
 	defer d.state.io.RUnlock()
-	if err := d.gateway.ensureWriter(ctx, d.state, d.takeoverCheck); err != nil {
+	if err := d.gateway.writer.ensureWriter(ctx, d.state, d.takeoverCheck); err != nil {
 		return err
 	}
 	release, err := d.slot(ctx)
@@ -185,7 +185,7 @@ func (d *Disk) WriteAt(ctx context.Context, p []byte, offset uint64, fua bool) e
 		return err
 	}
 	defer release()
-	ctx = d.gateway.withFence(ctx, d.state)
+	ctx = d.gateway.writer.withFence(ctx, d.state)
 	vdi, chain := d.state.current()
 	return d.each(ctx, pieces, func(pc piece) error {
 		return d.writePiece(ctx, vdi, chain, pc.index, p[pc.start:pc.start+pc.length], pc.within, fua)
@@ -321,7 +321,7 @@ func (d *Disk) zero(ctx context.Context, offset, length uint64, noHole, fua bool
 	}
 	state.io.RLock()
 	defer state.io.RUnlock()
-	if err := g.ensureWriter(ctx, state, d.takeoverCheck); err != nil {
+	if err := g.writer.ensureWriter(ctx, state, d.takeoverCheck); err != nil {
 		return err
 	}
 	release, err := d.slot(ctx)
@@ -329,7 +329,7 @@ func (d *Disk) zero(ctx context.Context, offset, length uint64, noHole, fua bool
 		return err
 	}
 	defer release()
-	ctx = g.withFence(ctx, state)
+	ctx = g.writer.withFence(ctx, state)
 	vdi, chain := state.current()
 	what := "TRIM"
 	if noHole {

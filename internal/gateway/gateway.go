@@ -180,6 +180,10 @@ type Gateway struct {
 	options  Options
 	session  string // this gateway's lock session
 
+	// writer takes, watches, hands over and fences the VDIs' writer
+	// locks (handover.go).
+	writer *writerLock
+
 	// layers answers for chains' layers and diffs, and runs the merge
 	// and flatten jobs (layers.go, merge.go).
 	layers *layers
@@ -242,9 +246,13 @@ func New(c Cluster, layouts *layout.History, replicas Replicas, logger *slog.Log
 	g := &Gateway{cluster: c, layouts: layouts, replicas: replicas, starter: starter, logger: logger, options: options, session: "gateway", open: map[string]*vdiState{}, dirty: map[string]bool{}, ctx: ctx, cancel: cancel,
 		admit: newAdmission(c, logger, ctx, options),
 	}
-	g.layers = &layers{cluster: c, logger: logger, path: g}
 	g.heal = &healer{cluster: c, layouts: layouts, replicas: replicas, logger: logger, path: g}
-	g.lag = newZoneLag(options.LagBytes, c, layouts, logger, ctx, g, g.heal)
+	g.writer = &writerLock{cluster: c, session: g.session, timeout: options.RetryTimeout, logger: logger, ctx: ctx, path: g, heal: g.heal}
+	if options.Repair != nil {
+		g.writer.repair = func(ctx context.Context, vdi cluster.VDI) error { return options.Repair(ctx, g, vdi) }
+	}
+	g.layers = &layers{cluster: c, logger: logger, path: g, writer: g.writer}
+	g.lag = newZoneLag(options.LagBytes, c, layouts, logger, ctx, g, g.writer, g.heal)
 	g.heal.lag = g.lag
 	return g
 }
@@ -349,7 +357,7 @@ func (g *Gateway) replicateOn(ctx context.Context, oid uint64, copies int, pick 
 		// merge's open on the leader) still has the lock in its open
 		// state when it returns; the log it has applied to write in the
 		// current epoch says the lock is another's.
-		if err := g.checkFence(ctx); err != nil {
+		if err := g.writer.checkFence(ctx); err != nil {
 			return err
 		}
 		rv, err := g.layouts.Current()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
@@ -41,9 +42,34 @@ import (
 // no longer write. Reopening it starts afresh.
 var ErrFenced = errors.New("gateway: this open of the vdi was fenced")
 
+// writerLock is the VDI writer lock as this gateway holds it: taking
+// it for a writable open (acquireWriter, ensureWriter), watching it and
+// handing it over when another node wants it (after a FLUSH and the
+// repair of the VDI's suspect objects), and fencing the changes made
+// under a lock that was taken away (withFence, checkFence).
+type writerLock struct {
+	cluster Cluster
+	session string        // this gateway's lock session
+	timeout time.Duration // Options.RetryTimeout
+	logger  *slog.Logger
+	// ctx is the gateway's: the lock watchers end with it.
+	ctx context.Context
+	// repair makes an unclean VDI's replicas identical before this node
+	// writes it (Options.Repair; nil: none).
+	repair func(ctx context.Context, vdi cluster.VDI) error
+	path   writerPath
+	heal   *healer
+}
+
+// writerPath is what the writer lock needs of the data path: a FLUSH
+// before a handover.
+type writerPath interface {
+	flush(ctx context.Context) error
+}
+
 // handoverTimeout bounds how long a standby's first change waits for the
 // holder to hand the lock over (the holder drains and flushes first).
-func (g *Gateway) handoverTimeout() time.Duration { return g.options.RetryTimeout }
+func (wl *writerLock) handoverTimeout() time.Duration { return wl.timeout }
 
 // standby says whether state is open for writing here without the lock.
 func (s *vdiState) standby() bool {
@@ -57,7 +83,7 @@ func (s *vdiState) standby() bool {
 // state.io shared, so a handover of this state waits for its change.
 // check, if set (Disk.SetTakeoverCheck), is asked before the lock is
 // asked for and again once it is this node's; its error is returned.
-func (g *Gateway) ensureWriter(ctx context.Context, state *vdiState, check func() error) error {
+func (wl *writerLock) ensureWriter(ctx context.Context, state *vdiState, check func() error) error {
 	state.mu.Lock()
 	held, fenced, gen, name := state.lockHeld, state.fenced, state.lockGen, state.vdi.Name
 	state.mu.Unlock()
@@ -67,11 +93,11 @@ func (g *Gateway) ensureWriter(ctx context.Context, state *vdiState, check func(
 	if held {
 		// The watcher notices a lock taken away at once; this cheap look
 		// at the applied log closes the gap before it does.
-		l, ok := g.cluster.Lock(cluster.VDILockKey(name))
+		l, ok := wl.cluster.Lock(cluster.VDILockKey(name))
 		if ok && l.Generation == gen {
 			return nil
 		}
-		if err := g.fence(state, gen, "it is no longer this node's"); err != nil {
+		if err := wl.fence(state, gen, "it is no longer this node's"); err != nil {
 			return err
 		}
 		// Lost, not broken: take it again below.
@@ -92,23 +118,23 @@ func (g *Gateway) ensureWriter(ctx context.Context, state *vdiState, check func(
 	}
 	key := cluster.VDILockKey(name)
 	started := time.Now()
-	deadline := started.Add(g.handoverTimeout())
-	self := g.cluster.ID()
+	deadline := started.Add(wl.handoverTimeout())
+	self := wl.cluster.ID()
 	for {
 		if time.Now().After(deadline) {
 			// Other standbys kept replacing this one's wish, or the lock
 			// kept changing hands elsewhere.
-			return fmt.Errorf("%w after %v: vdi %q: could not get its writer lock (other nodes want it too)", ErrTimeout, g.handoverTimeout(), name)
+			return fmt.Errorf("%w after %v: vdi %q: could not get its writer lock (other nodes want it too)", ErrTimeout, wl.handoverTimeout(), name)
 		}
-		w, err := g.cluster.WantLock(ctx, key, g.session)
+		w, err := wl.cluster.WantLock(ctx, key, wl.session)
 		switch {
 		case errors.Is(err, cluster.ErrLockHeld):
 			// Refused on this node or by the leader (then an error
 			// code, not a cluster.LockHeldError): the VDI became
 			// exclusive since it was opened.
-			return fmt.Errorf("%w: vdi %q is exclusive and open for writing through %s", ErrBusy, name, g.lockHolder(ctx, name, err))
+			return fmt.Errorf("%w: vdi %q is exclusive and open for writing through %s", ErrBusy, name, wl.lockHolder(ctx, name, err))
 		case err != nil && ctx.Err() == nil && time.Now().Before(deadline):
-			g.logger.Debug("gateway: asking for a writer lock failed; trying again", "vdi", name, "err", err)
+			wl.logger.Debug("gateway: asking for a writer lock failed; trying again", "vdi", name, "err", err)
 			if werr := sleepCtx(ctx, 100*time.Millisecond); werr != nil {
 				return werr
 			}
@@ -116,28 +142,28 @@ func (g *Gateway) ensureWriter(ctx context.Context, state *vdiState, check func(
 		case err != nil:
 			return fmt.Errorf("%w: vdi %q: asking for its writer lock: %v", ErrNotReady, name, err)
 		case w.Granted:
-			if err := g.take(ctx, state, w.Lock); err != nil {
+			if err := wl.take(ctx, state, w.Lock); err != nil {
 				return err
 			}
-			g.logger.Info("gateway: took over the writer lock", "vdi", name, "generation", w.Lock.Generation, "waited", time.Since(started).Round(time.Microsecond))
+			wl.logger.Info("gateway: took over the writer lock", "vdi", name, "generation", w.Lock.Generation, "waited", time.Since(started).Round(time.Microsecond))
 			return checkTake(check) // again: the wait for the holder to hand it over can be long
 		}
 		wait, cancel := context.WithDeadline(ctx, deadline)
-		l, held, err := g.cluster.WaitLock(wait, key, func(l cluster.Lock, held bool) bool {
-			return !held || l.Node == self && l.Session == g.session || l.Wanted == nil || l.Wanted.Node != self
+		l, held, err := wl.cluster.WaitLock(wait, key, func(l cluster.Lock, held bool) bool {
+			return !held || l.Node == self && l.Session == wl.session || l.Wanted == nil || l.Wanted.Node != self
 		})
 		cancel()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		if err != nil {
-			return fmt.Errorf("%w after %v: vdi %q: node %s holds its writer lock and did not hand it over; if that node's writer is gone, `herd vdi unlock %s --force` takes the lock away", ErrTimeout, g.handoverTimeout(), name, l.Node, name)
+			return fmt.Errorf("%w after %v: vdi %q: node %s holds its writer lock and did not hand it over; if that node's writer is gone, `herd vdi unlock %s --force` takes the lock away", ErrTimeout, wl.handoverTimeout(), name, l.Node, name)
 		}
-		if held && l.Node == self && l.Session == g.session {
-			if err := g.take(ctx, state, l); err != nil {
+		if held && l.Node == self && l.Session == wl.session {
+			if err := wl.take(ctx, state, l); err != nil {
 				return err
 			}
-			g.logger.Info("gateway: writer lock handed over to this node", "vdi", name, "generation", l.Generation, "waited", time.Since(started).Round(time.Microsecond))
+			wl.logger.Info("gateway: writer lock handed over to this node", "vdi", name, "generation", l.Generation, "waited", time.Since(started).Round(time.Microsecond))
 			return checkTake(check) // again: the wait for the holder to hand it over can be long
 		}
 		// Released, or another node's wish replaced this one: ask again.
@@ -156,33 +182,33 @@ func checkTake(check func() error) error {
 // is re-read (snapshotted, rolled back or resized meanwhile), repaired if
 // its previous writer left it unclean, and its map cache starts empty
 // (another node may have written it). On failure the lock is released.
-func (g *Gateway) take(ctx context.Context, state *vdiState, l cluster.Lock) error {
+func (wl *writerLock) take(ctx context.Context, state *vdiState, l cluster.Lock) error {
 	state.mu.Lock()
 	name := state.vdi.Name
 	state.mu.Unlock()
 	giveUp := func() {
-		if err := g.cluster.ReleaseLock(context.Background(), l.Key, g.session); err != nil {
-			g.logger.Warn("gateway: releasing a writer lock after a failed open", "vdi", name, "err", err)
+		if err := wl.cluster.ReleaseLock(context.Background(), l.Key, wl.session); err != nil {
+			wl.logger.Warn("gateway: releasing a writer lock after a failed open", "vdi", name, "err", err)
 		}
 	}
-	vdi, err := g.cluster.VDI(name)
+	vdi, err := wl.cluster.VDI(name)
 	if err != nil {
 		giveUp()
 		return fmt.Errorf("%w: %v", ErrUnknownVDI, err)
 	}
 	if vdi.Unclean {
-		if g.options.Repair == nil {
+		if wl.repair == nil {
 			giveUp()
 			return fmt.Errorf("%w: vdi %q must be repaired (its previous writer's node died) and this node cannot repair it", ErrNotReady, name)
 		}
-		if err := g.options.Repair(ctx, g, vdi); err != nil {
+		if err := wl.repair(ctx, vdi); err != nil {
 			giveUp()
 			return fmt.Errorf("%w: vdi %q: the node of its previous writer died, and making its replicas identical failed: %v", ErrNotReady, name, err)
 		}
 	}
-	watch, stop := context.WithCancel(g.ctx)
+	watch, stop := context.WithCancel(wl.ctx)
 	state.mu.Lock()
-	state.vdi, state.chain = vdi, g.cluster.Chain(vdi.ID)
+	state.vdi, state.chain = vdi, wl.cluster.Chain(vdi.ID)
 	state.dropPagesLocked()
 	state.lockHeld, state.lockGen, state.fenced = true, l.Generation, nil
 	if state.stopWatch != nil {
@@ -190,16 +216,16 @@ func (g *Gateway) take(ctx context.Context, state *vdiState, l cluster.Lock) err
 	}
 	state.stopWatch = stop
 	state.mu.Unlock()
-	go g.watchLock(watch, state, l.Key, l.Generation)
+	go wl.watchLock(watch, state, l.Key, l.Generation)
 	return nil
 }
 
 // watchLock runs while this gateway holds generation gen of state's
 // lock: it hands the lock over when another node wants it, and fences
 // state when the lock is taken away.
-func (g *Gateway) watchLock(ctx context.Context, state *vdiState, key string, gen uint64) {
+func (wl *writerLock) watchLock(ctx context.Context, state *vdiState, key string, gen uint64) {
 	for ctx.Err() == nil {
-		l, held, err := g.cluster.WaitLock(ctx, key, func(l cluster.Lock, held bool) bool {
+		l, held, err := wl.cluster.WaitLock(ctx, key, func(l cluster.Lock, held bool) bool {
 			return !held || l.Generation != gen || l.Wanted != nil
 		})
 		if err != nil {
@@ -210,14 +236,14 @@ func (g *Gateway) watchLock(ctx context.Context, state *vdiState, key string, ge
 			if held {
 				reason = fmt.Sprintf("node %s holds it now", l.Node)
 			}
-			g.fence(state, gen, reason)
+			wl.fence(state, gen, reason)
 			return
 		}
-		done, err := g.handOver(ctx, state, gen, *l.Wanted)
+		done, err := wl.handOver(ctx, state, gen, *l.Wanted)
 		if done {
 			return
 		}
-		g.logger.Warn("gateway: handing a writer lock over failed; trying again", "lock", key, "to", l.Wanted.Node, "err", err)
+		wl.logger.Warn("gateway: handing a writer lock over failed; trying again", "lock", key, "to", l.Wanted.Node, "err", err)
 		if sleepCtx(ctx, 200*time.Millisecond) != nil {
 			return
 		}
@@ -227,7 +253,7 @@ func (g *Gateway) watchLock(ctx context.Context, state *vdiState, key string, ge
 // handOver gives state's lock (generation gen) to the owner that wants
 // it, once every change in flight has completed and is durable. It
 // reports whether this state no longer holds the lock.
-func (g *Gateway) handOver(ctx context.Context, state *vdiState, gen uint64, to cluster.LockOwner) (bool, error) {
+func (wl *writerLock) handOver(ctx context.Context, state *vdiState, gen uint64, to cluster.LockOwner) (bool, error) {
 	started := time.Now()
 	state.io.Lock() // every request in flight completes; none starts
 	defer state.io.Unlock()
@@ -238,18 +264,18 @@ func (g *Gateway) handOver(ctx context.Context, state *vdiState, gen uint64, to 
 	if !held {
 		return true, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, g.options.RetryTimeout)
+	ctx, cancel := context.WithTimeout(ctx, wl.timeout)
 	defer cancel()
-	if err := g.flush(ctx); err != nil {
+	if err := wl.path.flush(ctx); err != nil {
 		return false, fmt.Errorf("flushing before the handover: %w", err)
 	}
-	if !g.heal.repairSuspects(ctx, vdi, chain) {
-		if err := g.cluster.MarkVDIUnclean(ctx, vdi.Name); err != nil {
+	if !wl.heal.repairSuspects(ctx, vdi, chain) {
+		if err := wl.cluster.MarkVDIUnclean(ctx, vdi.Name); err != nil {
 			return false, fmt.Errorf("objects whose replicas may differ could not be repaired, and marking the vdi unclean failed: %w", err)
 		}
-		g.logger.Warn("gateway: vdi marked unclean before a handover: objects whose replicas may differ could not be repaired; its next writer repairs it", "vdi", vdi.Name)
+		wl.logger.Warn("gateway: vdi marked unclean before a handover: objects whose replicas may differ could not be repaired; its next writer repairs it", "vdi", vdi.Name)
 	}
-	err := g.cluster.HandOverLock(ctx, cluster.VDILockKey(vdi.Name), g.session, to)
+	err := wl.cluster.HandOverLock(ctx, cluster.VDILockKey(vdi.Name), wl.session, to)
 	if err != nil && !errors.Is(err, cluster.ErrNotLockOwner) && !errors.Is(err, cluster.ErrNotFound) {
 		return false, err
 	}
@@ -263,9 +289,9 @@ func (g *Gateway) handOver(ctx context.Context, state *vdiState, gen uint64, to 
 	}
 	state.mu.Unlock()
 	if err != nil {
-		g.fence(state, gen, err.Error())
+		wl.fence(state, gen, err.Error())
 	}
-	g.logger.Info("gateway: handed the writer lock over", "vdi", vdi.Name, "to", to.Node, "generation", gen, "took", time.Since(started).Round(time.Microsecond))
+	wl.logger.Info("gateway: handed the writer lock over", "vdi", vdi.Name, "to", to.Node, "generation", gen, "took", time.Since(started).Round(time.Microsecond))
 	return true, nil
 }
 
@@ -277,12 +303,12 @@ func (g *Gateway) handOver(ctx context.Context, state *vdiState, gen uint64, to 
 // back) only puts the state on standby: its next request takes the lock
 // again, with a fresh view (the VDI is unclean, so it is repaired
 // first); fence then returns nil.
-func (g *Gateway) fence(state *vdiState, gen uint64, why string) error {
+func (wl *writerLock) fence(state *vdiState, gen uint64, why string) error {
 	state.mu.Lock()
 	name := state.vdi.Name
 	state.mu.Unlock()
 	broken := false
-	if v, err := g.cluster.VDI(name); err == nil && gen != 0 && v.BrokenGeneration == gen {
+	if v, err := wl.cluster.VDI(name); err == nil && gen != 0 && v.BrokenGeneration == gen {
 		broken = true
 	}
 	state.mu.Lock()
@@ -300,11 +326,11 @@ func (g *Gateway) fence(state *vdiState, gen uint64, why string) error {
 		state.stopWatch = nil
 	}
 	if !broken {
-		g.logger.Warn("gateway: this node lost the vdi's writer lock; its next request takes it again", "vdi", name, "why", why)
+		wl.logger.Warn("gateway: this node lost the vdi's writer lock; its next request takes it again", "vdi", name, "why", why)
 		return nil
 	}
 	state.fenced = fmt.Errorf("%w: vdi %q: its writer lock was taken away from this node (%s); changes through this open fail: reopen the vdi", ErrFenced, name, why)
-	g.logger.Warn("gateway: writer lock broken by an operator: this node's opens of the vdi can no longer write", "vdi", name, "why", why)
+	wl.logger.Warn("gateway: writer lock broken by an operator: this node's opens of the vdi can no longer write", "vdi", name, "why", why)
 	return state.fenced
 }
 
@@ -371,7 +397,7 @@ type fenceKey struct{}
 // round retried after an epoch change first checks that the lock was not
 // taken away meanwhile (a lock break begins a new epoch precisely so that
 // the holder's changes in flight come back here).
-func (g *Gateway) withFence(ctx context.Context, state *vdiState) context.Context {
+func (wl *writerLock) withFence(ctx context.Context, state *vdiState) context.Context {
 	state.mu.Lock()
 	gen := state.lockGen
 	state.mu.Unlock()
@@ -379,7 +405,7 @@ func (g *Gateway) withFence(ctx context.Context, state *vdiState) context.Contex
 }
 
 // checkFence fails a change whose lock was taken away.
-func (g *Gateway) checkFence(ctx context.Context) error {
+func (wl *writerLock) checkFence(ctx context.Context) error {
 	f, ok := ctx.Value(fenceKey{}).(fenceCheck)
 	if !ok {
 		return nil
@@ -390,8 +416,8 @@ func (g *Gateway) checkFence(ctx context.Context) error {
 	if fenced != nil {
 		return fenced
 	}
-	if l, held := g.cluster.Lock(cluster.VDILockKey(name)); !held || l.Generation != f.gen {
-		if err := g.fence(f.state, f.gen, "it is no longer this node's"); err != nil {
+	if l, held := wl.cluster.Lock(cluster.VDILockKey(name)); !held || l.Generation != f.gen {
+		if err := wl.fence(f.state, f.gen, "it is no longer this node's"); err != nil {
 			return err
 		}
 		return fmt.Errorf("%w: vdi %q: this node lost its writer lock while the change was under way; the next request takes it again", ErrNotReady, name)

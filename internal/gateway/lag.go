@@ -297,9 +297,10 @@ type zoneLag struct {
 	logger  *slog.Logger
 	// ctx is the gateway's: a far part outlives its request, and ends
 	// with the gateway.
-	ctx  context.Context
-	path lagPath
-	heal lagHealer
+	ctx    context.Context
+	path   lagPath
+	writer fenceChecker
+	heal   lagHealer
 }
 
 // lagPath is what zone lag needs of the data path.
@@ -315,8 +316,11 @@ type lagPath interface {
 	mutateReplicas(ctx context.Context, oid uint64, copies int, pick pickFunc, op replicaOp) error
 	// readFrom reads from one replica.
 	readFrom(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, p []byte, offset uint32) error
-	// checkFence fails if the writer lock ctx's request runs under is
-	// no longer held.
+}
+
+// fenceChecker fails a change whose writer lock is no longer held
+// (writerLock, handover.go).
+type fenceChecker interface {
 	checkFence(ctx context.Context) error
 }
 
@@ -326,8 +330,8 @@ type lagHealer interface {
 	repairSuspect(ctx context.Context, oid uint64, copies int) error
 }
 
-func newZoneLag(limit int64, c interface{ ID() string }, layouts *layout.History, logger *slog.Logger, ctx context.Context, path lagPath, heal lagHealer) *zoneLag {
-	return &zoneLag{lagTable: newLagTable(limit), limit: limit, cluster: c, layouts: layouts, logger: logger, ctx: ctx, path: path, heal: heal}
+func newZoneLag(limit int64, c interface{ ID() string }, layouts *layout.History, logger *slog.Logger, ctx context.Context, path lagPath, writer fenceChecker, heal lagHealer) *zoneLag {
+	return &zoneLag{lagTable: newLagTable(limit), limit: limit, cluster: c, layouts: layouts, logger: logger, ctx: ctx, path: path, writer: writer, heal: heal}
 }
 
 // LagBytes is the bytes of writes acknowledged in this node's zone and
@@ -383,7 +387,7 @@ func (z *zoneLag) drain(ctx context.Context) error {
 func (z *zoneLag) repairParts(ctx context.Context, oid uint64) (apply, settle []*lagOp) {
 	settle = z.repairOps(oid)
 	for _, op := range settle {
-		if op.fence != nil && z.path.checkFence(context.WithValue(ctx, fenceKey{}, *op.fence)) != nil {
+		if op.fence != nil && z.writer.checkFence(context.WithValue(ctx, fenceKey{}, *op.fence)) != nil {
 			continue
 		}
 		apply = append(apply, op)

@@ -90,6 +90,11 @@ type layers struct {
 	}
 	logger *slog.Logger
 	path   layerPath
+	// writer fences a merge's changes to a VDI open for writing
+	// (writerLock.withFence).
+	writer interface {
+		withFence(ctx context.Context, state *vdiState) context.Context
+	}
 
 	// merges and mergeStats: the merge and flatten jobs under way here
 	// (merge.go).
@@ -107,9 +112,6 @@ type layerPath interface {
 	setEntry(ctx context.Context, state *vdiState, vdi cluster.VDI, id, index, value uint32, sync bool) error
 	// copyObject copies an owner's object whole into vdi's own.
 	copyObject(ctx context.Context, vdi cluster.VDI, owner, index uint32, fua bool, change func(data []byte)) error
-	// withFence makes ctx's changes fail once state's writer lock is
-	// gone.
-	withFence(ctx context.Context, state *vdiState) context.Context
 	// Open opens a VDI for writing (a merge's own open).
 	Open(ctx context.Context, name string) (*Disk, error)
 	// openStates returns the VDIs open here.
@@ -163,7 +165,7 @@ func (d *Disk) Layers(ctx context.Context, offset, length uint64) ([]LayerExtent
 	if !d.readOnly {
 		d.state.io.RLock()
 		defer d.state.io.RUnlock()
-		if err := d.gateway.ensureWriter(ctx, d.state, d.takeoverCheck); err != nil {
+		if err := d.gateway.writer.ensureWriter(ctx, d.state, d.takeoverCheck); err != nil {
 			return nil, err
 		}
 	}

@@ -292,7 +292,7 @@ func (ls *layers) mergeObject(ctx context.Context, state *vdiState, job cluster.
 		if !held {
 			return false, errHandedOver
 		}
-		ctx = ls.path.withFence(ctx, state)
+		ctx = ls.writer.withFence(ctx, state)
 	}
 	lock := &state.allocation[index%uint32(len(state.allocation))]
 	lock.Lock()

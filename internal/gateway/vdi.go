@@ -136,7 +136,7 @@ func (g *Gateway) Open(ctx context.Context, name string) (*Disk, error) {
 	}
 	g.mu.Unlock()
 	if !readOnly {
-		if err := g.acquireWriter(ctx, state); err != nil {
+		if err := g.writer.acquireWriter(ctx, state); err != nil {
 			g.release(state, openAborted)
 			return nil, err
 		}
@@ -159,10 +159,10 @@ const lockGrace = 2 * time.Second
 
 // acquireLock takes the VDI's writer lock, waiting up to lockGrace while
 // another node holds it.
-func (g *Gateway) acquireLock(ctx context.Context, name string) (cluster.Lock, error) {
+func (wl *writerLock) acquireLock(ctx context.Context, name string) (cluster.Lock, error) {
 	deadline := time.Now().Add(lockGrace)
 	for {
-		l, err := g.cluster.AcquireLock(ctx, cluster.VDILockKey(name), g.session)
+		l, err := wl.cluster.AcquireLock(ctx, cluster.VDILockKey(name), wl.session)
 		if !errors.Is(err, cluster.ErrLockHeld) || time.Now().After(deadline) {
 			return l, err
 		}
@@ -179,26 +179,26 @@ func (g *Gateway) acquireLock(ctx context.Context, name string) (cluster.Lock, e
 // holds it, an exclusive VDI is refused (ErrBusy, naming the holder); any
 // other opens on standby and takes the lock over with its first change
 // (handover.go).
-func (g *Gateway) acquireWriter(ctx context.Context, state *vdiState) error {
+func (wl *writerLock) acquireWriter(ctx context.Context, state *vdiState) error {
 	state.openMu.Lock()
 	defer state.openMu.Unlock()
 	state.mu.Lock()
 	held, name := state.lockHeld, state.vdi.Name
 	state.mu.Unlock()
 	if !held {
-		vdi, err := g.cluster.VDI(name)
+		vdi, err := wl.cluster.VDI(name)
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrUnknownVDI, err)
 		}
 		var l cluster.Lock
 		if vdi.Exclusive {
-			l, err = g.acquireLock(ctx, name)
+			l, err = wl.acquireLock(ctx, name)
 		} else {
-			l, err = g.cluster.AcquireLock(ctx, cluster.VDILockKey(name), g.session)
+			l, err = wl.cluster.AcquireLock(ctx, cluster.VDILockKey(name), wl.session)
 		}
 		switch {
 		case err == nil:
-			if err := g.take(ctx, state, l); err != nil {
+			if err := wl.take(ctx, state, l); err != nil {
 				return err
 			}
 		case errors.Is(err, cluster.ErrLockHeld) && !vdi.Exclusive:
@@ -213,7 +213,7 @@ func (g *Gateway) acquireWriter(ctx context.Context, state *vdiState) error {
 			// wish recorded before it started).
 		case errors.Is(err, cluster.ErrLockHeld):
 			return fmt.Errorf("%w: vdi %q is exclusive and open for writing through %s; open it read-only as %q, or close it there first (`herd vdi set %s --exclusive=false` lets a second writer take it over, as live migration needs)",
-				ErrBusy, name, g.lockHolder(ctx, name, err), ReadOnlyPrefix+name, name)
+				ErrBusy, name, wl.lockHolder(ctx, name, err), ReadOnlyPrefix+name, name)
 		default:
 			return fmt.Errorf("%w: cannot lock vdi %q: %v", ErrNotReady, name, err)
 		}
@@ -235,16 +235,16 @@ const lockHolderWait = time.Second
 // back as an error code and a message, and this node's applied state
 // names the holder once it has applied the grant (waited for up to
 // lockHolderWait).
-func (g *Gateway) lockHolder(ctx context.Context, name string, err error) string {
+func (wl *writerLock) lockHolder(ctx context.Context, name string, err error) string {
 	var lockHeld *cluster.LockHeldError
 	holder := ""
 	if errors.As(err, &lockHeld) {
 		holder = lockHeld.Lock.Node
 	} else {
-		self := g.cluster.ID()
+		self := wl.cluster.ID()
 		wait, cancel := context.WithTimeout(ctx, lockHolderWait)
-		l, held, werr := g.cluster.WaitLock(wait, cluster.VDILockKey(name), func(l cluster.Lock, held bool) bool {
-			return held && (l.Node != self || l.Session != g.session)
+		l, held, werr := wl.cluster.WaitLock(wait, cluster.VDILockKey(name), func(l cluster.Lock, held bool) bool {
+			return held && (l.Node != self || l.Session != wl.session)
 		})
 		cancel()
 		if werr != nil || !held {
@@ -252,7 +252,7 @@ func (g *Gateway) lockHolder(ctx context.Context, name string, err error) string
 		}
 		holder = l.Node
 	}
-	if n, ok := g.cluster.Node(holder); ok {
+	if n, ok := wl.cluster.Node(holder); ok {
 		return fmt.Sprintf("node %s (%s)", n.ID, n.Address)
 	}
 	return "node " + holder
