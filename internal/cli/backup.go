@@ -224,7 +224,7 @@ func backupPruneCommand(g *globals) *cobra.Command {
 		Args:  args(1, "DIR --keep-last N | --keep-daily N | --keep-weekly N"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			if policy.Last < 0 || policy.Daily < 0 || policy.Weekly < 0 {
-				return errors.New("--keep-last, --keep-daily and --keep-weekly take counts of 0 or more")
+				return usage(errors.New("--keep-last, --keep-daily and --keep-weekly take counts of 0 or more"))
 			}
 			store, err := openExisting(a[0], !dryRun)
 			if err != nil {

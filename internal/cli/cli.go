@@ -199,9 +199,9 @@ func requireSubcommand(group *cobra.Command) {
 			}
 		}
 		if len(a) == 0 {
-			return fmt.Errorf("%s needs a command: %s", cmd.CommandPath(), strings.Join(names, ", "))
+			return usage(fmt.Errorf("%s needs a command: %s", cmd.CommandPath(), strings.Join(names, ", ")))
 		}
-		return fmt.Errorf("unknown command %q for %s (commands: %s)", a[0], cmd.CommandPath(), strings.Join(names, ", "))
+		return usage(fmt.Errorf("unknown command %q for %s (commands: %s)", a[0], cmd.CommandPath(), strings.Join(names, ", ")))
 	}
 }
 

@@ -34,7 +34,7 @@ formatted otherwise): a write of one byte marks its whole object changed.`,
 		Args: args(2, "NAME@S1 NAME[@S2]"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			if !exportname.Parse(a[0]).Snapshot() {
-				return fmt.Errorf("%q: give the earlier snapshot as NAME@TAG", a[0])
+				return usage(fmt.Errorf("%q: give the earlier snapshot as NAME@TAG", a[0]))
 			}
 			return call(g, func(c *api.Client, ctx context.Context) (gateway.Diff, error) { return c.Diff(ctx, a[1], a[0]) }, printDiff)
 		},
@@ -56,10 +56,28 @@ func printDiff(w *tabwriter.Writer, d gateway.Diff) {
 		d.VDI, d.Since, size.Format(d.ChangedBytes), len(d.Extents), size.Format(d.ZeroBytes), size.Format(d.Size), size.Format(d.ObjectSize))
 }
 
-// exportDiff is `herd vdi export NAME@S2 --since S1 FILE`.
-func exportDiff(ctx context.Context, g *globals, t *transferCommand, vdi, since, file string) error {
+// checkExportDiff is the command line's check of an export --since: it
+// needs a snapshot, NAME@TAG.
+func checkExportDiff(vdi string) error {
 	if !exportname.Parse(vdi).Snapshot() {
 		return usage(fmt.Errorf("--since exports the changes between two snapshots: give NAME@TAG, not %q (take one with herd vdi snapshot %s --tag TAG)", vdi, vdi))
+	}
+	return nil
+}
+
+// checkImportDiff is the command line's check of an import --diff FILE:
+// a file, not stdin.
+func checkImportDiff(file string) error {
+	if file == "-" {
+		return usage(fmt.Errorf("--diff needs a file, not stdin: it is checked whole before any of it is applied"))
+	}
+	return nil
+}
+
+// exportDiff is `herd vdi export NAME@S2 --since S1 FILE`.
+func exportDiff(ctx context.Context, g *globals, t *transferCommand, vdi, since, file string) error {
+	if err := checkExportDiff(vdi); err != nil {
+		return err
 	}
 	d, err := g.client().Diff(ctx, vdi, since)
 	if err != nil {
@@ -84,8 +102,8 @@ func exportDiff(ctx context.Context, g *globals, t *transferCommand, vdi, since,
 // whole, then the VDI: it must have the diff's starting snapshot (by tag)
 // and no change since, so that its content is that snapshot's.
 func importDiff(ctx context.Context, g *globals, t *transferCommand, vdi, file string) error {
-	if file == "-" {
-		return usage(fmt.Errorf("--diff needs a file, not stdin: it is checked whole before any of it is applied"))
+	if err := checkImportDiff(file); err != nil {
+		return err
 	}
 	header, err := transfer.ReadDiffHeader(file)
 	if err != nil {

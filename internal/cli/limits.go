@@ -19,7 +19,7 @@ func parseRate(text string) (uint64, error) {
 	}
 	n, err := size.Parse(strings.TrimSuffix(text, "/s"))
 	if err != nil {
-		return 0, fmt.Errorf("--max-rate %q: %v (a size per second such as 100MiB/s, or 0 for unlimited)", text, err)
+		return 0, usage(fmt.Errorf("--max-rate %q: %v (a size per second such as 100MiB/s, or 0 for unlimited)", text, err))
 	}
 	return n, nil
 }
@@ -33,7 +33,7 @@ func parseIOPSLimit(flag, text string) (uint64, error) {
 	}
 	n, err := strconv.ParseUint(t, 10, 64)
 	if err != nil || n > cluster.MaxIOPSLimit {
-		return 0, fmt.Errorf("--%s %q: give a whole number of requests per second from 1 to %d, or 0 for unlimited", flag, text, cluster.MaxIOPSLimit)
+		return 0, usage(fmt.Errorf("--%s %q: give a whole number of requests per second from 1 to %d, or 0 for unlimited", flag, text, cluster.MaxIOPSLimit))
 	}
 	return n, nil
 }
@@ -46,8 +46,8 @@ func parseBPSLimit(flag, text string) (uint64, error) {
 		return 0, nil
 	}
 	bad := func(why string) error {
-		return fmt.Errorf("--%s %q: %s (give a size per second from %s/s to %s/s such as 100MiB or 100MiB/s, or 0 for unlimited)",
-			flag, text, why, size.Format(cluster.MinBPSLimit), size.Format(cluster.MaxBPSLimit))
+		return usage(fmt.Errorf("--%s %q: %s (give a size per second from %s/s to %s/s such as 100MiB or 100MiB/s, or 0 for unlimited)",
+			flag, text, why, size.Format(cluster.MinBPSLimit), size.Format(cluster.MaxBPSLimit)))
 	}
 	if strings.HasPrefix(t, "-") {
 		return 0, bad("negative")

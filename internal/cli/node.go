@@ -184,7 +184,7 @@ recovery copies the rest as after any failure.`,
 		Args: args(1, "NODE"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			if end == cmd.Flags().Changed("for") {
-				return fmt.Errorf("give --for DURATION (e.g. --for 30m) or --end")
+				return usage(fmt.Errorf("give --for DURATION (e.g. --for 30m) or --end"))
 			}
 			if !end && window <= 0 {
 				return usage(fmt.Errorf("--for must be a positive duration such as 30m or 2h, not %s (--end ends a window)", window))

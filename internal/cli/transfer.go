@@ -67,6 +67,11 @@ when it reports success, the data is on the replicas' disks.`,
 			return args(2, "NAME FILE|-")(cmd, a)
 		},
 		RunE: func(cmd *cobra.Command, a []string) error {
+			if importFlags.diff != "" {
+				if err := checkImportDiff(importFlags.diff); err != nil {
+					return err // before the node is asked for a session
+				}
+			}
 			t, err := newTransfer(g, importFlags, cmd)
 			if err != nil {
 				return err
@@ -109,7 +114,21 @@ sparse. FILE must not exist, unless --force; "-" writes the image to stdout.`,
 		Args: args(2, "NAME[@TAG] FILE|-"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			if a[1] == "-" && g.json {
-				return errors.New("--json prints to stdout, which carries the image with FILE -: drop --json or give a FILE")
+				return usage(errors.New("--json prints to stdout, which carries the image with FILE -: drop --json or give a FILE"))
+			}
+			// The command line is checked whole before the node is asked
+			// for a session: a mistake in it exits 64 with its hint even
+			// when no node answers.
+			format := ""
+			if exportFlags.since != "" {
+				if err := checkExportDiff(a[0]); err != nil {
+					return err
+				}
+			} else {
+				var err error
+				if format, err = exportFormat(exportFlags.format, cmd.Flags().Changed("format"), a[1]); err != nil {
+					return err
+				}
 			}
 			t, err := newTransfer(g, exportFlags, cmd)
 			if err != nil {
@@ -120,10 +139,6 @@ sparse. FILE must not exist, unless --force; "-" writes the image to stdout.`,
 			defer cancel()
 			if exportFlags.since != "" {
 				return exportDiff(ctx, g, t, a[0], exportFlags.since, a[1])
-			}
-			format, err := exportFormat(exportFlags.format, cmd.Flags().Changed("format"), a[1])
-			if err != nil {
-				return err
 			}
 			var summary transfer.Summary
 			if format == "raw" {
@@ -158,13 +173,13 @@ type transferCommand struct {
 
 func newTransfer(g *globals, f transferFlags, cmd *cobra.Command) (*transferCommand, error) {
 	if f.nbdPort < 1 || f.nbdPort > 65535 {
-		return nil, fmt.Errorf("--nbd-port %d: not a TCP port", f.nbdPort)
+		return nil, usage(fmt.Errorf("--nbd-port %d: not a TCP port", f.nbdPort))
 	}
 	if f.connections < 1 || f.connections > 64 {
-		return nil, fmt.Errorf("--connections %d: give 1 to 64", f.connections)
+		return nil, usage(fmt.Errorf("--connections %d: give 1 to 64", f.connections))
 	}
 	if f.requests < 1 || f.requests > 64 {
-		return nil, fmt.Errorf("--requests %d: give 1 to 64", f.requests)
+		return nil, usage(fmt.Errorf("--requests %d: give 1 to 64", f.requests))
 	}
 	address, err := nbdAddress(g.addr, f.nbdPort)
 	if err != nil {

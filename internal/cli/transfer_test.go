@@ -108,7 +108,7 @@ func TestCommandLine(t *testing.T) {
 		t.Errorf("export over a file: exit %d, %q", code, stderr.String())
 	}
 	stderr.Reset()
-	if code := Main([]string{"--addr", adminAddress, "--json", "vdi", "export", "vm1", "-"}, &stdout, &stderr); code != 1 ||
+	if code := Main([]string{"--addr", adminAddress, "--json", "vdi", "export", "vm1", "-"}, &stdout, &stderr); code != exUsage ||
 		!strings.Contains(stderr.String(), "--json prints to stdout") {
 		t.Errorf("export --json to stdout: exit %d, %q", code, stderr.String())
 	}

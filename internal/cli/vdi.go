@@ -231,7 +231,7 @@ func vdiSetCommand(g *globals) *cobra.Command {
 				changed = true
 			}
 			if !changed {
-				return fmt.Errorf("nothing to change: give --exclusive[=false], --ack, --iops-limit, --read-iops-limit, --write-iops-limit, --bps-limit, --read-bps-limit or --write-bps-limit")
+				return usage(fmt.Errorf("nothing to change: give --exclusive[=false], --ack, --iops-limit, --read-iops-limit, --write-iops-limit, --bps-limit, --read-bps-limit or --write-bps-limit"))
 			}
 			return call(g, func(c *api.Client, ctx context.Context) (cluster.VDI, error) { return c.SetVDI(ctx, a[0], settings) }, printVDI)
 		},
