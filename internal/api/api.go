@@ -201,6 +201,9 @@ type Server struct {
 	// overcommit is the provisioned/usable ratio health warns above
 	// (capacity.go).
 	overcommit float64
+	// capacityCache is the last complete capacity, for the metrics
+	// (capacity.go).
+	capacityCache capacityCache
 	// peerHTTP carries every call to other nodes' admin APIs (peerClient).
 	peerHTTP     *http.Client
 	peerHTTPOnce sync.Once

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
@@ -72,13 +73,22 @@ func (s *Server) capacityRoutes(mux *http.ServeMux) {
 	})
 }
 
-// capacity computes Capacity from the nodes' reports.
+// capacity computes Capacity from the nodes' reports and this node's
+// view of the VDIs, and keeps a complete result for the metrics.
 func (s *Server) capacity(nodes []NodeEntry) Capacity {
-	c := Capacity{OvercommitLimit: s.overcommitRatio()}
 	format := 1
 	if info := s.cluster.Info(); info.Format != nil {
 		format = info.Format.Copies
 	}
+	c := computeCapacity(nodes, s.cluster.VDIs(), format, s.overcommitRatio())
+	s.capacityCache.remember(c, time.Now())
+	return c
+}
+
+// computeCapacity is Capacity from the nodes' reports, the VDIs, the
+// format's copies and the overcommit limit.
+func computeCapacity(nodes []NodeEntry, vdis []cluster.VDI, format int, limit float64) Capacity {
+	c := Capacity{OvercommitLimit: limit}
 	domainBytes := map[string]uint64{}
 	domainFree := map[string]uint64{}
 	zoned := false
@@ -106,7 +116,7 @@ func (s *Server) capacity(nodes []NodeEntry) Capacity {
 	}
 	c.RawBytes = c.UsedBytes + c.FreeBytes
 	var weighted float64
-	for _, v := range s.cluster.VDIs() {
+	for _, v := range vdis {
 		c.ProvisionedBytes += v.Size
 		weighted += float64(v.Size) * float64(v.Copies)
 	}
@@ -126,7 +136,7 @@ func (s *Server) capacity(nodes []NodeEntry) Capacity {
 		kind = "zones"
 	}
 	maxCopies := format
-	for _, v := range s.cluster.VDIs() {
+	for _, v := range vdis {
 		maxCopies = max(maxCopies, v.Copies)
 	}
 	domains := make([]string, 0, len(domainBytes))
@@ -153,7 +163,7 @@ func (s *Server) capacity(nodes []NodeEntry) Capacity {
 }
 
 // capacityHealth adds the capacity reasons to h.
-func (s *Server) capacityHealth(h *Health, c Capacity) {
+func capacityHealth(h *Health, c Capacity) {
 	if c.Incomplete || c.RawBytes == 0 {
 		return
 	}
@@ -163,6 +173,76 @@ func (s *Server) capacityHealth(h *Health, c Capacity) {
 	}
 	if c.RecoveryShort {
 		h.add(HealthWarn, "%s", c.Note)
+	}
+}
+
+// The capacity metrics (herd_cluster_usable_bytes, ..._overcommit_ratio,
+// ..._recovery_headroom_short) are read from the last complete
+// computation, never computed at scrape time: it asks every alive node
+// for its usage, and each of them lists its objects. The leader computes
+// it every capacityEvery (RunCapacity); any node also keeps what it
+// computed for cluster health, cluster info or the dashboard. A result
+// older than capacityStale is not exported, so that a node that stopped
+// being the leader does not report old figures for ever; an incomplete
+// one (a node did not report its usage) is not kept.
+const (
+	capacityEvery = time.Minute
+	capacityStale = 5 * time.Minute
+)
+
+// capacityCache is the last complete capacity this node computed.
+type capacityCache struct {
+	mu       sync.Mutex
+	capacity Capacity
+	at       time.Time
+}
+
+func (cc *capacityCache) remember(c Capacity, now time.Time) {
+	if c.Incomplete || c.RawBytes == 0 {
+		return
+	}
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	cc.capacity, cc.at = c, now
+}
+
+// get returns the last complete capacity if it was computed within
+// maxAge of now.
+func (cc *capacityCache) get(now time.Time, maxAge time.Duration) (Capacity, bool) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	if cc.at.IsZero() || now.Sub(cc.at) > maxAge {
+		return Capacity{}, false
+	}
+	return cc.capacity, true
+}
+
+// CachedCapacity is the capacity the metrics export: the last complete
+// computation, if it is recent (see capacityStale).
+func (s *Server) CachedCapacity() (Capacity, bool) {
+	return s.capacityCache.get(time.Now(), capacityStale)
+}
+
+// OvercommitLimit is the provisioned/usable ratio above which health
+// warns on this node (herd server --overcommit-ratio).
+func (s *Server) OvercommitLimit() float64 { return s.overcommitRatio() }
+
+// RunCapacity computes the capacity every capacityEvery while this node
+// is the leader, until ctx ends.
+func (s *Server) RunCapacity(ctx context.Context) {
+	tick := time.NewTicker(capacityEvery / 4)
+	defer tick.Stop()
+	for {
+		if _, fresh := s.capacityCache.get(time.Now(), capacityEvery); s.cluster.IsLeader() && !fresh {
+			nodesCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			s.capacity(s.nodes(nodesCtx))
+			cancel()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
 	}
 }
 

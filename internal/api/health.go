@@ -64,7 +64,7 @@ func (s *Server) health(ctx context.Context) Health {
 	defer cancel()
 	nodes := s.nodes(ctx)
 	if info.Formatted {
-		s.capacityHealth(&h, s.capacity(nodes))
+		capacityHealth(&h, s.capacity(nodes))
 	}
 	for _, n := range nodes {
 		switch {

@@ -355,6 +355,8 @@ func Run(ctx context.Context, o Options) error {
 		Read: func() []metrics.Sample { return []metrics.Sample{{Value: float64(gw.LagBytes())}} }})
 	apiServer := api.NewServer(c, dataPath{gateway: gw, store: objects, recovery: rec, maintenance: maint, metrics: meters, scrub: scrubber}, security, logger,
 		api.Options{OvercommitRatio: o.OvercommitRatio, Connections: o.AdminLimits})
+	meters.AddGauges(capacityGauges(apiServer)...)
+	go apiServer.RunCapacity(ctx)
 	served := make(chan error, 1)
 	go func() { served <- apiServer.Serve(adminListener) }()
 	logger.Info("herd node running", "node", id, "bind", host, "peer", peerAddr, "admin", adminAddr, "nbd", nbdAddr, "nbd_socket", socketPath, "insecure_nbd", o.InsecureNBD, "zone", o.Zone, "capacity", capacity)
@@ -552,6 +554,39 @@ func (d dataPath) Usage() (api.Usage, error) {
 		u.FreeBytes = capacity - used
 	}
 	return u, err
+}
+
+// capacityGauges export the cluster's capacity as the admin server last
+// computed it (api.Server.CachedCapacity: by the leader each minute, and
+// by any node answering cluster health or info); none while it has no
+// recent complete one. The limit is this node's --overcommit-ratio.
+func capacityGauges(a *api.Server) []metrics.Gauge {
+	cached := func(value func(api.Capacity) float64) func() []metrics.Sample {
+		return func() []metrics.Sample {
+			c, ok := a.CachedCapacity()
+			if !ok {
+				return nil
+			}
+			return []metrics.Sample{{Value: value(c)}}
+		}
+	}
+	return []metrics.Gauge{
+		{Name: "herd_cluster_usable_bytes", Help: "The VDI data the alive nodes' raw space holds: raw divided by the copies (the mean of the VDIs', weighted by size), as cluster info shows it; exported by the leader and by a node that computed it for cluster health or info in the last 5 minutes.",
+			Read: cached(func(c api.Capacity) float64 { return float64(c.UsableBytes) })},
+		{Name: "herd_cluster_provisioned_bytes", Help: "The writable VDIs' sizes summed: what they are promised, to compare with herd_cluster_usable_bytes.",
+			Read: cached(func(c api.Capacity) float64 { return float64(c.ProvisionedBytes) })},
+		{Name: "herd_cluster_overcommit_ratio", Help: "Provisioned divided by usable space; cluster health warns above herd_cluster_overcommit_limit.",
+			Read: cached(func(c api.Capacity) float64 { return c.Overcommit })},
+		{Name: "herd_cluster_overcommit_limit", Help: "The overcommit ratio above which this node's cluster health warns (herd server --overcommit-ratio).",
+			Read: func() []metrics.Sample { return []metrics.Sample{{Value: a.OvercommitLimit()}} }},
+		{Name: "herd_cluster_recovery_headroom_short", Help: "1 when failure domains (nodes, or zones) outnumber the copies but the free space of the others could not hold a recovery of the largest domain's share; cluster health warns.",
+			Read: cached(func(c api.Capacity) float64 {
+				if c.RecoveryShort {
+					return 1
+				}
+				return 0
+			})},
+	}
 }
 
 // nodeGauges are the metrics read at scrape time from state the node

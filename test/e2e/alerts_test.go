@@ -60,6 +60,9 @@ func TestAlertRulesAndDashboard(t *testing.T) {
 	writer := startQemuWriter(t, c.Node(0).NBDSocket(), "vm1")
 	writer.write(0)
 	defer writer.quit()
+	// The capacity metrics come from the last capacity node 0 computed
+	// (the leader's each minute; any node's for cluster info or health).
+	herd(t, c, 0, "cluster", "info")
 	families, status := scrape(t, c.Node(0).AdminAddr(), c.Token())
 	if status != 200 {
 		t.Fatalf("/metrics: HTTP %d", status)

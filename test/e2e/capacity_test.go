@@ -51,6 +51,24 @@ func TestCapacityAndOvercommit(t *testing.T) {
 	if got := capacity(1); got.Overcommit <= 1 || got.ProvisionedBytes != 64<<20+10<<50 {
 		t.Fatalf("after a 10 PiB VDI: %+v", got)
 	}
+	// The alert's metrics agree with health: node 2 computed the capacity
+	// for its health answer.
+	overcommit := func(node int) (ratio, limit float64) {
+		t.Helper()
+		families, status := scrape(t, c.Node(node).AdminAddr(), c.Token())
+		if status != 200 {
+			t.Fatalf("node %d: /metrics: HTTP %d", node, status)
+		}
+		ratio, limit = value(families, "herd_cluster_overcommit_ratio", nil), value(families, "herd_cluster_overcommit_limit", nil)
+		if usable := value(families, "herd_cluster_usable_bytes", nil); usable <= 0 || value(families, "herd_cluster_recovery_headroom_short", nil) != 0 {
+			t.Fatalf("node %d: herd_cluster_usable_bytes %v, herd_cluster_recovery_headroom_short %v; want usable > 0, headroom not short", node, usable,
+				value(families, "herd_cluster_recovery_headroom_short", nil))
+		}
+		return ratio, limit
+	}
+	if ratio, limit := overcommit(2); limit != 1 || ratio <= limit {
+		t.Fatalf("node 2: herd_cluster_overcommit_ratio %v, _limit %v; want a ratio above the limit 1 (HerdOvercommitted fires)", ratio, limit)
+	}
 
 	lenient := c.AddNodeWith("--overcommit-ratio", "1000000")
 	waitAgreement(t, c, []int{0, 1, 2, 3}, time.Minute)
@@ -63,5 +81,8 @@ func TestCapacityAndOvercommit(t *testing.T) {
 	}
 	if got := capacity(lenient.Index()); !got.Recoverable || got.Domains != 4 || got.Note != "" {
 		t.Fatalf("4 nodes, 3 copies: %+v; want recoverable (the test's disks have room)", got)
+	}
+	if ratio, limit := overcommit(lenient.Index()); limit != 1000000 || ratio <= 1 || ratio > limit {
+		t.Fatalf("node started with --overcommit-ratio 1000000: herd_cluster_overcommit_ratio %v, _limit %v; want 1 < ratio <= limit (HerdOvercommitted quiet)", ratio, limit)
 	}
 }
