@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -49,7 +50,9 @@ Every directory above DIR must let that user in; the command checks before
 it issues anything (docs/LIBVIRT.md).
 
 --renew issues a new certificate to a client that exists, same name,
-pattern and scope (no --vdi), and replaces the three files in DIR: after
+pattern and scope (no --vdi), and replaces the three files in DIR, which
+keep the owner and group of the old ca-cert.pem unless --owner gives
+others (only root can keep another user's files): after
 a CA rotation starts (herd cluster rotate-ca), each client is renewed so
 that it works once the rotation finishes; its old certificate is accepted
 until then. Outside a rotation the old certificate is refused at once.`,
@@ -74,6 +77,15 @@ until then. Outside a rotation the old certificate is refused at once.`,
 					return fmt.Errorf("--owner %s: only root may give files to another user", ownerSpec)
 				}
 				owner = &o
+			}
+			if renew && owner == nil {
+				// The new files keep the old ones' owner: QEMU's user,
+				// when they were given to it.
+				kept, err := keptOwner(out)
+				if err != nil {
+					return err
+				}
+				owner = kept
 			}
 			for _, name := range []string{"ca-cert.pem", "client-cert.pem", "client-key.pem"} {
 				if _, err := os.Stat(filepath.Join(out, name)); err == nil && !renew {
@@ -161,6 +173,31 @@ func clientRevokeCommand(g *globals) *cobra.Command {
 				func(w *tabwriter.Writer, c cluster.Client) { fmt.Fprintf(w, "client %s revoked\n", c.Name) })
 		},
 	}
+}
+
+// keptOwner is the owner a renewal keeps: that of DIR/ca-cert.pem when
+// it is not the user running the command (files given to QEMU's user
+// with --owner stay that user's), else nil. Only root can give the new
+// files to another user: anyone else is refused rather than left with
+// files QEMU cannot read.
+func keptOwner(dir string) (*reach.Owner, error) {
+	path := filepath.Join(dir, "ca-cert.pem")
+	info, err := os.Stat(path)
+	if err != nil {
+		return nil, nil // no old files: nothing to keep
+	}
+	stat, ok := info.Sys().(*syscall.Stat_t)
+	if !ok || int(stat.Uid) == os.Geteuid() && int(stat.Gid) == os.Getegid() {
+		return nil, nil
+	}
+	owner, err := reach.ParseOwner(fmt.Sprintf("%d:%d", stat.Uid, stat.Gid))
+	if err != nil { // ids no user or group on this host has
+		owner = reach.Owner{UID: int(stat.Uid), GID: int(stat.Gid), Who: reach.Who{Name: fmt.Sprintf("uid %d", stat.Uid), UID: int(stat.Uid), GIDs: []int{int(stat.Gid)}}}
+	}
+	if euid := os.Geteuid(); euid != 0 && euid != owner.UID {
+		return nil, fmt.Errorf("%s belongs to %s: renew as root, so that the new files keep that owner (or give --owner)", path, owner.Who.Name)
+	}
+	return &owner, nil
 }
 
 // makeClientDirectory makes DIR for a client's files (mode 0700). With an
