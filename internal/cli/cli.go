@@ -85,8 +85,15 @@ func show[T any](g *globals, v T, table func(*tabwriter.Writer, T)) error {
 func Main(args []string, stdout, stderr io.Writer) int {
 	g := &globals{stdout: stdout}
 	root := &cobra.Command{
-		Use:           "herd",
-		Short:         "herd: replicated, thin, snapshot-able virtual disks for VMs, served over NBD",
+		Use:   "herd",
+		Short: "herd: replicated, thin, snapshot-able virtual disks for VMs, served over NBD",
+		Long: `herd: replicated, thin, snapshot-able virtual disks for VMs, served over NBD.
+
+Exit status: 0 on success; 1 when a command that was understood fails
+(a node refused it or could not be reached); 64 (EX_USAGE) for a command
+line herd cannot take (a missing command or argument, an unknown flag, a
+flag value it cannot read, flags that conflict), before any node is
+asked. herd cluster health exits 0 for OK, 1 for WARN and 2 for ERR.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}

@@ -170,7 +170,7 @@ hypervisor.`,
 	f.StringVar(&scrubRate, "scrub-max-rate", "50MiB/s", "bytes per second a scrub pass reads (herd scrub --max-rate changes it live)")
 	f.StringVar(&mergeRate, "merge-rate", "64MiB/s", "bytes per second merges of deleted snapshots and flattens copy (0: unlimited)")
 	f.DurationVar(&o.JoinTimeout, "join-timeout", 30*time.Second, "how long a new node keeps trying --join before giving up")
-	f.Float64Var(&o.OvercommitRatio, "overcommit-ratio", 1.0, "cluster health warns when the VDIs' sizes add up to more than the usable space (raw space divided by the copies) times this")
+	f.Float64Var(&o.OvercommitRatio, "overcommit-ratio", 1.0, "cluster health (and the HerdOvercommitted alert) warns when the VDIs' sizes add up to more than the usable space (raw space divided by the copies) times this; each node's own, so give every node the same")
 	f.DurationVar(&o.DownOutInterval, "down-out-interval", 10*time.Minute, "stopped cleanly (SIGTERM), this node is down but not out for this long: its objects are re-replicated elsewhere only if it has not returned by then (0: at once)")
 	f.StringVar(&level, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json (one stream: raft's and gossip's lines too)")

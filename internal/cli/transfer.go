@@ -107,10 +107,17 @@ func vdiExportCommand(g *globals) *cobra.Command {
 		Use:   "export NAME[@TAG] FILE|- [--since S1]",
 		Short: "copy a VDI or snapshot into an image file over NBD: raw (sparse; - writes to stdout) or --format qcow2",
 		Long: `Copy the VDI NAME (opened read-only, so a VM may keep running on it; the
-copy is then not crash-consistent) or its snapshot NAME@TAG into a raw image.
-The data comes straight from the NBD port of the node given by --addr.
-Unallocated areas are not read, and zero areas are left as holes: FILE is
-sparse. FILE must not exist, unless --force; "-" writes the image to stdout.`,
+copy is then not crash-consistent) or its snapshot NAME@TAG into an image
+file: raw by default, or the format --format gives. The data comes straight
+from the NBD port of the node given by --addr. A raw FILE is sparse:
+unallocated areas are not read, and zero areas are left as holes.
+--format qcow2 (or vmdk, vhdx, vdi, vpc, qed) has qemu-img (Debian package
+qemu-utils) read the node's NBD export and write that format. A FILE named
+like an image format (.qcow2, .vmdk, .vhdx, .vdi, .vhd, .qed) without
+--format is refused (exit 64) rather than written raw under that name: add
+--format qcow2, or --format raw to mean raw. FILE must not exist, unless
+--force; "-" writes a raw image to stdout. With --since S1, FILE is a herd
+diff of the changes between NAME@S1 and NAME@TAG (docs/DIFF.md).`,
 		Args: args(2, "NAME[@TAG] FILE|-"),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			if a[1] == "-" && g.json {
