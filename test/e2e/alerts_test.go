@@ -12,6 +12,16 @@ import (
 	"github.com/herd-storage/herd/internal/testenv"
 )
 
+// dashboardPanel is a Grafana panel as far as the test reads it.
+type dashboardPanel struct {
+	Title   string `json:"title"`
+	Type    string `json:"type"`
+	Targets []struct {
+		Expr string `json:"expr"`
+	} `json:"targets"`
+	Panels []dashboardPanel `json:"panels"`
+}
+
 // TestAlertRulesAndDashboard: deploy/prometheus/herd-alerts.yml passes
 // `promtool check rules`, the Grafana dashboard is valid JSON with a query
 // in every panel, and every herd_ metric either names is one a running
@@ -32,26 +42,34 @@ func TestAlertRulesAndDashboard(t *testing.T) {
 		t.Fatal(err)
 	}
 	var dashboard struct {
-		Title  string `json:"title"`
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
+		Title  string           `json:"title"`
+		Panels []dashboardPanel `json:"panels"`
 	}
 	if err := json.Unmarshal(dashboardText, &dashboard); err != nil || dashboard.Title == "" || len(dashboard.Panels) == 0 {
 		t.Fatalf("the Grafana dashboard: %v (title %q, %d panels)", err, dashboard.Title, len(dashboard.Panels))
 	}
+	// Every panel, those in rows too (a row's panels are nested in it
+	// when it is collapsed); a row itself has no query.
 	var exprs []string
-	for _, p := range dashboard.Panels {
-		if len(p.Targets) == 0 || p.Targets[0].Expr == "" {
-			t.Fatalf("dashboard panel %q has no query", p.Title)
-		}
-		for _, target := range p.Targets {
-			exprs = append(exprs, target.Expr)
+	var walk func(panels []dashboardPanel)
+	walk = func(panels []dashboardPanel) {
+		for _, p := range panels {
+			walk(p.Panels)
+			if p.Type == "row" {
+				continue
+			}
+			if len(p.Targets) == 0 || p.Targets[0].Expr == "" {
+				t.Fatalf("dashboard panel %q has no query", p.Title)
+			}
+			for _, target := range p.Targets {
+				if target.Expr == "" {
+					t.Fatalf("dashboard panel %q has an empty query", p.Title)
+				}
+				exprs = append(exprs, target.Expr)
+			}
 		}
 	}
+	walk(dashboard.Panels)
 
 	need(t, "qemu-io")
 	// Two nodes (peer metrics), and a client connected while /metrics is

@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,7 +16,6 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
-	"github.com/herd-storage/herd/internal/api"
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/testcluster"
 )
@@ -90,11 +92,20 @@ func TestMetrics(t *testing.T) {
 	if _, status := scrape(t, admin, ""); status != http.StatusUnauthorized {
 		t.Fatalf("/metrics without a token: HTTP %d, want 401", status)
 	}
-	var created api.CreatedToken
-	if err := c.HerdJSON(ctx(t), 0, &created, "token", "create", "prometheus", "--read-only"); err != nil {
+	// As the README has it: token create ... > FILE makes a token file
+	// (the token alone on stdout, the words on stderr).
+	stdout, stderr, err := c.Herd(ctx(t), 0, "token", "create", "prometheus", "--read-only")
+	if err != nil {
+		t.Fatalf("token create: %v\n%s", err, stderr)
+	}
+	tokenFile := filepath.Join(t.TempDir(), "prometheus.token")
+	if err := os.WriteFile(tokenFile, []byte(stdout), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	token := created.Secret
+	if info, _, err := c.Herd(ctx(t), 1, "--token-file", tokenFile, "cluster", "info"); err != nil || !strings.Contains(info, "Quorum:") {
+		t.Fatalf("cluster info with --token-file of the redirected stdout: %v\n%s", err, info)
+	}
+	token := strings.TrimSpace(stdout)
 
 	families, _ := scrape(t, admin, token)
 	for _, name := range []string{"herd_cluster_epoch", "herd_cluster_quorum", "herd_cluster_feature_level", "herd_disk_capacity_bytes", "herd_raft_apply_duration_seconds", "go_goroutines", "process_resident_memory_bytes"} {

@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -16,7 +18,8 @@ import (
 // creates NAME from a qcow2 image's virtual size when it does not exist;
 // `vdi export NAME out.qcow2` without --format is refused with a hint
 // (never written raw under a qcow2 name, exit 64), and with --format qcow2
-// writes a qcow2 image holding the same data.
+// writes a qcow2 image holding the same data. A raw image whose size is
+// not a multiple of 512 makes a VDI rounded up to the next sector.
 func TestImportCreatesExportConverts(t *testing.T) {
 	need(t, "qemu-img", "qemu-io")
 	c := dataCluster(t, 3, 3, "disk", "64M")
@@ -60,5 +63,32 @@ func TestImportCreatesExportConverts(t *testing.T) {
 	// From stdin the size is not known: the VDI must exist first.
 	if _, stderr, err := c.Herd(ctx(t), 0, "vdi", "import", "piped", "-"); err == nil || !strings.Contains(stderr, "create the VDI first") {
 		t.Fatalf("import from stdin into a missing VDI: %v %q", err, stderr)
+	}
+
+	// A raw image of 1,000,000 bytes, not a whole number of sectors: the
+	// VDI is made 1,000,448 bytes (rounded up to 512), and reads back as
+	// the image followed by zeroes.
+	raw := filepath.Join(dir, "odd.raw")
+	image := bytes.Repeat([]byte("herd"), 250000)
+	if err := os.WriteFile(raw, image, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, err := c.Herd(ctx(t), 0, "vdi", "import", "odd", raw); err != nil || !strings.Contains(stderr, "created vdi odd") || !strings.Contains(stderr, "raw image") {
+		t.Fatalf("raw import into a VDI that does not exist: %v %q", err, stderr)
+	}
+	if err := c.HerdJSON(ctx(t), 1, &v, "vdi", "info", "odd"); err != nil {
+		t.Fatal(err)
+	}
+	if v.Size != 1000448 {
+		t.Fatalf("vdi odd has %d bytes, want 1,000,000 rounded up to 1,000,448", v.Size)
+	}
+	back := filepath.Join(dir, "odd.out")
+	herd(t, c, 2, "vdi", "export", "odd", back)
+	exported, err := os.ReadFile(back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(exported) != 1000448 || !bytes.Equal(exported[:len(image)], image) || !bytes.Equal(exported[len(image):], make([]byte, 448)) {
+		t.Fatalf("the export of odd (%d bytes) is not the raw image followed by 448 zero bytes", len(exported))
 	}
 }
