@@ -37,6 +37,11 @@ import (
 // MergeLog is what the merge runner needs from the cluster log.
 type MergeLog interface {
 	IsLeader() bool
+	// Level is the cluster's feature level: below
+	// cluster.FeatureLayerMerge's, no job is started (the log would
+	// refuse its merged or flattened entry, and the copies would be
+	// wasted).
+	Level() int
 	LayerJobs() []cluster.LayerJob
 	LayerMerged(ctx context.Context, layer, child, parent uint32) error
 	LayerFlattened(ctx context.Context, child, parent uint32) error
@@ -100,7 +105,8 @@ func (g *Gateway) MergeProgress() []MergeProgress {
 func (g *Gateway) Merges() *MergeStats { return &g.layers.mergeStats }
 
 // RunMerges runs, until ctx ends, the merge and flatten jobs this node
-// owns (see above), one at a time, rate paced.
+// owns (see above), one at a time, rate paced; none while the cluster's
+// level is below cluster.FeatureLayerMerge's.
 func (g *Gateway) RunMerges(ctx context.Context, log MergeLog, rate *MergeRate) {
 	g.layers.runMerges(ctx, log, rate)
 }
@@ -116,6 +122,12 @@ func (ls *layers) runMerges(ctx context.Context, log MergeLog, rate *MergeRate) 
 		case <-ticker.C:
 		}
 		ls.refreshChains()
+		if log.Level() < cluster.FeatureLayerMerge.Level {
+			// A cluster upgraded from before merges and not yet
+			// finalized: a deleted snapshot stays in its child's chain
+			// until the finalize.
+			continue
+		}
 		for _, job := range log.LayerJobs() {
 			mine := job.Holder == ls.cluster.ID() || (job.Holder == "" && log.IsLeader())
 			if !mine {

@@ -3,7 +3,9 @@ package gateway
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
 	"github.com/herd-storage/herd/internal/object"
@@ -14,6 +16,7 @@ type fakeMergeLog struct{ c *fakeCluster }
 
 func (l fakeMergeLog) IsLeader() bool                { return true }
 func (l fakeMergeLog) LayerJobs() []cluster.LayerJob { return nil }
+func (l fakeMergeLog) Level() int                    { return cluster.SupportedLevel }
 
 func (l fakeMergeLog) reparent(child, parent uint32) {
 	l.c.mu.Lock()
@@ -190,5 +193,93 @@ func TestMergeIntoSnapshotChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	freeLayer(t, g, a.ID, objects)
+	verify(t, e, m)
+}
+
+// gatedMergeLog lists one merge job while its layer is deleted and not
+// merged, at a feature level the test sets, and counts the merges.
+type gatedMergeLog struct {
+	fakeMergeLog
+	job    cluster.LayerJob
+	level  *atomic.Int64
+	merged *atomic.Int64
+}
+
+func (l gatedMergeLog) Level() int { return int(l.level.Load()) }
+
+func (l gatedMergeLog) LayerJobs() []cluster.LayerJob {
+	l.c.mu.Lock()
+	defer l.c.mu.Unlock()
+	if v, ok := l.c.frozen[l.job.Layer]; ok && v.Deleted {
+		return []cluster.LayerJob{l.job}
+	}
+	return nil
+}
+
+func (l gatedMergeLog) LayerMerged(ctx context.Context, layer, child, parent uint32) error {
+	l.merged.Add(1)
+	return l.fakeMergeLog.LayerMerged(ctx, layer, child, parent)
+}
+
+// TestMergesWaitForTheirLevel: below cluster.FeatureLayerMerge's level (a
+// cluster upgraded from before merges, not yet finalized) the merge
+// runner starts no job, though the log lists one (the log would refuse
+// its merged entry after the copies); once the level is reached it
+// merges the deleted layer.
+func TestMergesWaitForTheirLevel(t *testing.T) {
+	w := newWorld(t, 3, 3)
+	const objects = 4
+	w.cluster.addVDI("disk", 1, objects*objectSize)
+	g := w.gateway("node00")
+	e := open(t, g, "disk")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m := make(model, objects*objectSize)
+	p := pattern(1, 2*objectSize)
+	if err := e.WriteAt(ctx, p, objectSize/2, false); err != nil {
+		t.Fatal(err)
+	}
+	m.write(p, objectSize/2)
+	r, err := g.Snapshot(ctx, "disk", "gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.cluster.mu.Lock()
+	layer := w.cluster.frozen[r.Snapshot.ID]
+	layer.Deleted = true
+	w.cluster.frozen[layer.ID] = layer
+	w.cluster.mu.Unlock()
+	child, _ := w.cluster.VDI("disk")
+	log := gatedMergeLog{fakeMergeLog: fakeMergeLog{w.cluster}, job: cluster.LayerJob{Child: child, Layer: layer.ID, Sources: []uint32{layer.ID}, LayerParent: layer.Parent},
+		level: &atomic.Int64{}, merged: &atomic.Int64{}}
+	log.level.Store(int64(cluster.FeatureLayerMerge.Level - 1))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		g.RunMerges(ctx, log, &MergeRate{})
+	}()
+	time.Sleep(2500 * time.Millisecond) // the runner looks each second
+	if n := log.merged.Load(); n != 0 || g.Merges().Copied.Load() != 0 {
+		t.Fatalf("below the merges' level: %d merges, %d objects copied; want none", n, g.Merges().Copied.Load())
+	}
+	if chain := w.cluster.Chain(child.ID); len(chain) != 2 {
+		t.Fatalf("chain below the merges' level: %v; want disk and its deleted layer", chain)
+	}
+
+	log.level.Store(int64(cluster.FeatureLayerMerge.Level))
+	deadline := time.Now().Add(10 * time.Second)
+	for log.merged.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no merge 10 s after the cluster reached the merges' level")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if chain := w.cluster.Chain(child.ID); len(chain) != 1 {
+		t.Fatalf("chain after the merge: %v", chain)
+	}
+	freeLayer(t, g, layer.ID, objects)
+	g.layers.refreshChains()
 	verify(t, e, m)
 }

@@ -30,6 +30,10 @@ type layerLog struct {
 	p *process
 }
 
+// Level is the log's feature level (the simulator finalizes to the
+// merges' level at the start when it runs layers).
+func (l layerLog) Level() int { return l.w.log.Level() }
+
 // IsLeader: p is the current process of the lowest node that runs, is
 // not paused and reaches the majority.
 func (l layerLog) IsLeader() bool {
