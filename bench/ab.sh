@@ -32,7 +32,7 @@ for label in A B; do
   src=$out/src-$label
   mkdir -p "$src"
   git -C "$root" archive "$(git -C "$root" rev-parse "$rev")" | tar -x -C "$src"
-  (cd "$src" && go build -tags testknobs -o "$out/herd-$label" ./cmd/herd)
+  (cd "$src" && go build -tags testknobs -ldflags "$(ldflags "$src" "$rev")" -o "$out/herd-$label" ./cmd/herd)
   env_vars=$AB_ENV_A
   [ "$label" = B ] && env_vars=$AB_ENV_B
   echo "$label = $rev ($(git -C "$root" rev-parse --short "$rev")) ${env_vars}" | tee -a "$out/revisions.txt"

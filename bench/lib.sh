@@ -9,6 +9,27 @@ prefix=${HERD_BENCH_PREFIX:-127.0.9}
 mkdir -p "$work"
 pids=()
 
+# ldflags prints the -ldflags value that stamps a herd built from the
+# tree $1 with its version and commit, as every build path does. With a
+# git revision $2 the tree is that revision's git archive, no checkout:
+# its scripts/ldflags.sh stamps the version alone, and the revision's
+# commit is added here. A tree from before scripts/ldflags.sh is stamped
+# with the version "rev-COMMIT" (12 digits) and the commit.
+ldflags() {
+  local src=$1 rev=${2:-} flags commit
+  local package=github.com/herd-storage/herd/internal/version
+  if [ -r "$src/scripts/ldflags.sh" ]; then
+    flags=$(bash "$src/scripts/ldflags.sh")
+  else
+    flags="-X $package.Version=rev-$(git -C "$root" rev-parse --short=12 "${rev:-HEAD}")"
+  fi
+  if [ -n "$rev" ]; then
+    commit=$(git -C "$root" rev-parse "$rev")
+    flags+=" -X $package.Commit=$commit -X $package.CommitTime=$(git -C "$root" log -1 --format=%cI "$commit")"
+  fi
+  printf '%s\n' "$flags"
+}
+
 # build builds herd from the work tree, or from git revision $HERD_REV
 # (for a same-run comparison of two revisions).
 build() {
@@ -16,9 +37,9 @@ build() {
     local src=$work/src-rev
     rm -rf "$src" && mkdir -p "$src"
     git -C "$root" archive "$(git -C "$root" rev-parse "$HERD_REV")" | tar -x -C "$src"
-    (cd "$src" && go build -tags testknobs -o "$bin" ./cmd/herd)
+    (cd "$src" && go build -tags testknobs -ldflags "$(ldflags "$src" "$HERD_REV")" -o "$bin" ./cmd/herd)
   else
-    (cd "$root" && go build -tags testknobs -o "$bin" ./cmd/herd)
+    (cd "$root" && go build -tags testknobs -ldflags "$(ldflags "$root")" -o "$bin" ./cmd/herd)
   fi
 }
 

@@ -22,7 +22,7 @@ for label in A B; do
   [ "$label" = B ] && rev=$rev_b
   mkdir -p "$out/src-$label"
   git -C "$root" archive "$(git -C "$root" rev-parse "$rev")" | tar -x -C "$out/src-$label"
-  (cd "$out/src-$label" && go build -o "$out/herd-$label" ./cmd/herd)
+  (cd "$out/src-$label" && go build -ldflags "$(ldflags "$out/src-$label" "$rev")" -o "$out/herd-$label" ./cmd/herd)
   echo "$label = $rev ($(git -C "$root" rev-parse --short "$rev"))"
 done
 # job: name rw iodepth

@@ -22,8 +22,8 @@ shared=$(cd "$root/../shared/bench" && pwd)
 out=$work/tls-$(date +%Y%m%d-%H%M%S)
 mkdir -p "$out/src"
 git -C "$root" archive "$(git -C "$root" rev-parse "$rev_plain")" | tar -x -C "$out/src"
-(cd "$out/src" && go build -o "$out/herd-plain" ./cmd/herd)
-(cd "$root" && go build -o "$out/herd-head" ./cmd/herd)
+(cd "$out/src" && go build -ldflags "$(ldflags "$out/src" "$rev_plain")" -o "$out/herd-plain" ./cmd/herd)
+(cd "$root" && go build -ldflags "$(ldflags "$root")" -o "$out/herd-head" ./cmd/herd)
 echo "plain = $rev_plain ($(git -C "$root" rev-parse --short "$rev_plain")), head = $(git -C "$root" rev-parse --short HEAD)" | tee "$out/revisions.txt"
 for round in $(seq 1 "$rounds"); do
   for setup in plain mtls tls; do

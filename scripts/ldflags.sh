@@ -9,7 +9,8 @@
 # tree has uncommitted changes come from git, when git is installed and the
 # root is a checkout's top level; otherwise only the version is stamped. Every
 # build path uses this (scripts/dev-cluster.sh, scripts/test.sh,
-# deploy/build-image.sh, internal/testcluster), so a binary says what it is
+# deploy/build-image.sh, internal/testcluster, bench/lib.sh; version_test.go
+# checks the scripts and the README), so a binary says what it is
 # even where the build records no VCS information (-buildvcs=false).
 #
 # Only bash builtins are needed besides git, so it runs anywhere bash does.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -192,4 +193,56 @@ func errorOutput(err error) error {
 		return errors.New(err.Error() + ": " + strings.TrimSpace(string(exit.Stderr)))
 	}
 	return err
+}
+
+// stampedLdflags: a -ldflags value that uses scripts/ldflags.sh's output,
+// through a variable ($ldflags), the script itself or bench/lib.sh's
+// ldflags function.
+var stampedLdflags = regexp.MustCompile(`-ldflags "[^"]*\$(\{?ldflags\b|\((scripts/)?ldflags\b)`)
+
+// TestEveryBuildOfHerdStamped reads every `go build` of ./cmd/herd in
+// scripts/, deploy/, bench/ and the README: each must stamp the version
+// and commit with the flags scripts/ldflags.sh prints, and the file (or
+// bench/lib.sh, which the bench scripts source) must run that script.
+func TestEveryBuildOfHerdStamped(t *testing.T) {
+	root := moduleRoot(t)
+	read := func(path string) string {
+		contents, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(contents)
+	}
+	lib := read(filepath.Join(root, "bench", "lib.sh"))
+	files := []string{filepath.Join(root, "README.md")}
+	for _, dir := range []string{"scripts", "deploy", "bench"} {
+		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d os.DirEntry, err error) error {
+			if err == nil && !d.IsDir() && !strings.HasSuffix(path, ".go") {
+				files = append(files, path)
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	builds := 0
+	for _, path := range files {
+		text := read(path)
+		name, _ := filepath.Rel(root, path)
+		runsScript := strings.Contains(text, "ldflags.sh") ||
+			strings.HasPrefix(name, "bench"+string(filepath.Separator)) && strings.Contains(text, "lib.sh") && strings.Contains(lib, "ldflags.sh")
+		for i, line := range strings.Split(strings.ReplaceAll(text, "\\\n", " "), "\n") {
+			if !strings.Contains(line, "go build") || !strings.Contains(line, "./cmd/herd") {
+				continue
+			}
+			builds++
+			if !stampedLdflags.MatchString(line) || !runsScript {
+				t.Errorf("%s: line %d builds herd without the version flags of scripts/ldflags.sh (-ldflags \"$(scripts/ldflags.sh)\"): %s", name, i+1, strings.TrimSpace(line))
+			}
+		}
+	}
+	if builds < 5 {
+		t.Errorf("found %d builds of ./cmd/herd in scripts/, deploy/, bench/ and README.md; want at least 5 (is the search still finding them?)", builds)
+	}
 }
