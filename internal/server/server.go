@@ -601,9 +601,9 @@ func nodeGauges(c *cluster.Cluster, objects *store.Store, rec *recovery.Recovery
 	}
 	return []metrics.Gauge{
 		{Name: "herd_cluster_epoch", Help: "The epoch this node has applied.", Read: func() []metrics.Sample { return one(float64(c.Epoch())) }},
-		{Name: "herd_build_info", Help: "1, labelled with this node's herd version, commit and the highest cluster feature level it supports.", Labels: []string{"version", "commit", "supported_feature_level"}, Read: func() []metrics.Sample {
+		{Name: "herd_build_info", Help: "1, labelled with this node's herd version, commit, the highest cluster feature level it supports, the object file format it writes and its object protocol version.", Labels: []string{"version", "commit", "supported_feature_level", "object_format", "object_protocol"}, Read: func() []metrics.Sample {
 			v := version.Get()
-			return []metrics.Sample{{Labels: []string{v.Version, v.Commit, strconv.Itoa(cluster.SupportedLevel)}, Value: 1}}
+			return []metrics.Sample{{Labels: []string{v.Version, v.Commit, strconv.Itoa(cluster.SupportedLevel), strconv.Itoa(store.FormatVersion), strconv.Itoa(objproto.ObjectProtocolVersion)}, Value: 1}}
 		}},
 		{Name: "herd_cluster_provisioned_raw_bytes", Help: "The writable VDIs' sizes times their copies: the raw space they are promised (the same on every node; compare with the sum of herd_disk_capacity_bytes).", Read: func() []metrics.Sample {
 			var promised float64

@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/objproto"
+	"github.com/herd-storage/herd/internal/store"
 	"github.com/herd-storage/herd/internal/testcluster"
 )
 
@@ -119,8 +121,9 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("%s: no samples (%v)", name, f)
 		}
 	}
-	if f := families["herd_build_info"]; f == nil || len(f.Metric) != 1 || labelValue(f.Metric[0], "supported_feature_level") != strconv.Itoa(cluster.SupportedLevel) || labelValue(f.Metric[0], "commit") == "" {
-		t.Errorf("herd_build_info: %v; want one series with the commit and supported_feature_level %d", f, cluster.SupportedLevel)
+	if f := families["herd_build_info"]; f == nil || len(f.Metric) != 1 || labelValue(f.Metric[0], "supported_feature_level") != strconv.Itoa(cluster.SupportedLevel) || labelValue(f.Metric[0], "commit") == "" ||
+		labelValue(f.Metric[0], "object_format") != strconv.Itoa(store.FormatVersion) || labelValue(f.Metric[0], "object_protocol") != strconv.Itoa(objproto.ObjectProtocolVersion) {
+		t.Errorf("herd_build_info: %v; want one series with the commit, supported_feature_level %d, object_format %d and object_protocol %d", f, cluster.SupportedLevel, store.FormatVersion, objproto.ObjectProtocolVersion)
 	}
 	if v := value(families, "herd_cluster_nodes", map[string]string{"state": "alive"}); v != 2 {
 		t.Errorf("herd_cluster_nodes{state=alive} = %v, want 2", v)
