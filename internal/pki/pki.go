@@ -258,6 +258,22 @@ func (ca *CA) IssueSession(name, tokenID string, readOnly bool) (certPEM, keyPEM
 	return certPEM, keyPEM, err
 }
 
+// MaxSessionSpan is the longest span (NotAfter minus NotBefore) of a
+// session certificate a herd issues: SessionValidity, the backdate for
+// clocks behind the issuer's, and a minute of slack. A longer one was
+// not issued by a node (it was minted with a copy of the CA key), and
+// nodes refuse it (SessionSpanOK).
+const MaxSessionSpan = SessionValidity + backdate + time.Minute
+
+// SessionSpanOK reports whether cert's validity span is at most
+// MaxSessionSpan, with the error to give if not.
+func SessionSpanOK(cert *x509.Certificate) error {
+	if span := cert.NotAfter.Sub(cert.NotBefore); span > MaxSessionSpan {
+		return fmt.Errorf("a session certificate valid for %v, longer than any herd issues (%v): not issued by a node", span.Round(time.Minute), MaxSessionSpan)
+	}
+	return nil
+}
+
 // SessionAccess reports whether cert is a session certificate, and what
 // it allows. Like NodeID it reads the certificate only.
 func SessionAccess(cert *x509.Certificate) (SessionScope, bool) {

@@ -393,6 +393,9 @@ func TestIssueSession(t *testing.T) {
 		if life := time.Until(cert.NotAfter); life > SessionValidity || life < SessionValidity-time.Minute {
 			t.Errorf("session certificate valid for %v, want %v", life, SessionValidity)
 		}
+		if err := SessionSpanOK(cert); err != nil {
+			t.Errorf("an issued session certificate: %v", err)
+		}
 	}
 	if SessionValidity > 10*time.Minute {
 		t.Errorf("session certificates live %v, at most 10 minutes", SessionValidity)

@@ -107,6 +107,9 @@ func (cr *credentials) nbdTLSWith(certificate tls.Certificate, pool *x509.CertPo
 			if _, ok := pki.SessionAccess(state.PeerCertificates[0]); !ok {
 				return errors.New("nbd: the certificate is not an NBD client's (herd client add)")
 			}
+			if err := pki.SessionSpanOK(state.PeerCertificates[0]); err != nil {
+				return fmt.Errorf("nbd: %w", err)
+			}
 			return nil
 		},
 	}
@@ -127,7 +130,9 @@ type credentialLog interface {
 // certificate is unknown, revoked or superseded (another serial) is
 // refused. A session certificate (herd vdi import/export) allows every
 // VDI, read-only for a read-only token, only while the token that asked
-// for it is valid and may read VDI data. Plaintext sessions (the local
+// for it is valid and may read VDI data, and only if it is valid no
+// longer than a node issues them for (pki.MaxSessionSpan: one minted
+// with a stolen CA key for years is refused). Plaintext sessions (the local
 // socket, --insecure-nbd) have full access. It is asked at every open,
 // when an open completes, before a take-over of a VDI's writer lock and
 // at every revalidation (revalidateNBDClients), so a revoke is final.
@@ -138,6 +143,9 @@ func nbdAuthorizer(c credentialLog) func(nbd.Session) (export.Access, error) {
 			return export.Access{Match: all}, nil
 		}
 		if scope, ok := pki.SessionAccess(session.ClientCertificate); ok {
+			if err := pki.SessionSpanOK(session.ClientCertificate); err != nil {
+				return export.Access{}, err
+			}
 			token, err := sessionToken(c, scope)
 			if err != nil {
 				return export.Access{}, err

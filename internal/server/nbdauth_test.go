@@ -5,9 +5,11 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"math/big"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -124,7 +126,8 @@ func TestSessionCertificateNeedsItsToken(t *testing.T) {
 		t.Fatalf("a session of a revoked token: %v, want refused", err)
 	}
 
-	// A session certificate as older herds issued it: no token id.
+	// A session certificate as older herds issued it: no token id (its
+	// dates within a session's span, to reach that check).
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +135,7 @@ func TestSessionCertificateNeedsItsToken(t *testing.T) {
 	template := &x509.Certificate{
 		SerialNumber: big.NewInt(7),
 		Subject:      pkix.Name{CommonName: "token-admin", OrganizationalUnit: []string{"herd-session"}},
-		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		NotBefore:    time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Minute),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, template, ca.Cert, key.Public(), ca.Key)
@@ -142,6 +145,89 @@ func TestSessionCertificateNeedsItsToken(t *testing.T) {
 	old, _ := x509.ParseCertificate(der)
 	if _, err := authorize(nbd.Session{TLS: true, Client: "token-admin", ClientCertificate: old}); err == nil || !strings.Contains(err.Error(), "names no admin token") {
 		t.Fatalf("an older herd's session certificate: %v, want refused", err)
+	}
+}
+
+// TestSessionCertificateLifetime: a session certificate valid longer
+// than a node issues them for (minted with a copy of the CA key: a
+// stolen disk's ca.key) is refused at the TLS handshake, at open and at
+// revalidation (the same authorizer), though it names a valid token.
+func TestSessionCertificateLifetime(t *testing.T) {
+	ca, err := pki.NewCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := pki.NewTokenID()
+	log := &fakeCredentials{tokens: map[string]cluster.Token{admin: {ID: admin, Name: "admin"}}}
+	authorize := nbdAuthorizer(log)
+	verify := (&credentials{}).nbdTLSWith(tls.Certificate{}, x509.NewCertPool()).VerifyConnection
+
+	// Issued by a node: accepted.
+	certPEM, _, err := ca.IssueSession("token-admin", admin, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	issued := sessionOf(t, certPEM)
+	if err := verify(tls.ConnectionState{PeerCertificates: []*x509.Certificate{issued.ClientCertificate}}); err != nil {
+		t.Fatalf("an issued session certificate at the handshake: %v", err)
+	}
+	if _, err := authorize(issued); err != nil {
+		t.Fatalf("an issued session certificate: %v", err)
+	}
+
+	// Minted with the CA key, as a node would but for its dates.
+	mint := func(notBefore, notAfter time.Time) nbd.Session {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		template := &x509.Certificate{
+			SerialNumber: big.NewInt(time.Now().UnixNano()),
+			Subject:      pkix.Name{CommonName: "token-admin", OrganizationalUnit: []string{"herd-session"}},
+			NotBefore:    notBefore, NotAfter: notAfter,
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+			URIs: []*url.URL{{Scheme: "herd-token", Opaque: admin}},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, template, ca.Cert, key.Public(), ca.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, err := x509.ParseCertificate(der)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if scope, ok := pki.SessionAccess(cert); !ok || scope.TokenID != admin {
+			t.Fatalf("the minted certificate does not read as a session of the token: %+v %v", scope, ok)
+		}
+		return nbd.Session{TLS: true, Client: "token-admin", ClientCertificate: cert}
+	}
+	now := time.Now()
+	for _, c := range []struct {
+		name    string
+		session nbd.Session
+		refused bool
+	}{
+		{"ten years", mint(now.Add(-time.Hour), now.AddDate(10, 0, 0)), true},
+		{"one day", mint(now.Add(-time.Minute), now.Add(24*time.Hour)), true},
+		{"the longest a node issues, a minute over", mint(now.Add(-time.Hour), now.Add(pki.MaxSessionSpan-time.Hour+time.Minute)), true},
+		{"as long as a node issues", mint(now.Add(-time.Hour), now.Add(pki.SessionValidity)), false},
+	} {
+		errTLS := verify(tls.ConnectionState{PeerCertificates: []*x509.Certificate{c.session.ClientCertificate}})
+		_, errOpen := authorize(c.session)
+		if !c.refused {
+			if errTLS != nil || errOpen != nil {
+				t.Errorf("%s: refused (handshake: %v; open: %v)", c.name, errTLS, errOpen)
+			}
+			continue
+		}
+		for what, err := range map[string]error{"handshake": errTLS, "open": errOpen} {
+			if err == nil || !strings.Contains(err.Error(), "longer than any herd issues") {
+				t.Errorf("%s: %s gives %v, want refused for its lifetime", c.name, what, err)
+			}
+		}
+	}
+	if pki.MaxSessionSpan > pki.SessionValidity+2*time.Hour {
+		t.Errorf("session certificates may span %v", pki.MaxSessionSpan)
 	}
 }
 
