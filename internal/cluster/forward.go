@@ -327,6 +327,7 @@ func (c *Cluster) serveForward(l net.Listener) {
 
 func (c *Cluster) serveForwardConn(conn net.Conn) {
 	defer conn.Close()
+	node, _ := peer.RemoteNode(conn)
 	replies := make(chan []byte, 1024)
 	done := make(chan struct{})
 	defer close(done)
@@ -377,7 +378,14 @@ func (c *Cluster) serveForwardConn(conn net.Conn) {
 			defer inflight.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), applyTimeout)
 			defer cancel()
-			value, index, err := c.ProposeForwarded(ctx, command)
+			var value json.RawMessage
+			var index uint64
+			err := c.forwardRefusal(node, command)
+			if err == nil {
+				value, index, err = c.ProposeForwarded(ctx, command)
+			} else {
+				c.logger.Warn("cluster: refused a forwarded command", logging.From("peer", conn.RemoteAddr()), "node", node, "reason", err.Error())
+			}
 			reply := appendForwardResponse(make([]byte, 0, 4+minForwardResponse+len(value)), id, index, value, err)
 			select {
 			case replies <- reply:
@@ -385,4 +393,44 @@ func (c *Cluster) serveForwardConn(conn net.Conn) {
 			}
 		}()
 	}
+}
+
+// credentialCommands change who may do what: admin tokens, NBD clients,
+// node admission and removal, join secrets and tokens, the gossip key,
+// the CA and the feature level (which turns the peer allow-list on).
+var credentialCommands = map[commandType]bool{
+	commandSecurityInit:    true,
+	commandTokenCreate:     true,
+	commandTokenRevoke:     true,
+	commandClientAdd:       true,
+	commandClientRevoke:    true,
+	commandNodeRemove:      true,
+	commandJoinSecretSet:   true,
+	commandFeatureLevel:    true,
+	commandNodeAdmit:       true,
+	commandJoinTokenCreate: true,
+	commandJoinTokenRevoke: true,
+	commandGossipKey:       true,
+	commandCA:              true,
+}
+
+// forwardRefusal says why the leader does not propose command forwarded
+// by node, or nil. A node the log admitted (a join's node certificate)
+// passes the peer port's allow-list before it ever starts; it may not
+// change credentials until it runs: a member of raft, or alive in
+// gossip. Otherwise whoever held a join token once could leave an admin
+// token or an NBD client behind that outlives the id's removal (herd
+// node remove). Such a node shows in herd node list; an id only admitted
+// does not.
+func (c *Cluster) forwardRefusal(node string, command []byte) error {
+	if len(command) == 0 || !credentialCommands[commandType(command[0])] {
+		return nil
+	}
+	if node == "" {
+		return fmt.Errorf("%w: a forwarded change of credentials from a connection that names no node", ErrForbidden)
+	}
+	if !c.Running(node) {
+		return fmt.Errorf("%w: node %s may not change credentials: it is admitted, but neither a member of raft nor alive in gossip", ErrForbidden, node)
+	}
+	return nil
 }

@@ -335,3 +335,60 @@ func TestForwardDropsASilentConnection(t *testing.T) {
 	default:
 	}
 }
+
+// TestForwardedCredentialChangesNeedARunningNode: the leader proposes a
+// forwarded change of credentials (here an admin token with a hash the
+// sender chose) only from a node that runs as a member, raft or gossip;
+// an id the log merely admitted, or a connection that names no node, is
+// refused before anything is proposed. Other commands are not its
+// business.
+func TestForwardedCredentialChangesNeedARunningNode(t *testing.T) {
+	var log bytes.Buffer
+	c := &Cluster{
+		cfg:    Config{NodeID: "leader"},
+		logger: slog.New(slog.NewTextHandler(&log, nil)),
+		seen:   map[string]gossipState{"member": {alive: true}, "gone": {alive: false}},
+	}
+	token, err := json.Marshal(Token{ID: "0123abcd", Name: "backdoor", Hash: strings.Repeat("ab", 32)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	create := append([]byte{byte(commandTokenCreate)}, token...)
+	for _, command := range []commandType{commandTokenCreate, commandClientAdd, commandJoinTokenCreate, commandJoinSecretSet, commandNodeAdmit, commandGossipKey, commandCA, commandNodeRemove} {
+		data := []byte{byte(command), '{', '}'}
+		if err := c.forwardRefusal("member", data); err != nil {
+			t.Errorf("command %d from a member alive in gossip: %v", command, err)
+		}
+		for _, node := range []string{"admitted", "gone", ""} {
+			if err := c.forwardRefusal(node, data); !errors.Is(err, ErrForbidden) {
+				t.Errorf("command %d from %q: %v, want refused", command, node, err)
+			}
+		}
+	}
+	for _, command := range []commandType{commandVDICreate, commandLockAcquire, commandNodeJoin} {
+		if err := c.forwardRefusal("admitted", []byte{byte(command), '{', '}'}); err != nil {
+			t.Errorf("command %d: %v, want left to the log", command, err)
+		}
+	}
+
+	// Over the wire: the refusal comes back as an error with its code,
+	// and the connection stays open.
+	leader, follower := net.Pipe()
+	defer follower.Close()
+	go c.serveForwardConn(leader)
+	follower.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := follower.Write(forwardRequestFrame(5, create)); err != nil {
+		t.Fatal(err)
+	}
+	frame, err := readForwardFrame(follower, minForwardResponse)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, result, err := parseForwardResponse(frame)
+	if err != nil || id != 5 || !errors.Is(result.err, ErrForbidden) || !strings.Contains(result.err.Error(), "names no node") {
+		t.Fatalf("a token create from a connection that names no node: id %d, %+v, %v", id, result, err)
+	}
+	if !strings.Contains(log.String(), "refused a forwarded command") {
+		t.Errorf("not logged: %q", log.String())
+	}
+}

@@ -572,6 +572,34 @@ type Info struct {
 	CA *CAInfo `json:"ca,omitempty"`
 }
 
+// Running says whether node id runs as a member, as this node sees it:
+// a member of raft, or alive in gossip. An id the log only admitted (a
+// join that never started a node) is neither.
+func (c *Cluster) Running(id string) bool {
+	if id == c.cfg.NodeID {
+		return true
+	}
+	c.mu.Lock()
+	s, seen := c.seen[id]
+	c.mu.Unlock()
+	if seen && s.alive {
+		return true
+	}
+	if c.raft == nil {
+		return false
+	}
+	future := c.raft.GetConfiguration()
+	if future.Error() != nil {
+		return false
+	}
+	for _, server := range future.Configuration().Servers {
+		if string(server.ID) == id {
+			return true
+		}
+	}
+	return false
+}
+
 func (c *Cluster) roles() map[string]string {
 	roles := map[string]string{}
 	future := c.raft.GetConfiguration()
