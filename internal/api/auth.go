@@ -88,7 +88,10 @@ func (s *Server) trusted(fingerprint string) bool {
 // Authority issues NBD client certificates signed by the cluster CA.
 type Authority interface {
 	IssueClient(name string) (certPEM, keyPEM []byte, serial string, err error)
-	IssueSession(name, tokenID string, readOnly bool) (certPEM, keyPEM []byte, err error)
+	// IssueSession issues a session certificate for the admin token
+	// tokenID; tokenSecret is its secret, which a node holding the CA
+	// key checks before it signs for another.
+	IssueSession(name, tokenID, tokenSecret string, readOnly bool) (certPEM, keyPEM []byte, err error)
 	CACertPEM() []byte
 }
 
@@ -336,7 +339,7 @@ func (s *Server) securityRoutes(mux *http.ServeMux) {
 		if !record.ReadsData() {
 			return nil, fmt.Errorf("%w: token %q is read-only: it sees the cluster, not VDI data; reading VDI data needs an admin token or one made with `herd token create NAME --read-only --data`", cluster.ErrForbidden, record.Name)
 		}
-		certPEM, keyPEM, err := s.sec.Authority.IssueSession("token-"+record.Name, record.ID, record.ReadOnly)
+		certPEM, keyPEM, err := s.sec.Authority.IssueSession("token-"+record.Name, record.ID, token.Secret, record.ReadOnly)
 		if err != nil {
 			return nil, err
 		}

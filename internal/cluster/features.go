@@ -51,9 +51,15 @@ const (
 	// stamp when they hold the same bytes, and fetches them otherwise.
 	// Below it such a copy is fetched (internal/recovery).
 	LevelCopyDigests = 4
+	// LevelSessionProof: a node that asks a holder of the CA key to sign
+	// an NBD session certificate sends the secret of the admin token it
+	// is for, and the holder checks it against the log (server/signing.go):
+	// a node certificate alone signs no session. Below it a holder also
+	// signs a request without the secret (older builds send none).
+	LevelSessionProof = 5
 
 	// SupportedLevel is the highest level this binary supports.
-	SupportedLevel = LevelCopyDigests
+	SupportedLevel = LevelSessionProof
 )
 
 // Feature is one change gated by a level.

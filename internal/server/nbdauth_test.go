@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"math/big"
 	"net/url"
 	"strings"
@@ -260,5 +261,67 @@ func TestNBDClientRecords(t *testing.T) {
 	log.clients["vmhost"] = cluster.Client{Name: "vmhost", Pattern: "vm*", Serial: "0123"}
 	if _, err := authorize(session); err == nil || !strings.Contains(err.Error(), "replaced") {
 		t.Fatalf("a replaced certificate: %v", err)
+	}
+}
+
+// TestSessionSigningNeedsTheTokenSecret: a holder of the CA key signs a
+// session for another node only when the request carries the secret of
+// the admin token it names, the token is valid and may read VDI data;
+// the name and scope come from the token's record, not the request.
+// Below LevelSessionProof a request without the secret (an older build's)
+// is still signed.
+func TestSessionSigningNeedsTheTokenSecret(t *testing.T) {
+	admin, backup, monitor, later := pki.NewTokenID(), pki.NewTokenID(), pki.NewTokenID(), pki.NewTokenID()
+	secret := map[string]string{admin: pki.NewSecret(), backup: pki.NewSecret(), monitor: pki.NewSecret(), later: pki.NewSecret()}
+	log := &fakeCredentials{tokens: map[string]cluster.Token{
+		admin:   {ID: admin, Name: "admin", Hash: pki.HashSecret(secret[admin])},
+		backup:  {ID: backup, Name: "backup", Hash: pki.HashSecret(secret[backup]), ReadOnly: true, Data: true},
+		monitor: {ID: monitor, Name: "monitor", Hash: pki.HashSecret(secret[monitor]), ReadOnly: true},
+	}}
+	level := cluster.LevelSessionProof
+	ask := func(id, withSecret string) (signRequest, error) {
+		r := signRequest{Kind: "session", Name: "token-whatever", TokenID: id, TokenSecret: withSecret}
+		return r, sessionRefusal(context.Background(), log, level, &r)
+	}
+	if r, err := ask(admin, secret[admin]); err != nil || r.Name != "token-admin" || r.ReadOnly {
+		t.Fatalf("an admin token's session with its secret: %+v %v", r, err)
+	}
+	if r, err := ask(backup, secret[backup]); err != nil || r.Name != "token-backup" || !r.ReadOnly {
+		t.Fatalf("a read-only+data token's session (asked writable): %+v %v, want read-only", r, err)
+	}
+	for what, c := range map[string]struct {
+		id, secret string
+		want       error
+	}{
+		"no secret":              {admin, "", cluster.ErrForbidden},
+		"another token's secret": {admin, secret[backup], cluster.ErrUnauthorized},
+		"an unknown token":       {pki.NewTokenID(), secret[admin], cluster.ErrUnauthorized},
+		"a read-only token":      {monitor, secret[monitor], cluster.ErrForbidden},
+	} {
+		if _, err := ask(c.id, c.secret); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", what, err, c.want)
+		}
+	}
+	// Created through another node a moment ago: found after catching up.
+	log.catchUp = func() {
+		log.tokens[later] = cluster.Token{ID: later, Name: "later", Hash: pki.HashSecret(secret[later])}
+	}
+	if _, err := ask(later, secret[later]); err != nil {
+		t.Fatalf("a token the holder learns by catching up: %v", err)
+	}
+	token := log.tokens[admin]
+	token.Revoked = true
+	log.tokens[admin] = token
+	if _, err := ask(admin, secret[admin]); !errors.Is(err, cluster.ErrUnauthorized) || !strings.Contains(err.Error(), "revoked") {
+		t.Fatalf("a revoked token: %v", err)
+	}
+
+	// An older build's request, before the finalize: signed as before.
+	level = cluster.LevelSessionProof - 1
+	if r, err := ask(backup, ""); err != nil || r.Name != "token-whatever" {
+		t.Fatalf("below LevelSessionProof, a request without the secret: %+v %v, want signed as asked", r, err)
+	}
+	if _, err := ask(backup, secret[admin]); !errors.Is(err, cluster.ErrUnauthorized) {
+		t.Fatalf("below LevelSessionProof, a wrong secret: %v, want refused", err)
 	}
 }

@@ -64,6 +64,9 @@ type credentials struct {
 	// cluster is set once the cluster is running; until then no node is
 	// known to be removed.
 	cluster atomic.Pointer[cluster.Cluster]
+	// signing is what serveSign checks callers against (the cluster, set
+	// before ProtocolSign is served; nil: nothing is signed for others).
+	signing signingLog
 
 	// The first node's initial secrets, recorded in the log (as hashes)
 	// by initSecurity; empty on other nodes.
@@ -564,11 +567,12 @@ func (cr *credentials) IssueClient(name string) ([]byte, []byte, string, error) 
 	return signed.Cert, signed.Key, signed.Serial, err
 }
 
-// IssueSession implements api.Authority.
-func (cr *credentials) IssueSession(name, tokenID string, readOnly bool) ([]byte, []byte, error) {
+// IssueSession implements api.Authority: the token's secret goes with a
+// request to a holder, which checks it (sessionRefusal).
+func (cr *credentials) IssueSession(name, tokenID, tokenSecret string, readOnly bool) ([]byte, []byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	signed, err := cr.sign(ctx, signRequest{Kind: "session", Name: name, TokenID: tokenID, ReadOnly: readOnly})
+	signed, err := cr.sign(ctx, signRequest{Kind: "session", Name: name, TokenID: tokenID, TokenSecret: tokenSecret, ReadOnly: readOnly})
 	return signed.Cert, signed.Key, err
 }
 

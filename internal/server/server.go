@@ -256,6 +256,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer c.Close()
 	credentials.cluster.Store(c)
+	credentials.signing = c
 	go credentials.trustLoop(ctx, c, logger)
 	close(clusterStarted)
 	go peer.ServeCalls(peerListener.Protocol(peer.ProtocolSecrets), credentials.serveSecrets)

@@ -42,6 +42,10 @@ type signRequest struct {
 	IPs     []string `json:"ips,omitempty"`
 	Name    string   `json:"name,omitempty"`
 	TokenID string   `json:"token_id,omitempty"` // a session's admin token
+	// TokenSecret is that token's secret, as the admin API was given it:
+	// the holder checks it against the log before it signs a session
+	// (sessionRefusal). Older builds send none (cluster.LevelSessionProof).
+	TokenSecret string `json:"token_secret,omitempty"`
 	// ReadOnly: a read-only session.
 	ReadOnly bool `json:"read_only,omitempty"`
 	// CA is the fingerprint of the CA to sign with ("": the cluster's).
@@ -164,11 +168,26 @@ func (cr *credentials) askToSign(ctx context.Context, holders []string, r signRe
 }
 
 // serveSign answers ProtocolSign: a member (Allowed accepted it) asks this
-// holder to sign.
+// holder to sign. The caller must run as a member (raft, or alive in
+// gossip): an id only admitted (a join's node certificate, no node
+// started) gets nothing signed. A session certificate is signed only for
+// the secret of an admin token that may read VDI data (sessionRefusal).
 func (cr *credentials) serveSign(ctx context.Context, nodeID string, request []byte) ([]byte, error) {
 	var r signRequest
 	if err := json.Unmarshal(request, &r); err != nil {
 		return nil, fmt.Errorf("bad sign request: %v", err)
+	}
+	log := cr.signing
+	if log == nil {
+		return nil, errors.New("this node is starting")
+	}
+	if !log.Running(nodeID) {
+		return nil, fmt.Errorf("%w: node %s asks to sign, but it is admitted only: neither a member of raft nor alive in gossip", cluster.ErrForbidden, nodeID)
+	}
+	if r.Kind == "session" {
+		if err := sessionRefusal(ctx, log, log.Level(), &r); err != nil {
+			return nil, err
+		}
 	}
 	t := cr.now()
 	if r.Kind == "rotate-ca" {
@@ -194,6 +213,57 @@ func (cr *credentials) serveSign(ctx context.Context, nodeID string, request []b
 		return nil, err
 	}
 	return json.Marshal(answer)
+}
+
+// sessionLog is what a holder reads to check a session request
+// (*cluster.Cluster).
+type sessionLog interface {
+	LookupToken(id string) (cluster.Token, bool)
+	CatchUp(ctx context.Context) error
+}
+
+// signingLog is what a holder reads before it signs for another node
+// (*cluster.Cluster, set before ProtocolSign is served).
+type signingLog interface {
+	sessionLog
+	Running(id string) bool
+	Level() int
+}
+
+// sessionRefusal says why a holder does not sign the session r asks
+// for, or nil; it sets r's name and scope from the token's record. The
+// request must carry the secret of the admin token it names, still valid
+// and allowed VDI data: a node's certificate alone does not make
+// sessions for a token id it read in the log. At a level below
+// LevelSessionProof a request without the secret is signed as before
+// (older builds do not send it).
+func sessionRefusal(ctx context.Context, log sessionLog, level int, r *signRequest) error {
+	if r.TokenSecret == "" {
+		if level < cluster.LevelSessionProof {
+			return nil
+		}
+		return fmt.Errorf("%w: a session certificate is signed only for a request that carries its admin token's secret", cluster.ErrForbidden)
+	}
+	token, ok := log.LookupToken(r.TokenID)
+	if !ok {
+		// Created through another node a moment ago: catch up first.
+		catchUp, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if log.CatchUp(catchUp) == nil {
+			token, ok = log.LookupToken(r.TokenID)
+		}
+		cancel()
+	}
+	switch {
+	case !ok || !pki.SecretMatches(token.Hash, r.TokenSecret):
+		return fmt.Errorf("%w: a session for an unknown admin token, or with the wrong secret", cluster.ErrUnauthorized)
+	case token.Revoked:
+		return fmt.Errorf("%w: a session for admin token %q, which was revoked", cluster.ErrUnauthorized, token.Name)
+	case !token.ReadsData():
+		return fmt.Errorf("%w: a session for admin token %q, which may not read VDI data", cluster.ErrForbidden, token.Name)
+	}
+	r.Name = "token-" + token.Name
+	r.ReadOnly = r.ReadOnly || token.ReadOnly
+	return nil
 }
 
 // secrets is what ProtocolSecrets answers an admitted node.

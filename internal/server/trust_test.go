@@ -122,11 +122,21 @@ func startTrustNode(t *testing.T, log *cluster.Local, id, dir, incarnation strin
 	if err != nil {
 		t.Fatal(err)
 	}
+	cr.signing = everyoneRuns{}
 	go peer.ServeCalls(n.listener.Protocol(peer.ProtocolSign), cr.serveSign)
 	go peer.ServeCalls(n.listener.Protocol(peer.ProtocolSecrets), cr.serveSecrets)
 	t.Cleanup(n.stop)
 	return n
 }
+
+// everyoneRuns is a holder's view where every caller runs as a member
+// (these tests sign node certificates only).
+type everyoneRuns struct{}
+
+func (everyoneRuns) LookupToken(string) (cluster.Token, bool) { return cluster.Token{}, false }
+func (everyoneRuns) CatchUp(context.Context) error            { return nil }
+func (everyoneRuns) Running(string) bool                      { return true }
+func (everyoneRuns) Level() int                               { return cluster.SupportedLevel }
 
 func (n *trustNode) addr() string { return n.listener.Addr().String() }
 

@@ -2,8 +2,11 @@ package e2e
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -25,8 +28,10 @@ import (
 // remove works on it); (2) with the CA key copied off the first node's
 // disk, a node certificate for an id never admitted, and one for a
 // member's id with another serial, are refused on every peer protocol of
-// every node; (3) once removed, the certificate the join gave is refused
-// too. Nodes that joined the cluster hold no CA key; a client certificate
+// every node; the certificate the join gave gets in, but changes no
+// credential: a token create it forwards to the leader is refused, and
+// the holder of the CA key signs it no session for the admin token's id;
+// (3) once removed, the certificate the join gave is refused too. Nodes that joined the cluster hold no CA key; a client certificate
 // asked through one of them is signed by the node that holds it.
 func TestAdmissionBeforeCredentials(t *testing.T) {
 	c := testcluster.Start(t, testcluster.Options{Nodes: 3})
@@ -123,6 +128,38 @@ func TestAdmissionBeforeCredentials(t *testing.T) {
 		conn.Close()
 	}
 
+	// It changes no credential: the leader refuses an admin token it
+	// forwards with a hash of its choosing, and the holder of the CA key
+	// signs it no session for the admin token's id (it does not hold
+	// that token's secret). A member still gets one, through a node
+	// without the key (the holder checks the secret it passes on).
+	leader := leaderIndex(t, c, all)
+	backdoor := pki.NewSecret()
+	payload, err := json.Marshal(cluster.Token{ID: pki.NewTokenID(), Name: "backdoor", Hash: pki.HashSecret(backdoor), Created: time.Now().UTC()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status, body := forwardOnce(t, c.Node(leader).PeerAddr(), joined, append([]byte{16}, payload...)); status != 1 || !strings.Contains(body, "may not change credentials") {
+		t.Fatalf("a token create forwarded to the leader (node %d) by the admitted id: status %d, %q; want refused", leader, status, body)
+	}
+	if list := herd(t, c, leader, "token", "list"); strings.Contains(list, "backdoor") {
+		t.Fatalf("the forwarded token was created:\n%s", list)
+	}
+	admin, err := pki.ParseAdminToken(c.Token())
+	if err != nil {
+		t.Fatal(err)
+	}
+	request, err := json.Marshal(map[string]any{"kind": "session", "name": "token-admin", "token_id": admin.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := peer.Call(ctx(t), c.Node(0).PeerAddr(), joined, peer.ProtocolSign, request); err == nil || !errors.Is(err, peer.ErrCallRefused) {
+		t.Fatalf("a session for the admin token's id signed for the admitted id: %v, want refused", err)
+	}
+	if session, err := client(c, 2).NBDSession(ctx(t)); err != nil || session.ClientCert == "" {
+		t.Fatalf("a session through node 2 (no CA key) with the admin token: %v", err)
+	}
+
 	// (3) Removed: refused too.
 	herd(t, c, 0, "node", "remove", attacker)
 	testcluster.WaitFor(t, 10*time.Second, "every node to refuse the removed id", func() (bool, error) {
@@ -169,4 +206,34 @@ func randomNodeID(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(b)
+}
+
+// forwardOnce sends one command on the forwarding protocol (cluster/forward.go:
+// request length(4) id(8) command; response length(4) id(8) index(8)
+// status(1) body) as creds, and returns the status and body of the answer.
+func forwardOnce(t *testing.T, address string, creds *peer.Credentials, command []byte) (byte, string) {
+	t.Helper()
+	conn, err := peer.Dial(ctx(t), address, creds, peer.ProtocolForward)
+	if err != nil {
+		t.Fatalf("forwarding connection to %s: %v", address, err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	frame := binary.BigEndian.AppendUint32(nil, uint32(8+len(command)))
+	frame = binary.BigEndian.AppendUint64(frame, 1)
+	if _, err := conn.Write(append(frame, command...)); err != nil {
+		t.Fatal(err)
+	}
+	var length [4]byte
+	if _, err := io.ReadFull(conn, length[:]); err != nil {
+		t.Fatalf("no answer to the forwarded command: %v", err)
+	}
+	response := make([]byte, binary.BigEndian.Uint32(length[:]))
+	if len(response) < 17 {
+		t.Fatalf("a response of %d bytes", len(response))
+	}
+	if _, err := io.ReadFull(conn, response); err != nil {
+		t.Fatal(err)
+	}
+	return response[16], string(response[17:])
 }
