@@ -487,8 +487,12 @@ type joinState interface {
 	MatchJoinSecret(secret string, now time.Time) (tokenID string, err error)
 }
 
-// joinHandler admits a node that presents the join secret: it receives a
-// node certificate, the CA and the gossip key.
+// joinHandler admits a node that presents the join secret (or a join
+// token's): from LevelSecurity the log records the node's id and
+// certificate serial, and the node receives that certificate and the CA
+// certificate only; it fetches the gossip key over mutual TLS once
+// admitted (ProtocolSecrets). Below it, as older herds expect, the
+// answer also holds the CA key and the gossip key.
 func (cr *credentials) joinHandler(c joinState, gossipAddr string, logger *slog.Logger) func(context.Context, peer.JoinRequest, net.Addr) (peer.JoinResponse, error) {
 	return func(ctx context.Context, req peer.JoinRequest, remote net.Addr) (peer.JoinResponse, error) {
 		hash := c.JoinHash()
