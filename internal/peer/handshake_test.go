@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -379,5 +380,62 @@ func TestAllowedSeesTheSerial(t *testing.T) {
 	dialer.Allowed = onlyMember
 	if _, err := Dial(t.Context(), forgedServer.address(), dialer, ProtocolObject); !errors.Is(err, ErrNodeRemoved) {
 		t.Fatalf("dialling a server with a forged certificate: %v, want refused", err)
+	}
+}
+
+// TestStrangersCannotTakeThePeerPort: silent connections that never
+// finish a TLS handshake hold at most the port's pool of them (the
+// oldest closed to admit a newcomer), so a member still gets through,
+// and a join holds its slot until it is answered.
+func TestStrangersCannotTakeThePeerPort(t *testing.T) {
+	defer func(total, perSource int) { maxUnauthenticated, maxUnauthenticatedPerSource = total, perSource }(maxUnauthenticated, maxUnauthenticatedPerSource)
+	maxUnauthenticated, maxUnauthenticatedPerSource = 8, 4
+	ca := testCA(t)
+	server := listen(t, testCredentials(t, ca, "node-a"))
+	sub := server.Protocol(ProtocolRaft)
+	var strangers []net.Conn
+	for range 40 {
+		conn, err := net.Dial("tcp", server.address())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		strangers = append(strangers, conn)
+	}
+	waitFor(t, 5*time.Second, "the port to hold at most its pool of strangers", func() bool {
+		total, _ := server.strangers.Len("127.0.0.1")
+		return total <= 4
+	})
+	// The ones closed to admit others read EOF at once; the others time
+	// out (HandshakeTimeout is longer than this wait).
+	closed := 0
+	for _, conn := range strangers {
+		conn.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if _, err := conn.Read(make([]byte, 1)); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			closed++
+		}
+	}
+	if closed < 40-4 {
+		t.Errorf("%d of 40 silent connections closed, want at least 36 (4 per source)", closed)
+	}
+	server.waitLog(t, "closed the oldest to admit a new one")
+
+	// A member gets through, from the strangers' own address, many times.
+	member := testCredentials(t, ca, "node-b")
+	for i := range 10 {
+		conn, err := Dial(t.Context(), server.address(), member, ProtocolRaft)
+		if err != nil {
+			t.Fatalf("member dial %d while strangers hold the port: %v", i, err)
+		}
+		accepted := acceptOne(sub, 5*time.Second)
+		if accepted == nil {
+			t.Fatalf("member connection %d never reached the sub-listener", i)
+		}
+		accepted.Close()
+		conn.Close()
+	}
+	// Authenticated connections left the pool.
+	if total, _ := server.strangers.Len("127.0.0.1"); total > 4 {
+		t.Errorf("the pool holds %d connections after the member's", total)
 	}
 }

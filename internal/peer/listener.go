@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/logging"
+	"github.com/herd-storage/herd/internal/netserve"
 	"github.com/herd-storage/herd/internal/tlsbatch"
 )
 
@@ -20,6 +21,19 @@ import (
 // source and reason counts the refusals left out.
 const LogPort = "peer"
 
+// The pool of the peer port's connections that have not authenticated
+// yet (netserve.Unauthenticated): in the TLS handshake or the greeting,
+// or asking to join (a join keeps its slot until it is answered). Anyone
+// who reaches the port can open them; when the pool is full the oldest
+// of the busiest source is closed to admit a newcomer, so strangers
+// holding connections do not keep members, whose handshakes take
+// milliseconds, out. A member's connections leave the pool once its
+// greeting is accepted.
+var (
+	maxUnauthenticated          = 128
+	maxUnauthenticatedPerSource = 16
+)
+
 // Listener accepts authenticated connections on the peer port and hands
 // each to the sub-listener of the protocol it asked for; join requests go
 // to the join handler (SetJoinHandler).
@@ -28,6 +42,8 @@ type Listener struct {
 	creds     *Credentials
 	tlsConfig *tls.Config
 	logger    *slog.Logger
+	// strangers is the pool of connections not authenticated yet.
+	strangers *netserve.Unauthenticated
 
 	mu        sync.Mutex // guards protocols and join
 	protocols map[Protocol]*SubListener
@@ -62,6 +78,7 @@ func ListenJoin(address string, creds *Credentials, logger *slog.Logger, join Jo
 		creds:     creds,
 		tlsConfig: creds.serverConfig(),
 		logger:    logging.WithBounds(logger),
+		strangers: &netserve.Unauthenticated{Max: maxUnauthenticated, MaxPerSource: maxUnauthenticatedPerSource},
 		protocols: map[Protocol]*SubListener{},
 		join:      join,
 		closed:    make(chan struct{}),
@@ -145,16 +162,30 @@ func (l *Listener) acceptLoop() {
 // handshake runs steps 1 to 3 of the connection (handshake.go) as the
 // server, then hands the connection on.
 func (l *Listener) handshake(raw net.Conn) {
+	pending, evicted := l.strangers.Admit(netserve.Source(raw), func() { raw.Close() })
+	defer pending.Leave()
+	if evicted != "" {
+		total, fromSource := l.strangers.Len(evicted)
+		l.logger.Warn("peer: too many connections not authenticated yet; closed the oldest to admit a new one",
+			logging.From(LogPort, evicted), "unauthenticated", total, "unauthenticated_from_there", fromSource,
+			"max", l.strangers.Max, "max_per_source", l.strangers.MaxPerSource)
+	}
 	raw.SetDeadline(time.Now().Add(HandshakeTimeout))
 	conn := tls.Server(tlsbatch.Wrap(raw), l.tlsConfig)
 	if err := conn.Handshake(); err != nil {
-		l.refused(raw.RemoteAddr(), "TLS handshake failed", err)
+		if !pending.Evicted() {
+			l.refused(raw.RemoteAddr(), "TLS handshake failed", err)
+		}
 		raw.Close()
 		return
 	}
 	identity := identify(conn.ConnectionState())
 	allowed := func(node, serial string) error { return l.creds.allow(node, serial, identity.ca) }
 	protocol, err := admit(conn, identity, allowed, l.offered)
+	if err != nil && pending.Evicted() {
+		conn.Close()
+		return
+	}
 	if err != nil {
 		var attrs []any
 		if identity.node != "" {
@@ -166,7 +197,11 @@ func (l *Listener) handshake(raw net.Conn) {
 	}
 	raw.SetDeadline(time.Time{})
 	if protocol == ProtocolJoin {
-		l.serveJoin(conn)
+		l.serveJoin(conn) // in the pool until answered
+		return
+	}
+	if !pending.Leave() {
+		conn.Close() // closed to admit another meanwhile
 		return
 	}
 	l.mu.Lock()
