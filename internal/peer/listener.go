@@ -155,21 +155,26 @@ func (l *Listener) acceptLoop() {
 			time.Sleep(50 * time.Millisecond) // avoid spinning on e.g. EMFILE
 			continue
 		}
-		go l.handshake(conn)
+		// Admitted to the pool here, before its goroutine runs: the
+		// connections (and goroutines) strangers make the node hold
+		// stay within the pool however fast they come.
+		pending, evicted := l.strangers.Admit(netserve.Source(conn), func() { conn.Close() })
+		if evicted != "" {
+			total, fromSource := l.strangers.Len(evicted)
+			l.logger.Warn("peer: too many connections not authenticated yet; closed the oldest to admit a new one",
+				logging.From(LogPort, evicted), "unauthenticated", total, "unauthenticated_from_there", fromSource,
+				"max", l.strangers.Max, "max_per_source", l.strangers.MaxPerSource)
+		}
+		go l.handshake(conn, pending)
 	}
 }
 
 // handshake runs steps 1 to 3 of the connection (handshake.go) as the
-// server, then hands the connection on.
-func (l *Listener) handshake(raw net.Conn) {
-	pending, evicted := l.strangers.Admit(netserve.Source(raw), func() { raw.Close() })
+// server, then hands the connection on; pending is its place in the pool
+// of connections not authenticated yet, which it leaves once its
+// greeting is accepted (a join once it is answered).
+func (l *Listener) handshake(raw net.Conn, pending *netserve.Pending) {
 	defer pending.Leave()
-	if evicted != "" {
-		total, fromSource := l.strangers.Len(evicted)
-		l.logger.Warn("peer: too many connections not authenticated yet; closed the oldest to admit a new one",
-			logging.From(LogPort, evicted), "unauthenticated", total, "unauthenticated_from_there", fromSource,
-			"max", l.strangers.Max, "max_per_source", l.strangers.MaxPerSource)
-	}
 	raw.SetDeadline(time.Now().Add(HandshakeTimeout))
 	conn := tls.Server(tlsbatch.Wrap(raw), l.tlsConfig)
 	if err := conn.Handshake(); err != nil {

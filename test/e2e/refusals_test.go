@@ -500,6 +500,53 @@ func TestStrangersCannotTakeEverySlot(t *testing.T) {
 	admin.close()
 }
 
+// TestStrangersCannotTakeThePeerPort: 16 addresses x 64 silent
+// connections (1,024) to the peer port of the node that holds the CA key,
+// each reconnected a second after the node closes it, do not keep the
+// members or a joining node out: the node holds at most its pool of
+// strangers' connections (128) and its members', a new node joins (its
+// certificate signed by that node), raft keeps its leader and commits
+// what the new node forwards.
+// Before: the port held a goroutine and a socket for every stranger's
+// connection until its handshake timeout.
+func TestStrangersCannotTakeThePeerPort(t *testing.T) {
+	c := testcluster.Start(t, testcluster.Options{Nodes: 3})
+	all := []int{0, 1, 2}
+	waitAgreement(t, c, all, 30*time.Second)
+	leader := nodeID(t, c, leaderIndex(t, c, all))
+	node := c.Node(0)
+
+	peer := holdConnections(t, node.PeerAddr(), strangerSources(16), 64, false)
+	testcluster.WaitFor(t, 60*time.Second, "the strangers to have opened 1,024 peer connections", func() (bool, error) {
+		return peer.opened.Load() >= 1024, fmt.Errorf("%d opened", peer.opened.Load())
+	})
+	time.Sleep(2 * time.Second) // and to reconnect what the node closed
+	held := established(t, node, testcluster.PeerPort)
+	t.Logf("peer: the strangers hold %d connections (%d opened); the node %d", peer.held.Load(), peer.opened.Load(), held)
+	// The pool, and the members' own (raft, objects, forwarding).
+	if held > 128+32 {
+		t.Errorf("the node holds %d peer connections, more than its pool of 128 strangers' and the members'", held)
+	}
+
+	start := time.Now()
+	added := c.AddNode()
+	t.Logf("a node joined in %v while strangers hold node 0's peer port (%d opened)", time.Since(start).Round(time.Millisecond), peer.opened.Load())
+	waitAgreement(t, c, []int{0, 1, 2, 3}, 60*time.Second)
+	if _, err := os.Stat(filepath.Join(added.DataDir(), "node.crt")); err != nil {
+		t.Fatalf("the new node has no certificate: %v", err)
+	}
+	// A commit through the new node (forwarded to the leader, a change
+	// of credentials that a running member may make).
+	herd(t, c, 3, "token", "create", "probe")
+	if now := nodeID(t, c, leaderIndex(t, c, all)); now != leader {
+		t.Errorf("the leader changed from %s to %s while strangers held node 0's peer port", leader, now)
+	}
+	if n := established(t, node, testcluster.PeerPort); n > 128+40 {
+		t.Errorf("after the join the node holds %d peer connections", n)
+	}
+	peer.close()
+}
+
 // TestNBDRefusesWeakTLS: the NBD port speaks TLS 1.3, or 1.2 with AEAD
 // suites only: a TLS 1.2 client offering only CBC suites (SHA-1 MACs) is
 // refused; 1.2 with AES-GCM and 1.3 are served, and QEMU's GnuTLS (1.3)
