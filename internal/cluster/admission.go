@@ -95,11 +95,7 @@ func applyNodeAdmit(s *State, data []byte) (any, error) {
 // Admit records that node id may join with the certificate of serial,
 // through join token joinToken ("": the cluster's join secret).
 func (c *Cluster) Admit(ctx context.Context, id, serial, joinToken string) error {
-	if err := validAdmission(id, serial); err != nil {
-		return err
-	}
-	_, err := c.propose(ctx, commandNodeAdmit, nodeAdmitCommand{ID: id, Serial: serial, Time: time.Now().UTC(), JoinToken: joinToken})
-	return err
+	return c.cmds().Admit(ctx, id, serial, joinToken)
 }
 
 // PeerAllowed says whether a peer presenting a node certificate for id

@@ -22,7 +22,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"strings"
@@ -280,47 +279,23 @@ func (c *Cluster) StartCARotation(ctx context.Context, cert *x509.Certificate, c
 	if err := c.Requires(FeatureCARotation); err != nil {
 		return CAState{}, err
 	}
-	out, err := c.propose(ctx, commandCA, caCommand{Op: caStart, Fingerprint: pki.Fingerprint(cert), Cert: certPEM, Node: c.cfg.NodeID, Time: time.Now().UTC()})
-	if err != nil {
-		return CAState{}, err
-	}
-	var s CAState
-	return s, json.Unmarshal(out, &s)
+	return c.cmds().StartCARotation(ctx, pki.Fingerprint(cert), certPEM, c.cfg.NodeID)
 }
 
 // RecordCACertificate records this node's certificate from the new CA.
 func (c *Cluster) RecordCACertificate(ctx context.Context, fingerprint, serial string) error {
-	_, err := c.propose(ctx, commandCA, caCommand{Op: caCertificate, Fingerprint: fingerprint, Node: c.cfg.NodeID, Serial: serial, Time: time.Now().UTC()})
-	return err
+	return c.cmds().RecordCACertificate(ctx, fingerprint, serial)
 }
 
 // FinishCARotation makes the new CA the cluster's; with force, although
 // nodes that are down have no certificate from it.
 func (c *Cluster) FinishCARotation(ctx context.Context, force bool) (CAState, error) {
-	r := c.CA().Rotation
-	if r == nil {
-		return CAState{}, fmt.Errorf("%w: no CA rotation is under way (herd cluster rotate-ca starts one)", ErrNotFound)
-	}
-	out, err := c.propose(ctx, commandCA, caCommand{Op: caFinish, Fingerprint: r.Fingerprint, Force: force, Time: time.Now().UTC()})
-	if err != nil {
-		return CAState{}, err
-	}
-	var s CAState
-	return s, json.Unmarshal(out, &s)
+	return c.cmds().FinishCARotation(ctx, force)
 }
 
 // CancelCARotation drops the new CA.
 func (c *Cluster) CancelCARotation(ctx context.Context) (CAState, error) {
-	r := c.CA().Rotation
-	if r == nil {
-		return CAState{}, fmt.Errorf("%w: no CA rotation is under way", ErrNotFound)
-	}
-	out, err := c.propose(ctx, commandCA, caCommand{Op: caCancel, Fingerprint: r.Fingerprint, Time: time.Now().UTC()})
-	if err != nil {
-		return CAState{}, err
-	}
-	var s CAState
-	return s, json.Unmarshal(out, &s)
+	return c.cmds().CancelCARotation(ctx)
 }
 
 // CAMissing lists the members without a certificate from the new CA:

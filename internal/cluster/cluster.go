@@ -110,6 +110,9 @@ type Cluster struct {
 	departOnce  sync.Once
 }
 
+// cmds builds the commands this node proposes (through Propose).
+func (c *Cluster) cmds() *Commands { return NewCommands(c, c.fsm, c.cfg.NodeID, c.cfg.Incarnation) }
+
 // Halted reports, once, that this node stopped applying the log because
 // it holds a command this binary does not know: the node must stop (and
 // be upgraded) rather than serve a state that differs from the others'.

@@ -188,7 +188,7 @@ func (c *Cluster) openStopWindow() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), stopWindowTimeout)
 	defer cancel()
-	if _, err := c.propose(ctx, commandNodeMaintenance, nodeMaintenanceCommand{ID: c.cfg.NodeID, Until: until, Time: now, Stop: true}); err != nil {
+	if err := c.cmds().StopWindow(ctx, now, until); err != nil {
 		c.logger.Warn("cluster: stopping: the down-out window could not be committed: this node's objects are recovered elsewhere at once", "err", err)
 		return
 	}

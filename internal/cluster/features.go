@@ -24,7 +24,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -271,25 +270,22 @@ func (c *Cluster) FinalizeUpgrade(ctx context.Context) (int, error) {
 	if below := c.membersBelow(SupportedLevel); len(below) > 0 {
 		return level, fmt.Errorf("%w: cannot raise the cluster to feature level %d: upgrade herd on %s first", ErrUpgradeRequired, SupportedLevel, strings.Join(below, ", "))
 	}
-	command := featureLevelCommand{Level: SupportedLevel, Time: time.Now().UTC()}
+	var admitted map[string]string
 	if level < LevelSecurity && SupportedLevel >= LevelSecurity {
 		serials, err := c.memberSerials(ctx)
 		if err != nil {
 			return level, err
 		}
-		command.Admitted = serials
+		admitted = serials
 	}
-	out, err := c.propose(ctx, commandFeatureLevel, command)
+	raised, err := c.cmds().RaiseLevel(ctx, SupportedLevel, admitted)
 	if err != nil {
 		if errors.Is(err, ErrInvalid) && c.Level() >= SupportedLevel {
 			return c.Level(), nil // raised meanwhile (another finalize)
 		}
 		return level, err
 	}
-	if err := json.Unmarshal(out, &level); err != nil {
-		return c.Level(), nil
-	}
-	return level, nil
+	return raised, nil
 }
 
 // Signers returns the peer addresses of the alive members that hold the

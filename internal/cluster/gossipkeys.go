@@ -26,7 +26,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -540,12 +539,7 @@ func (c *Cluster) RotateGossipKey(ctx context.Context, key []byte) (GossipKeyRot
 	if err := g.add([][]byte{key}, false); err != nil {
 		return GossipKeyRotation{}, err
 	}
-	out, err := c.propose(ctx, commandGossipKey, gossipKeyCommand{Op: gossipKeyStart, Key: GossipKeyID(key), Node: c.cfg.NodeID, Time: time.Now().UTC()})
-	if err != nil {
-		return GossipKeyRotation{}, err
-	}
-	var r GossipKeyRotation
-	return r, json.Unmarshal(out, &r)
+	return c.cmds().StartGossipKeyRotation(ctx, GossipKeyID(key), c.cfg.NodeID)
 }
 
 // gossipKeyInterval is how often a node compares its keyring with the log
@@ -636,7 +630,7 @@ func (c *Cluster) syncGossipKeys(ctx context.Context) error {
 	}
 	self := c.cfg.NodeID
 	if !slices.Contains(r.Installed, self) {
-		if _, err := c.propose(ctx, commandGossipKey, gossipKeyCommand{Op: gossipKeyInstalled, Key: r.Key, Node: self, Time: time.Now().UTC()}); err != nil && !errors.Is(err, ErrNotFound) {
+		if err := c.cmds().ReportGossipKey(ctx, r.Key, false); err != nil && !errors.Is(err, ErrNotFound) {
 			return fmt.Errorf("reporting gossip key %s installed: %w", r.Key, err)
 		}
 	}
@@ -645,7 +639,7 @@ func (c *Cluster) syncGossipKeys(ctx context.Context) error {
 			return err
 		}
 		if !slices.Contains(r.Using, self) {
-			if _, err := c.propose(ctx, commandGossipKey, gossipKeyCommand{Op: gossipKeyUsing, Key: r.Key, Node: self, Time: time.Now().UTC()}); err != nil && !errors.Is(err, ErrNotFound) {
+			if err := c.cmds().ReportGossipKey(ctx, r.Key, true); err != nil && !errors.Is(err, ErrNotFound) {
 				return fmt.Errorf("reporting gossip key %s in use: %w", r.Key, err)
 			}
 		}
@@ -655,11 +649,9 @@ func (c *Cluster) syncGossipKeys(ctx context.Context) error {
 	}
 	switch {
 	case r.Phase == GossipKeyInstall && len(missingInstall) == 0:
-		_, err := c.propose(ctx, commandGossipKey, gossipKeyCommand{Op: gossipKeySwitch, Key: r.Key, Time: time.Now().UTC()})
-		return ignoreRace(err)
+		return ignoreRace(c.cmds().GossipKeyStep(ctx, gossipKeySwitch, r.Key))
 	case r.Phase == GossipKeyUse && len(missingUse) == 0:
-		_, err := c.propose(ctx, commandGossipKey, gossipKeyCommand{Op: gossipKeyDone, Key: r.Key, Time: time.Now().UTC()})
-		return ignoreRace(err)
+		return ignoreRace(c.cmds().GossipKeyStep(ctx, gossipKeyDone, r.Key))
 	}
 	return nil
 }

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -248,66 +247,38 @@ func applyVDISet(s *State, data []byte) (any, error) {
 // it, records that this node wants it: the holder hands it over. Granted
 // says whether the lock is this node's now.
 func (c *Cluster) WantLock(ctx context.Context, key, session string) (LockWant, error) {
-	var w LockWant
 	wait, cancel := context.WithTimeout(ctx, applyTimeout)
 	err := c.registered(wait, c.cfg.NodeID, c.cfg.Incarnation)
 	cancel()
 	if err != nil {
-		return w, err
+		return LockWant{}, err
 	}
-	out, err := c.propose(ctx, commandLockWant, lockCommand{Key: key, Node: c.cfg.NodeID, Incarnation: c.cfg.Incarnation, Session: session, Time: time.Now().UTC()})
-	if err != nil {
-		return w, err
-	}
-	return w, json.Unmarshal(out, &w)
+	return c.cmds().WantLock(ctx, key, session)
 }
 
 // HandOverLock moves key, held by session on this node, to owner.
 func (c *Cluster) HandOverLock(ctx context.Context, key, session string, to LockOwner) error {
-	_, err := c.propose(ctx, commandLockHandover, lockHandoverCommand{Key: key, FromNode: c.cfg.NodeID, FromSession: session, To: to, Time: time.Now().UTC()})
-	return err
+	return c.cmds().HandOverLock(ctx, key, session, to)
 }
 
 // BreakLock takes key away from its holder (see applyLockBreak).
 func (c *Cluster) BreakLock(ctx context.Context, key, by string) (Lock, error) {
-	var l Lock
-	out, err := c.propose(ctx, commandLockBreak, lockBreakCommand{Key: key, By: by, Time: time.Now().UTC()})
-	if err != nil {
-		return l, err
-	}
-	return l, json.Unmarshal(out, &l)
+	return c.cmds().BreakLock(ctx, key, by)
 }
 
 // SetVDI changes a VDI's settings.
 func (c *Cluster) SetVDI(ctx context.Context, name string, settings VDISettings) (VDI, error) {
-	var v VDI
-	if settings.empty() {
-		return v, fmt.Errorf("%w: nothing to change: give %s", ErrInvalid, settingFlags)
-	}
-	if err := settings.validate(); err != nil {
-		return v, err
-	}
-	out, err := c.propose(ctx, commandVDISet, vdiSetCommand{Name: name, Settings: settings})
-	if err != nil {
-		return v, err
-	}
-	return v, json.Unmarshal(out, &v)
+	return c.cmds().SetVDI(ctx, name, settings)
 }
 
 // WantLock is Cluster.WantLock.
 func (m *LocalMember) WantLock(ctx context.Context, key, session string) (LockWant, error) {
-	var w LockWant
-	out, err := m.propose(ctx, commandLockWant, lockCommand{Key: key, Node: m.id, Incarnation: m.incarnation, Session: session, Time: time.Now().UTC()})
-	if err != nil {
-		return w, err
-	}
-	return w, json.Unmarshal(out, &w)
+	return m.cmds.WantLock(ctx, key, session)
 }
 
 // HandOverLock is Cluster.HandOverLock.
 func (m *LocalMember) HandOverLock(ctx context.Context, key, session string, to LockOwner) error {
-	_, err := m.propose(ctx, commandLockHandover, lockHandoverCommand{Key: key, FromNode: m.id, FromSession: session, To: to, Time: time.Now().UTC()})
-	return err
+	return m.cmds.HandOverLock(ctx, key, session, to)
 }
 
 // WaitLock waits until done, called with key's lock as this node has

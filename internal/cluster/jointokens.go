@@ -13,7 +13,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"time"
@@ -144,31 +143,14 @@ func (c *Cluster) CreateJoinToken(ctx context.Context, secretHash string, ttl ti
 	if err := c.Requires(FeatureJoinTokens); err != nil {
 		return JoinToken{}, err
 	}
-	if ttl <= 0 || ttl > MaxJoinTokenTTL {
-		return JoinToken{}, fmt.Errorf("%w: a join token lives from 1s to %v, not %v", ErrInvalid, MaxJoinTokenTTL, ttl)
-	}
-	if uses < 0 {
-		return JoinToken{}, fmt.Errorf("%w: uses %d", ErrInvalid, uses)
-	}
-	now := time.Now().UTC()
-	out, err := c.propose(ctx, commandJoinTokenCreate, JoinToken{ID: pki.NewTokenID(), Hash: secretHash, Created: now, Expires: now.Add(ttl), Uses: uses})
-	if err != nil {
-		return JoinToken{}, err
-	}
-	var t JoinToken
-	return t, json.Unmarshal(out, &t)
+	return c.cmds().CreateJoinToken(ctx, pki.NewTokenID(), secretHash, ttl, uses)
 }
 
 // RevokeJoinToken revokes a join token: joins with it are refused on
 // every node once this returns (the join handler reads after a read
 // index).
 func (c *Cluster) RevokeJoinToken(ctx context.Context, id string) (JoinToken, error) {
-	out, err := c.propose(ctx, commandJoinTokenRevoke, joinTokenRevokeCommand{ID: id})
-	if err != nil {
-		return JoinToken{}, err
-	}
-	var t JoinToken
-	return t, json.Unmarshal(out, &t)
+	return c.cmds().RevokeJoinToken(ctx, id)
 }
 
 // JoinTokens lists the join tokens the log holds, oldest first, without

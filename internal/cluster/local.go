@@ -47,7 +47,8 @@ import (
 // commit in a real cluster. Safe for concurrent use; time is read from
 // the time package, so a simulation's fake clock governs it.
 type Local struct {
-	applied // the leader's FSM: applies every entry as it is committed
+	applied           // the leader's FSM: applies every entry as it is committed
+	cmds    *Commands // what the leader and operators commit (Propose)
 
 	mu      sync.Mutex // guards entries, changed, members
 	entries [][]byte
@@ -71,6 +72,7 @@ type Local struct {
 func NewLocal() *Local {
 	l := &Local{applied: applied{fsm: newFSM()}, changed: make(chan struct{}), members: map[*LocalMember]bool{}, origin: time.Now(), builds: map[string]Build{}}
 	l.grants.changed = make(chan struct{}) // the maps are made by leaseGrants.record
+	l.cmds = NewCommands(l, l.fsm, "", "")
 	return l
 }
 
@@ -102,16 +104,9 @@ func (l *Local) commit(data []byte) (json.RawMessage, uint64, error) {
 	return value, index, err
 }
 
-func (l *Local) commitCommand(t commandType, payload any, out any) error {
-	data, err := encodeProposal(t, payload)
-	if err != nil {
-		return err
-	}
-	value, _, err := l.commit(data)
-	if err != nil || out == nil {
-		return err
-	}
-	return json.Unmarshal(value, out)
+// Propose implements Proposer: it commits data as the leader (commit).
+func (l *Local) Propose(_ context.Context, data []byte) (json.RawMessage, uint64, error) {
+	return l.commit(data)
 }
 
 // Len is the number of committed entries.
@@ -123,20 +118,13 @@ func (l *Local) Len() uint64 {
 
 // Format commits the cluster's format, as `herd cluster format` does.
 func (l *Local) Format(copies int, objectSize uint64) (Format, error) {
-	var f Format
-	if err := validateFormat(copies, objectSize); err != nil {
-		return f, err
-	}
-	err := l.commitCommand(commandFormat, formatCommand{Copies: copies, ObjectSize: objectSize, Time: time.Now().UTC()}, &f)
-	return f, err
+	return l.cmds.Format(context.Background(), copies, objectSize)
 }
 
 // NodeJoin commits a node (or its new process: another incarnation) as
 // alive, as the leader does when gossip sees it; it returns the epoch.
 func (l *Local) NodeJoin(n Node) (uint64, error) {
-	var epoch uint64
-	err := l.commitCommand(commandNodeJoin, nodeJoinCommand{Node: n, Time: time.Now().UTC()}, &epoch)
-	return epoch, err
+	return l.cmds.NodeJoin(context.Background(), n)
 }
 
 // NodeLeave commits a node as gone, as the leader does when gossip
@@ -148,18 +136,14 @@ func (l *Local) NodeLeave(id, reason string) (uint64, error) {
 	if wait := l.dropWait(id); wait > 0 {
 		time.Sleep(wait)
 	}
-	var epoch uint64
-	err := l.commitCommand(commandNodeLeave, nodeLeaveCommand{ID: id, Reason: reason, Time: time.Now().UTC()}, &epoch)
-	return epoch, err
+	return l.cmds.NodeLeave(context.Background(), id, reason)
 }
 
 // SetMaintenance commits a maintenance window of length d for node id,
 // as `herd node maintenance` does.
 func (l *Local) SetMaintenance(id string, d time.Duration) (Node, error) {
-	var n Node
 	now := time.Now().UTC()
-	err := l.commitCommand(commandNodeMaintenance, nodeMaintenanceCommand{ID: id, Until: now.Add(d), Time: now}, &n)
-	return n, err
+	return l.cmds.SetMaintenance(context.Background(), id, now, now.Add(d))
 }
 
 // CreateVDI commits a new VDI, as `herd vdi create` does.
@@ -176,34 +160,16 @@ func (l *Local) CreateVDIWith(name string, size uint64, exclusive bool) (VDI, er
 // (`--copies`; 0: the cluster's), refused below FeatureVDICopies's level
 // as Cluster.CreateVDIWith refuses it.
 func (l *Local) CreateVDIWithCopies(name string, size uint64, exclusive bool, copies int) (VDI, error) {
-	var v VDI
-	if err := ValidateName(name); err != nil {
-		return v, err
+	return l.cmds.CreateVDI(context.Background(), name, size, exclusive, copies, l.requires)
+}
+
+// requires is Cluster.Requires on Local: feature's level, or an error
+// naming the members below it.
+func (l *Local) requires(feature Feature) error {
+	if level := l.Level(); level < feature.Level {
+		return upgradeRequired(feature, level, l.membersBelow(feature.Level))
 	}
-	if err := ValidateSize(size, 0); err != nil {
-		return v, err
-	}
-	command := vdiCreateCommand{Name: name, Size: size, Exclusive: exclusive, Time: time.Now().UTC()}
-	if copies != 0 {
-		if err := validateCopies(copies); err != nil {
-			return v, err
-		}
-		var format, level int
-		l.fsm.View(func(s *State) {
-			if s.Format != nil {
-				format = s.Format.Copies
-			}
-			level = s.Level()
-		})
-		if copies != format {
-			if level < FeatureVDICopies.Level {
-				return v, upgradeRequired(FeatureVDICopies, level, l.membersBelow(FeatureVDICopies.Level))
-			}
-			command.Copies = copies
-		}
-	}
-	err := l.commitCommand(commandVDICreate, command, &v)
-	return v, err
+	return nil
 }
 
 // SetBuild records what node id's processes report about their binary
@@ -262,7 +228,8 @@ func (l *Local) FinalizeUpgrade(target int) (int, error) {
 	if below := l.membersBelow(target); len(below) > 0 {
 		return level, fmt.Errorf("%w: cannot raise the cluster to feature level %d: upgrade herd on %s first", ErrUpgradeRequired, target, strings.Join(below, ", "))
 	}
-	if err := l.commitCommand(commandFeatureLevel, featureLevelCommand{Level: target, Time: time.Now().UTC()}, &level); err != nil {
+	level, err := l.cmds.RaiseLevel(context.Background(), target, nil)
+	if err != nil {
 		return l.Level(), err
 	}
 	return level, nil
@@ -349,6 +316,7 @@ func (l *Local) Close() {
 // lease.
 type LocalMember struct {
 	applied
+	cmds        *Commands // what this process proposes (Propose)
 	log         *Local
 	id          string
 	incarnation string
@@ -382,6 +350,7 @@ func (l *Local) Member(id, incarnation string, from uint64) *LocalMember {
 	m := &LocalMember{applied: applied{fsm: newFSM()}, log: l, id: id, incarnation: incarnation, lostContact: time.Now(),
 		renewed: make(chan struct{}), wake: make(chan struct{}, 1), kick: make(chan struct{}, 1), done: make(chan struct{})}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.cmds = NewCommands(m, m.fsm, id, incarnation)
 	m.apply(from)
 	l.mu.Lock()
 	l.members[m] = true
@@ -698,27 +667,24 @@ func (m *LocalMember) renewLease() error {
 	return nil
 }
 
-// propose commits a command through the leader and waits until this
-// member has applied it too, as Cluster.propose does.
-func (m *LocalMember) propose(ctx context.Context, t commandType, payload any) (json.RawMessage, error) {
-	data, err := encodeProposal(t, payload)
-	if err != nil {
-		return nil, err
-	}
+// Propose implements Proposer: it commits a command through the leader
+// and waits until this member has applied it too, as Cluster.Propose
+// does.
+func (m *LocalMember) Propose(ctx context.Context, data []byte) (json.RawMessage, uint64, error) {
 	if ok, detail := m.QuorumStatus(); !ok {
-		return nil, fmt.Errorf("%w: %s", ErrNoQuorum, detail)
+		return nil, 0, fmt.Errorf("%w: %s", ErrNoQuorum, detail)
 	}
 	m.mu.Lock()
 	connected := m.connected
 	m.mu.Unlock()
 	if !connected {
-		return nil, fmt.Errorf("%w: the leader is unreachable from node %s", ErrNoQuorum, m.id)
+		return nil, 0, fmt.Errorf("%w: the leader is unreachable from node %s", ErrNoQuorum, m.id)
 	}
 	value, index, err := m.log.commit(data)
 	wait, cancel := context.WithTimeout(ctx, applyTimeout)
 	defer cancel()
 	m.fsm.WaitApplied(wait, index) // committed either way; this node may just be behind
-	return value, err
+	return value, index, err
 }
 
 // LookupVDI is VDI after catching up with the log on a miss (Cluster's
@@ -745,49 +711,31 @@ func (m *LocalMember) LookupVDI(ctx context.Context, name string) (VDI, error) {
 
 // SnapshotVDI is Cluster.SnapshotVDI.
 func (m *LocalMember) SnapshotVDI(ctx context.Context, name, tag, holder string) (SnapshotResult, error) {
-	var r SnapshotResult
-	if tag != "" {
-		if err := ValidateTag(tag); err != nil {
-			return r, err
-		}
-	}
-	out, err := m.propose(ctx, commandVDISnapshot, vdiSnapshotCommand{Name: name, Tag: tag, Holder: holder, Time: time.Now().UTC()})
-	if err != nil {
-		return r, err
-	}
-	return r, json.Unmarshal(out, &r)
+	return m.cmds.SnapshotVDI(ctx, name, tag, holder)
 }
 
 // AcquireLock is Cluster.AcquireLock.
 func (m *LocalMember) AcquireLock(ctx context.Context, key, session string) (Lock, error) {
-	var l Lock
 	wait, cancel := context.WithTimeout(ctx, applyTimeout)
 	err := m.registered(wait, m.id, m.incarnation)
 	cancel()
 	if err != nil {
-		return l, err
+		return Lock{}, err
 	}
-	out, err := m.propose(ctx, commandLockAcquire, lockCommand{Key: key, Node: m.id, Incarnation: m.incarnation, Session: session, Time: time.Now().UTC()})
-	if err != nil {
-		return l, err
-	}
-	return l, json.Unmarshal(out, &l)
+	return m.cmds.AcquireLock(ctx, key, session)
 }
 
 // ReleaseLock is Cluster.ReleaseLock.
 func (m *LocalMember) ReleaseLock(ctx context.Context, key, session string) error {
-	_, err := m.propose(ctx, commandLockRelease, lockCommand{Key: key, Node: m.id, Incarnation: m.incarnation, Session: session})
-	return err
+	return m.cmds.ReleaseLock(ctx, key, session)
 }
 
 // MarkVDIUnclean is Cluster.MarkVDIUnclean.
 func (m *LocalMember) MarkVDIUnclean(ctx context.Context, name string) error {
-	_, err := m.propose(ctx, commandVDIUnclean, vdiRepairedCommand{Name: name})
-	return err
+	return m.cmds.MarkVDIUnclean(ctx, name)
 }
 
 // MarkVDIRepaired is Cluster.MarkVDIRepaired.
 func (m *LocalMember) MarkVDIRepaired(ctx context.Context, name string) error {
-	_, err := m.propose(ctx, commandVDIRepaired, vdiRepairedCommand{Name: name})
-	return err
+	return m.cmds.MarkVDIRepaired(ctx, name)
 }

@@ -12,10 +12,8 @@ package cluster
 import (
 	"context"
 	"crypto/x509"
-	"encoding/json"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/herd-storage/herd/internal/pki"
 )
@@ -30,7 +28,8 @@ func (l *Local) InitSecurity(first string, admitted map[string]string) error {
 	if !ok {
 		return fmt.Errorf("%w: the first node %s has no serial", ErrInvalid, first)
 	}
-	if err := l.commitCommand(commandSecurityInit, securityInitCommand{JoinHash: "sim", Admin: Token{ID: "sim", Name: "admin", Hash: "sim"}, Level: LevelSecurity, Self: &nodeAdmitCommand{ID: first, Serial: self}}, nil); err != nil {
+	ctx := context.Background()
+	if err := l.cmds.InitSecurity(ctx, "sim", Token{ID: "sim", Name: "admin", Hash: "sim"}, LevelSecurity, first, self); err != nil {
 		return err
 	}
 	ids := make([]string, 0, len(admitted))
@@ -42,7 +41,7 @@ func (l *Local) InitSecurity(first string, admitted map[string]string) error {
 		if id == first {
 			continue
 		}
-		if err := l.commitCommand(commandNodeAdmit, nodeAdmitCommand{ID: id, Serial: admitted[id], Time: time.Now().UTC()}, nil); err != nil {
+		if err := l.cmds.Admit(ctx, id, admitted[id], ""); err != nil {
 			return err
 		}
 	}
@@ -54,9 +53,7 @@ func (l *Local) InitSecurity(first string, admitted map[string]string) error {
 // with the serial of its node certificate in admitted (what each proved
 // in a handshake with the proposer). It returns the level.
 func (l *Local) FinalizeSecurity(admitted map[string]string) (int, error) {
-	var level int
-	err := l.commitCommand(commandFeatureLevel, featureLevelCommand{Level: LevelSecurity, Time: time.Now().UTC(), Admitted: admitted}, &level)
-	return level, err
+	return l.cmds.RaiseLevel(context.Background(), LevelSecurity, admitted)
 }
 
 // CA is the committed record of the cluster CA (a copy).
@@ -72,33 +69,19 @@ func (l *Local) StartCARotation(certPEM []byte, holder string) (CAState, error) 
 	if err != nil {
 		return CAState{}, err
 	}
-	var out CAState
-	err = l.commitCommand(commandCA, caCommand{Op: caStart, Fingerprint: pki.Fingerprint(cert), Cert: certPEM, Node: holder, Time: time.Now().UTC()}, &out)
-	return out, err
+	return l.cmds.StartCARotation(context.Background(), pki.Fingerprint(cert), certPEM, holder)
 }
 
 // FinishCARotation commits the end of the rotation under way (`rotate-ca
 // --finish [--force]`); the log refuses it while a node has no
 // certificate from the new CA.
 func (l *Local) FinishCARotation(force bool) (CAState, error) {
-	r := l.CA().Rotation
-	if r == nil {
-		return CAState{}, fmt.Errorf("%w: no CA rotation is under way", ErrNotFound)
-	}
-	var out CAState
-	err := l.commitCommand(commandCA, caCommand{Op: caFinish, Fingerprint: r.Fingerprint, Force: force, Time: time.Now().UTC()}, &out)
-	return out, err
+	return l.cmds.FinishCARotation(context.Background(), force)
 }
 
 // CancelCARotation commits the cancel of the rotation under way.
 func (l *Local) CancelCARotation() (CAState, error) {
-	r := l.CA().Rotation
-	if r == nil {
-		return CAState{}, fmt.Errorf("%w: no CA rotation is under way", ErrNotFound)
-	}
-	var out CAState
-	err := l.commitCommand(commandCA, caCommand{Op: caCancel, Fingerprint: r.Fingerprint, Time: time.Now().UTC()}, &out)
-	return out, err
+	return l.cmds.CancelCARotation(context.Background())
 }
 
 // GossipKeyState is the committed record of the gossip key.
@@ -120,7 +103,8 @@ func copyGossipKeyring(in GossipKeyring) GossipKeyring {
 // StartGossipKeyRotation commits the start of a rotation to the gossip
 // key of id, made by holder (`herd cluster rotate-gossip-key`).
 func (l *Local) StartGossipKeyRotation(id, holder string) error {
-	return l.commitCommand(commandGossipKey, gossipKeyCommand{Op: gossipKeyStart, Key: id, Node: holder, Time: time.Now().UTC()}, nil)
+	_, err := l.cmds.StartGossipKeyRotation(context.Background(), id, holder)
+	return err
 }
 
 // AdvanceGossipKeyRotation is the leader's turn of gossipKeyLoop: it
@@ -141,9 +125,9 @@ func (l *Local) AdvanceGossipKeyRotation() (string, error) {
 	case r == nil:
 		return "", nil
 	case r.Phase == GossipKeyInstall && len(missingInstall) == 0:
-		return gossipKeySwitch, l.commitCommand(commandGossipKey, gossipKeyCommand{Op: gossipKeySwitch, Key: r.Key, Time: time.Now().UTC()}, nil)
+		return gossipKeySwitch, l.cmds.GossipKeyStep(context.Background(), gossipKeySwitch, r.Key)
 	case r.Phase == GossipKeyUse && len(missingUse) == 0:
-		return gossipKeyDone, l.commitCommand(commandGossipKey, gossipKeyCommand{Op: gossipKeyDone, Key: r.Key, Time: time.Now().UTC()}, nil)
+		return gossipKeyDone, l.cmds.GossipKeyStep(context.Background(), gossipKeyDone, r.Key)
 	}
 	return "", nil
 }
@@ -156,7 +140,7 @@ func (l *Local) CommitGossipKeyStep(op string) error {
 	if r == nil {
 		return fmt.Errorf("%w: no gossip key rotation is under way", ErrNotFound)
 	}
-	return l.commitCommand(commandGossipKey, gossipKeyCommand{Op: op, Key: r.Key, Time: time.Now().UTC()}, nil)
+	return l.cmds.GossipKeyStep(context.Background(), op, r.Key)
 }
 
 // CA is the record of the cluster CA this member applied (a copy).
@@ -205,29 +189,18 @@ func (m *LocalMember) Sync(ctx context.Context) error {
 // StartCARotation commits the start of a rotation to cert's CA, whose key
 // this member's node holds (Cluster.StartCARotation).
 func (m *LocalMember) StartCARotation(ctx context.Context, cert *x509.Certificate, certPEM []byte) (CAState, error) {
-	out, err := m.propose(ctx, commandCA, caCommand{Op: caStart, Fingerprint: pki.Fingerprint(cert), Cert: certPEM, Node: m.id, Time: time.Now().UTC()})
-	if err != nil {
-		return CAState{}, err
-	}
-	var s CAState
-	return s, json.Unmarshal(out, &s)
+	return m.cmds.StartCARotation(ctx, pki.Fingerprint(cert), certPEM, m.id)
 }
 
 // RecordCACertificate records this member's node certificate from the new
 // CA (Cluster.RecordCACertificate).
 func (m *LocalMember) RecordCACertificate(ctx context.Context, fingerprint, serial string) error {
-	_, err := m.propose(ctx, commandCA, caCommand{Op: caCertificate, Fingerprint: fingerprint, Node: m.id, Serial: serial, Time: time.Now().UTC()})
-	return err
+	return m.cmds.RecordCACertificate(ctx, fingerprint, serial)
 }
 
 // ReportGossipKey reports that this member's node holds the gossip key of
 // id (using false) or encrypts with it (using true), as gossipKeyLoop
 // does.
 func (m *LocalMember) ReportGossipKey(ctx context.Context, id string, using bool) error {
-	op := gossipKeyInstalled
-	if using {
-		op = gossipKeyUsing
-	}
-	_, err := m.propose(ctx, commandGossipKey, gossipKeyCommand{Op: op, Key: id, Node: m.id, Time: time.Now().UTC()})
-	return err
+	return m.cmds.ReportGossipKey(ctx, id, using)
 }

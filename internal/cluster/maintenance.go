@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"regexp"
 	"sort"
@@ -124,18 +123,7 @@ var zoneRegexp = regexp.MustCompile(`^[A-Za-z0-9._-]{0,64}$`)
 
 // SetNode changes node id's capacity or zone at run time.
 func (c *Cluster) SetNode(ctx context.Context, id string, settings NodeSettings) (Node, error) {
-	var n Node
-	if settings.Zone != nil && !zoneRegexp.MatchString(*settings.Zone) {
-		return n, fmt.Errorf("%w: zone %q: use up to 64 letters, digits, '.', '_' or '-' (\"\" for none)", ErrInvalid, *settings.Zone)
-	}
-	if settings.Capacity == nil && settings.Zone == nil && !settings.Reset {
-		return n, fmt.Errorf("%w: give --capacity, --zone or --reset", ErrInvalid)
-	}
-	out, err := c.propose(ctx, commandNodeSet, nodeSetCommand{ID: id, Settings: settings, Time: time.Now().UTC()})
-	if err != nil {
-		return n, err
-	}
-	return n, json.Unmarshal(out, &n)
+	return c.cmds().SetNode(ctx, id, settings)
 }
 
 type nodeDrainCommand struct {
@@ -194,12 +182,7 @@ func applyNodeDrain(s *State, data []byte) (any, error) {
 
 // Drain starts (drain true) or cancels the drain of node id.
 func (c *Cluster) Drain(ctx context.Context, id string, drain bool) (Node, error) {
-	var n Node
-	out, err := c.propose(ctx, commandNodeDrain, nodeDrainCommand{ID: id, Drain: drain, Time: time.Now().UTC()})
-	if err != nil {
-		return n, err
-	}
-	return n, json.Unmarshal(out, &n)
+	return c.cmds().Drain(ctx, id, drain)
 }
 
 func applyNodeMaintenance(s *State, data []byte) (any, error) {
@@ -263,12 +246,7 @@ func (c *Cluster) SetMaintenance(ctx context.Context, id string, d time.Duration
 	if d > 0 {
 		until = now.Add(d)
 	}
-	var n Node
-	out, err := c.propose(ctx, commandNodeMaintenance, nodeMaintenanceCommand{ID: id, Until: until, Time: now})
-	if err != nil {
-		return n, err
-	}
-	return n, json.Unmarshal(out, &n)
+	return c.cmds().SetMaintenance(ctx, id, now, until)
 }
 
 // MaintenanceHold reports the nodes that are down inside their

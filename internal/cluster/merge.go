@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sort"
 	"time"
@@ -226,22 +225,16 @@ func (c *Cluster) LayerMerged(ctx context.Context, layer, child, parent uint32) 
 	if err := c.Requires(FeatureLayerMerge); err != nil {
 		return err
 	}
-	_, err := c.propose(ctx, commandVDILayer, vdiLayerCommand{Op: layerMerged, ID: layer, Child: child, Parent: &parent, Time: time.Now().UTC()})
-	return err
+	return c.cmds().LayerMerged(ctx, layer, child, parent)
 }
 
 // FlattenVDI asks for the writable VDI name to be flattened; the node
 // holding its writer lock (or the leader) copies, then LayerFlattened.
 func (c *Cluster) FlattenVDI(ctx context.Context, name string) (VDI, error) {
-	var v VDI
 	if err := c.Requires(FeatureLayerMerge); err != nil {
-		return v, err
+		return VDI{}, err
 	}
-	out, err := c.propose(ctx, commandVDILayer, vdiLayerCommand{Op: layerFlatten, Name: name, Time: time.Now().UTC()})
-	if err != nil {
-		return v, err
-	}
-	return v, json.Unmarshal(out, &v)
+	return c.cmds().FlattenVDI(ctx, name)
 }
 
 // LayerFlattened records that child holds every object it read through
@@ -250,6 +243,5 @@ func (c *Cluster) LayerFlattened(ctx context.Context, child, parent uint32) erro
 	if err := c.Requires(FeatureLayerMerge); err != nil {
 		return err
 	}
-	_, err := c.propose(ctx, commandVDILayer, vdiLayerCommand{Op: layerFlattened, ID: parent, Child: child, Time: time.Now().UTC()})
-	return err
+	return c.cmds().LayerFlattened(ctx, child, parent)
 }

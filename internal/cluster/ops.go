@@ -44,21 +44,20 @@ func (c *Cluster) QuorumStatus() (ok bool, detail string) {
 	return true, fmt.Sprintf("leader %s reachable", leader)
 }
 
-// propose commits a command through the leader: locally when this node
+// Propose commits a command through the leader: locally when this node
 // leads, otherwise forwarded to the leader's admin API. It returns the
 // command's result as JSON, once this node has applied it too, so a client
 // reads its own writes through the node it asked.
-func (c *Cluster) propose(ctx context.Context, t commandType, payload any) (json.RawMessage, error) {
-	data, err := encodeProposal(t, payload)
-	if err != nil {
-		return nil, err
-	}
+//
+// Propose implements Proposer: data is an encoded command (Commands
+// builds them); it also returns the entry's index.
+func (c *Cluster) Propose(ctx context.Context, data []byte) (json.RawMessage, uint64, error) {
 	started := time.Now()
-	result, _, err := c.proposeIndex(ctx, data)
+	result, index, err := c.proposeIndex(ctx, data)
 	if err == nil && c.cfg.ObserveApply != nil {
 		c.cfg.ObserveApply(time.Since(started))
 	}
-	return result, err
+	return result, index, err
 }
 
 // ProposeForwarded applies a command forwarded from another node and also
@@ -218,15 +217,7 @@ func (c *Cluster) proposeIndex(ctx context.Context, data []byte) (json.RawMessag
 
 // Format fixes the cluster's copies and object size, once.
 func (c *Cluster) Format(ctx context.Context, copies int, objectSize uint64) (Format, error) {
-	var f Format
-	if err := validateFormat(copies, objectSize); err != nil {
-		return f, err
-	}
-	out, err := c.propose(ctx, commandFormat, formatCommand{Copies: copies, ObjectSize: objectSize, Time: time.Now().UTC()})
-	if err != nil {
-		return f, err
-	}
-	return f, json.Unmarshal(out, &f)
+	return c.cmds().Format(ctx, copies, objectSize)
 }
 
 // CreateVDI creates a VDI; the first committed create of a name wins.
@@ -238,38 +229,7 @@ func (c *Cluster) CreateVDI(ctx context.Context, name string, size uint64) (VDI,
 // unless settings.Exclusive is true (handover.go), with copies copies (0:
 // the cluster's number; another number needs FeatureVDICopies).
 func (c *Cluster) CreateVDIWith(ctx context.Context, name string, size uint64, settings VDISettings, copies int) (VDI, error) {
-	var v VDI
-	if err := ValidateName(name); err != nil {
-		return v, err
-	}
-	if err := ValidateSize(size, 0); err != nil {
-		return v, err
-	}
-	command := vdiCreateCommand{Name: name, Size: size, Exclusive: settings.Exclusive != nil && *settings.Exclusive, Time: time.Now().UTC()}
-	if copies != 0 {
-		if err := validateCopies(copies); err != nil {
-			return v, err
-		}
-		var format int
-		c.fsm.View(func(s *State) {
-			if s.Format != nil {
-				format = s.Format.Copies
-			}
-		})
-		// The cluster's own number needs no field: an older binary
-		// creates the same VDI from the command without it.
-		if copies != format {
-			if err := c.Requires(FeatureVDICopies); err != nil {
-				return v, err
-			}
-			command.Copies = copies
-		}
-	}
-	out, err := c.propose(ctx, commandVDICreate, command)
-	if err != nil {
-		return v, err
-	}
-	return v, json.Unmarshal(out, &v)
+	return c.cmds().CreateVDI(ctx, name, size, settings.Exclusive != nil && *settings.Exclusive, copies, c.Requires)
 }
 
 // SnapshotVDI freezes a VDI's content as NAME@TAG; the name continues as
@@ -280,40 +240,17 @@ func (c *Cluster) CreateVDIWith(ctx context.Context, name string, size uint64, s
 // holder is the node the caller saw holding the VDI's write lock ("" for
 // none); the snapshot is refused if that is no longer true.
 func (c *Cluster) SnapshotVDI(ctx context.Context, name, tag, holder string) (SnapshotResult, error) {
-	var r SnapshotResult
-	if tag != "" {
-		if err := ValidateTag(tag); err != nil {
-			return r, err
-		}
-	}
-	out, err := c.propose(ctx, commandVDISnapshot, vdiSnapshotCommand{Name: name, Tag: tag, Holder: holder, Time: time.Now().UTC()})
-	if err != nil {
-		return r, err
-	}
-	return r, json.Unmarshal(out, &r)
+	return c.cmds().SnapshotVDI(ctx, name, tag, holder)
 }
 
 // CloneVDI creates a writable VDI sharing a snapshot's objects.
 func (c *Cluster) CloneVDI(ctx context.Context, snapshot, name string) (VDI, error) {
-	var v VDI
-	if err := ValidateName(name); err != nil {
-		return v, err
-	}
-	out, err := c.propose(ctx, commandVDIClone, vdiCloneCommand{Snapshot: snapshot, Name: name, Time: time.Now().UTC()})
-	if err != nil {
-		return v, err
-	}
-	return v, json.Unmarshal(out, &v)
+	return c.cmds().CloneVDI(ctx, snapshot, name)
 }
 
 // RollbackVDI makes a VDI's content a snapshot's again.
 func (c *Cluster) RollbackVDI(ctx context.Context, name, tag string) (VDI, error) {
-	var v VDI
-	out, err := c.propose(ctx, commandVDIRollback, vdiRollbackCommand{Name: name, Tag: tag, Time: time.Now().UTC()})
-	if err != nil {
-		return v, err
-	}
-	return v, json.Unmarshal(out, &v)
+	return c.cmds().RollbackVDI(ctx, name, tag)
 }
 
 // Tree returns every VDI of the tree: writable, snapshots and deleted
@@ -348,8 +285,7 @@ func (c *applied) Garbage() []Garbage {
 
 // GarbageDone records that a VDI's objects were freed.
 func (c *Cluster) GarbageDone(ctx context.Context, id uint32) error {
-	_, err := c.propose(ctx, commandGarbageDone, garbageDoneCommand{ID: id})
-	return err
+	return c.cmds().GarbageDone(ctx, id)
 }
 
 // IsLeader says whether this node leads the log now.
@@ -361,41 +297,32 @@ func (c *Cluster) DeleteVDI(ctx context.Context, name string) error {
 	if _, err := c.LookupVDI(ctx, name); err != nil {
 		return err
 	}
-	_, err := c.propose(ctx, commandVDIDelete, vdiDeleteCommand{Name: name})
-	return err
+	return c.cmds().DeleteVDI(ctx, name)
 }
 
 // SetFull marks this node full (it takes no objects) or not.
 func (c *Cluster) SetFull(ctx context.Context, full bool) error {
-	_, err := c.propose(ctx, commandNodeSpace, nodeSpaceCommand{ID: c.ID(), Full: full, Time: time.Now().UTC()})
-	return err
+	return c.cmds().SetFull(ctx, full)
 }
 
 // MarkVDIRepaired clears a VDI's unclean mark once its replicas were made
 // identical.
 func (c *Cluster) MarkVDIRepaired(ctx context.Context, name string) error {
-	_, err := c.propose(ctx, commandVDIRepaired, vdiRepairedCommand{Name: name})
-	return err
+	return c.cmds().MarkVDIRepaired(ctx, name)
 }
 
 // MarkVDIUnclean marks a VDI whose replicas may differ: its next writer
 // makes them identical before serving it.
 func (c *Cluster) MarkVDIUnclean(ctx context.Context, name string) error {
-	_, err := c.propose(ctx, commandVDIUnclean, vdiRepairedCommand{Name: name})
-	return err
+	return c.cmds().MarkVDIUnclean(ctx, name)
 }
 
 // ResizeVDI grows a VDI.
 func (c *Cluster) ResizeVDI(ctx context.Context, name string, size uint64) (VDI, error) {
-	var v VDI
 	if _, err := c.LookupVDI(ctx, name); err != nil {
-		return v, err
+		return VDI{}, err
 	}
-	out, err := c.propose(ctx, commandVDIResize, vdiResizeCommand{Name: name, Size: size})
-	if err != nil {
-		return v, err
-	}
-	return v, json.Unmarshal(out, &v)
+	return c.cmds().ResizeVDI(ctx, name, size)
 }
 
 // registered waits until the log knows this process (its incarnation)
@@ -447,17 +374,12 @@ func (c *Cluster) AcquireLock(ctx context.Context, key, session string) (Lock, e
 			return l, &LockHeldError{Lock: held}
 		}
 	}
-	out, err := c.propose(ctx, commandLockAcquire, lockCommand{Key: key, Node: c.cfg.NodeID, Incarnation: c.cfg.Incarnation, Session: session, Time: time.Now().UTC()})
-	if err != nil {
-		return l, err
-	}
-	return l, json.Unmarshal(out, &l)
+	return c.cmds().AcquireLock(ctx, key, session)
 }
 
 // ReleaseLock releases key held by session on this node.
 func (c *Cluster) ReleaseLock(ctx context.Context, key, session string) error {
-	_, err := c.propose(ctx, commandLockRelease, lockCommand{Key: key, Node: c.cfg.NodeID, Incarnation: c.cfg.Incarnation, Session: session})
-	return err
+	return c.cmds().ReleaseLock(ctx, key, session)
 }
 
 // ---- local reads (this node's applied state) ----

@@ -96,7 +96,7 @@ func (c *Cluster) reconcile() error {
 		c.mu.Lock()
 		delete(c.refused, id)
 		c.mu.Unlock()
-		if _, err := c.propose(ctx, commandNodeJoin, nodeJoinCommand{Node: m, Time: time.Now().UTC()}); err != nil {
+		if _, err := c.cmds().NodeJoin(ctx, m); err != nil {
 			return fmt.Errorf("commit join of %s: %w", id, err)
 		}
 		c.logger.Info("node joined", "node", id, "address", m.Address, "epoch", c.Epoch())
@@ -117,7 +117,7 @@ func (c *Cluster) reconcile() error {
 		case c.gossipStopping()[id]:
 			reason = "stopped"
 		}
-		if _, err := c.propose(ctx, commandNodeLeave, nodeLeaveCommand{ID: id, Reason: reason, Time: time.Now().UTC()}); err != nil {
+		if _, err := c.cmds().NodeLeave(ctx, id, reason); err != nil {
 			return fmt.Errorf("commit leave of %s: %w", id, err)
 		}
 		c.logger.Info("node left", "node", id, "address", l.Address, "epoch", c.Epoch())

@@ -10,7 +10,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"path"
 	"regexp"
@@ -355,9 +354,7 @@ func (c *Cluster) InitSecurity(ctx context.Context, joinHash string, admin Token
 	if c.JoinHash() != "" {
 		return nil
 	}
-	_, err := c.propose(ctx, commandSecurityInit, securityInitCommand{JoinHash: joinHash, Admin: admin, Level: SupportedLevel,
-		Self: &nodeAdmitCommand{ID: c.cfg.NodeID, Serial: serial, Time: time.Now().UTC()}})
-	return err
+	return c.cmds().InitSecurity(ctx, joinHash, admin, SupportedLevel, c.cfg.NodeID, serial)
 }
 
 // JoinHash is the hash of the current join secret ("" before the first
@@ -370,41 +367,18 @@ func (c *Cluster) JoinHash() (hash string) {
 // SetJoinHash replaces the join secret (rotation); joins with the old one
 // are refused once a node applied this.
 func (c *Cluster) SetJoinHash(ctx context.Context, hash string) error {
-	_, err := c.propose(ctx, commandJoinSecretSet, joinSecretCommand{Hash: hash})
-	return err
+	return c.cmds().SetJoinHash(ctx, hash)
 }
 
 // CreateToken records a new admin token. The data scope of a read-only
 // token needs FeatureDataScope.
 func (c *Cluster) CreateToken(ctx context.Context, t Token) (Token, error) {
-	if err := validToken(t); err != nil {
-		return Token{}, err
-	}
-	if t.Data && !t.ReadOnly {
-		return Token{}, fmt.Errorf("%w: the data scope is for read-only tokens: an admin token reads VDI data already", ErrInvalid)
-	}
-	if t.Data {
-		if err := c.Requires(FeatureDataScope); err != nil {
-			return Token{}, err
-		}
-	}
-	t.Created = time.Now().UTC()
-	out, err := c.propose(ctx, commandTokenCreate, t)
-	if err != nil {
-		return Token{}, err
-	}
-	var created Token
-	return created, json.Unmarshal(out, &created)
+	return c.cmds().CreateToken(ctx, t, c.Requires)
 }
 
 // RevokeToken revokes a token by id or name.
 func (c *Cluster) RevokeToken(ctx context.Context, idOrName string) (Token, error) {
-	out, err := c.propose(ctx, commandTokenRevoke, tokenRevokeCommand{ID: idOrName})
-	if err != nil {
-		return Token{}, err
-	}
-	var t Token
-	return t, json.Unmarshal(out, &t)
+	return c.cmds().RevokeToken(ctx, idOrName)
 }
 
 // Tokens lists the tokens (hashes included: callers show what they need).
@@ -433,30 +407,13 @@ func (c *Cluster) LookupToken(id string) (t Token, ok bool) {
 
 // AddClient records an NBD client certificate's authorization.
 func (c *Cluster) AddClient(ctx context.Context, client Client) (Client, error) {
-	if err := ValidateCredentialName("client", client.Name); err != nil {
-		return Client{}, err
-	}
-	if err := ValidatePattern(client.Pattern); err != nil {
-		return Client{}, err
-	}
-	client.Created = time.Now().UTC()
-	out, err := c.propose(ctx, commandClientAdd, client)
-	if err != nil {
-		return Client{}, err
-	}
-	var added Client
-	return added, json.Unmarshal(out, &added)
+	return c.cmds().AddClient(ctx, client)
 }
 
 // RevokeClient revokes an NBD client: its certificate is refused from then
 // on.
 func (c *Cluster) RevokeClient(ctx context.Context, name string) (Client, error) {
-	out, err := c.propose(ctx, commandClientRevoke, clientRevokeCommand{Name: name})
-	if err != nil {
-		return Client{}, err
-	}
-	var client Client
-	return client, json.Unmarshal(out, &client)
+	return c.cmds().RevokeClient(ctx, name)
 }
 
 // Clients lists the NBD clients by name.
@@ -483,8 +440,7 @@ func (c *Cluster) LookupClient(name string) (client Client, ok bool) {
 
 // RemoveNode forgets a dead node for good.
 func (c *Cluster) RemoveNode(ctx context.Context, id string) error {
-	_, err := c.propose(ctx, commandNodeRemove, nodeRemoveCommand{ID: id, Time: time.Now().UTC()})
-	return err
+	return c.cmds().RemoveNode(ctx, id)
 }
 
 // NodeRemoved reports whether id was removed for good.
