@@ -78,7 +78,7 @@ stage "simulator finds its seeded bugs"
 # the voter rule that demoted a healthy voter during a clean stop, a node
 # serving on leader contact without a lease) must fail at least 5 of 10
 # replays of the seed that finds it (15-50 s for both).
-go vet -tags simbugs,invariants ./internal/recovery ./internal/cluster ./internal/sim
+go vet -tags simbugs,invariants ./internal/recovery ./internal/cluster/... ./internal/sim
 go test -count=1 -timeout 10m -tags simbugs,invariants -run 'FindsSeededBug' ./internal/sim
 # The data-path and failure tests run against a herd built with -race
 # (testcluster fails a test whose node logged a race report), once: the

@@ -22,7 +22,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-
+	"github.com/herd-storage/herd/internal/cluster/statemachine"
 	"github.com/herd-storage/herd/internal/peer"
 )
 
@@ -82,7 +82,8 @@ type Config struct {
 type Cluster struct {
 	cfg       Config
 	logger    *slog.Logger
-	applied   // the state this node applied: reads (ops.go)
+	fsm       *FSM // the state machine, as raft applies the log to it
+	applied        // the state this node applied: reads (statemachine.Reads)
 	raft      *raft.Raft
 	transport *raft.NetworkTransport
 	contact   *contactTransport // transport wraps it: when the leader last reached each server
@@ -111,7 +112,9 @@ type Cluster struct {
 }
 
 // cmds builds the commands this node proposes (through Propose).
-func (c *Cluster) cmds() *Commands { return NewCommands(c, c.fsm, c.cfg.NodeID, c.cfg.Incarnation) }
+func (c *Cluster) cmds() *statemachine.Commands {
+	return statemachine.NewCommands(c, c.fsm.FSM, c.cfg.NodeID, c.cfg.Incarnation)
+}
 
 // Halted reports, once, that this node stopped applying the log because
 // it holds a command this binary does not know: the node must stop (and
@@ -121,10 +124,12 @@ func (c *Cluster) Halted() <-chan error { return c.halted }
 // Start opens the local raft state, joins gossip and returns once the node
 // is part of the cluster's gossip (or is its first node).
 func Start(ctx context.Context, cfg Config) (*Cluster, error) {
+	fsm := newFSM()
 	c := &Cluster{
 		cfg:        cfg,
 		logger:     cfg.Logger,
-		applied:    applied{fsm: newFSM()},
+		fsm:        fsm,
+		applied:    statemachine.NewReads(fsm.FSM),
 		started:    time.Now(),
 		nudge:      make(chan struct{}, 1),
 		peersDirty: make(chan struct{}, 1),
@@ -137,14 +142,14 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		forward:    &forwarder{creds: cfg.PeerCredentials},
 		lease:      newNodeLease(),
 	}
-	c.fsm.onHalt = func(err error) {
+	c.fsm.OnHalt = func(err error) {
 		c.logger.Error("cluster: stopping: the log holds a command this binary cannot apply", "err", err)
 		select {
 		case c.halted <- err:
 		default:
 		}
 	}
-	c.fsm.onNodeChange = func() {
+	c.fsm.OnNodeChange = func() {
 		select {
 		case c.peersDirty <- struct{}{}:
 		default:

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/herd-storage/herd/internal/cluster/statemachine"
 )
 
 // A lease granted to a node while the leader waits to commit its leave
@@ -21,11 +22,11 @@ func TestDropWaitsForLeasesGrantedMeanwhile(t *testing.T) {
 	leader := nodes[0]
 	waitUntil(t, 5*time.Second, "node 0 to lead", func() bool { return leader.raft.State() == raft.Leader })
 	c := &Cluster{
-		cfg: Config{NodeID: id0}, logger: slog.New(slog.DiscardHandler), applied: applied{fsm: leader.fsm},
+		cfg: Config{NodeID: id0}, logger: slog.New(slog.DiscardHandler), fsm: leader.fsm, applied: statemachine.NewReads(leader.fsm.FSM),
 		raft: leader.raft, contact: leader.trans, vetoed: map[string]time.Time{}, stop: make(chan struct{}),
 	}
 	for _, id := range []string{id0, id1} {
-		if err := commit(c, commandNodeJoin, nodeJoinCommand{Node: Node{ID: id, Address: id, Incarnation: "1"}, Time: t0}); err != nil {
+		if err := commitErr(commit(c).NodeJoin(context.Background(), Node{ID: id, Address: id, Incarnation: "1"})); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -33,7 +34,10 @@ func TestDropWaitsForLeasesGrantedMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := time.Now()
-	leave, err := encodeProposal(commandNodeLeave, nodeLeaveCommand{ID: id1, Reason: "failure detected by gossip", Time: t0})
+	leave, err := encoded("", "", func(c *statemachine.Commands) error {
+		_, err := c.NodeLeave(context.Background(), id1, "failure detected by gossip")
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +66,7 @@ func TestDropWaitsForLeasesGrantedMeanwhile(t *testing.T) {
 	if _, _, err := c.grantLease(id1, 0, 0); err == nil {
 		t.Fatal("a lease was granted to the node while its leave is being committed")
 	}
-	if err := commit(c, commandNodeLeave, nodeLeaveCommand{ID: id1, Reason: "failure detected by gossip", Time: t0}); err != nil {
+	if err := commitErr(commit(c).NodeLeave(context.Background(), id1, "failure detected by gossip")); err != nil {
 		t.Fatal(err)
 	}
 	o.release()

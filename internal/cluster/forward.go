@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/herd-storage/herd/internal/cluster/statemachine"
 	"github.com/herd-storage/herd/internal/logging"
 	"github.com/herd-storage/herd/internal/peer"
 )
@@ -395,25 +396,6 @@ func (c *Cluster) serveForwardConn(conn net.Conn) {
 	}
 }
 
-// credentialCommands change who may do what: admin tokens, NBD clients,
-// node admission and removal, join secrets and tokens, the gossip key,
-// the CA and the feature level (which turns the peer allow-list on).
-var credentialCommands = map[commandType]bool{
-	commandSecurityInit:    true,
-	commandTokenCreate:     true,
-	commandTokenRevoke:     true,
-	commandClientAdd:       true,
-	commandClientRevoke:    true,
-	commandNodeRemove:      true,
-	commandJoinSecretSet:   true,
-	commandFeatureLevel:    true,
-	commandNodeAdmit:       true,
-	commandJoinTokenCreate: true,
-	commandJoinTokenRevoke: true,
-	commandGossipKey:       true,
-	commandCA:              true,
-}
-
 // forwardRefusal says why the leader does not propose command forwarded
 // by node, or nil. A node the log admitted (a join's node certificate)
 // passes the peer port's allow-list before it ever starts; it may not
@@ -423,7 +405,7 @@ var credentialCommands = map[commandType]bool{
 // node remove). Such a node shows in herd node list; an id only admitted
 // does not.
 func (c *Cluster) forwardRefusal(node string, command []byte) error {
-	if len(command) == 0 || !credentialCommands[commandType(command[0])] {
+	if !statemachine.ChangesCredentials(command) {
 		return nil
 	}
 	if node == "" {

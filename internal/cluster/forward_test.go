@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/herd-storage/herd/internal/cluster/statemachine"
 )
 
 // forwardRequestFrame is a whole request frame as writeLoop sends it.
@@ -77,8 +79,14 @@ func checkForwardStream(t *testing.T, data []byte, minimum uint32, reencode func
 // forwarding connection: every frame accepted is a well-formed request
 // that re-encodes to its own bytes; everything else is refused.
 func FuzzForwardRequests(f *testing.F) {
-	lock, _ := encodeCommand(commandLockAcquire, lockCommand{Key: "vdi/disk", Node: "n1", Incarnation: "i", Session: "s", Time: t0})
-	create, _ := encodeCommand(commandVDICreate, vdiCreateCommand{Name: "disk", Size: 1 << 30, Time: t0})
+	lock, _ := encoded("n1", "i", func(c *statemachine.Commands) error {
+		_, err := c.AcquireLock(context.Background(), "vdi/disk", "s")
+		return err
+	})
+	create, _ := encoded("", "", func(c *statemachine.Commands) error {
+		_, err := c.CreateVDI(context.Background(), "disk", 1<<30, false, 0, nil)
+		return err
+	})
 	f.Add(forwardRequestFrame(1, lock))
 	f.Add(append(forwardRequestFrame(1, []byte{barrierRequest}), forwardRequestFrame(2, create)...))
 	f.Add(forwardRequestFrame(3, create)[:20])            // cut inside the frame
@@ -135,11 +143,11 @@ func FuzzForwardResponses(f *testing.F) {
 				t.Fatalf("status %d body %q read as %#v", frame[16], frame[17:], result.err)
 			}
 			known := code == "internal"
-			for _, c := range errorCodes {
-				if errors.Is(result.err, c.err) != (c.code == code) {
-					t.Fatalf("code %q: errors.Is(%v) = %v", code, c.err, !(c.code == code))
+			for _, c := range statemachine.Sentinels() {
+				if errors.Is(result.err, c.Err) != (c.Code == code) {
+					t.Fatalf("code %q: errors.Is(%v) = %v", code, c.Err, !(c.Code == code))
 				}
-				known = known || c.code == code
+				known = known || c.Code == code
 			}
 			again := appendForwardResponse(nil, id, result.index, nil, result.err)
 			if !known || !hasSeparator {
@@ -165,9 +173,9 @@ func wireFrame(frame []byte) []byte {
 // and decodes them as the other side does: the id, command, index, value,
 // error message and error identity all arrive unchanged.
 func FuzzForwardRoundTrip(f *testing.F) {
-	f.Add(uint64(1), []byte{byte(commandVDIDelete), '{', '}'}, uint64(7), []byte(`{"name":"disk"}`), "", uint8(0))
+	f.Add(uint64(1), []byte{5, '{', '}'}, uint64(7), []byte(`{"name":"disk"}`), "", uint8(0))
 	f.Add(uint64(1<<63), []byte{barrierRequest}, uint64(0), []byte(nil), "vdi \"disk\" not found", uint8(5))
-	f.Add(uint64(0), []byte{byte(commandLockAcquire)}, uint64(1<<40), []byte("null"), "no\x00nul\x00please", uint8(6))
+	f.Add(uint64(0), []byte{7}, uint64(1<<40), []byte("null"), "no\x00nul\x00please", uint8(6))
 	f.Fuzz(func(t *testing.T, id uint64, command []byte, index uint64, value []byte, message string, sentinel uint8) {
 		if len(command) >= minForwardRequest-8 && len(command) <= maxForwardFrame-8 {
 			frame, err := readForwardFrame(bytes.NewReader(forwardRequestFrame(id, command)), minForwardRequest)
@@ -182,7 +190,8 @@ func FuzzForwardRoundTrip(f *testing.F) {
 		var sent error
 		if message != "" {
 			// A leader's error: a message wrapping one of the sentinels.
-			sent = fmt.Errorf("%s: %w", message, errorCodes[int(sentinel)%len(errorCodes)].err)
+			sentinels := statemachine.Sentinels()
+			sent = fmt.Errorf("%s: %w", message, sentinels[int(sentinel)%len(sentinels)].Err)
 		}
 		encoded := appendForwardResponse(nil, id, index, value, sent)
 		if len(encoded)-4 > maxForwardFrame {
@@ -205,9 +214,9 @@ func FuzzForwardRoundTrip(f *testing.F) {
 		if result.err == nil || result.err.Error() != sent.Error() {
 			t.Fatalf("error %q arrived as %v", sent, result.err)
 		}
-		for _, c := range errorCodes {
-			if errors.Is(result.err, c.err) != errors.Is(sent, c.err) {
-				t.Fatalf("error %q wrapping %q: errors.Is(%q) differs after the trip", sent, ErrorCode(sent), c.code)
+		for _, c := range statemachine.Sentinels() {
+			if errors.Is(result.err, c.Err) != errors.Is(sent, c.Err) {
+				t.Fatalf("error %q wrapping %q: errors.Is(%q) differs after the trip", sent, ErrorCode(sent), c.Code)
 			}
 		}
 	})
@@ -335,6 +344,24 @@ func TestForwardDropsASilentConnection(t *testing.T) {
 	default:
 	}
 }
+
+// Command types as the state machine numbers them (a log entry's first
+// byte; internal/cluster/statemachine keeps the names to itself).
+type commandType = byte
+
+const (
+	commandNodeJoin        commandType = 2
+	commandVDICreate       commandType = 4
+	commandLockAcquire     commandType = 7
+	commandTokenCreate     commandType = 16
+	commandClientAdd       commandType = 18
+	commandNodeRemove      commandType = 20
+	commandJoinSecretSet   commandType = 21
+	commandNodeAdmit       commandType = 31
+	commandJoinTokenCreate commandType = 32
+	commandGossipKey       commandType = 34
+	commandCA              commandType = 36
+)
 
 // TestForwardedCredentialChangesNeedARunningNode: the leader proposes a
 // forwarded change of credentials (here an admin token with a hash the

@@ -123,7 +123,7 @@ func (d *gossipDelegate) NodeMeta(limit int) []byte {
 		build.Level = SupportedLevel
 	}
 	meta, _ := json.Marshal(nodeMeta{Address: cfg.BindIP, Peer: cfg.PeerAddr, Admin: cfg.AdminAddr, NBD: cfg.NBDAddr, Zone: cfg.Zone, Capacity: cfg.Capacity, Incarnation: cfg.Incarnation,
-		Stopping: d.c.stopping.Load(), Build: build.bounded()})
+		Stopping: d.c.stopping.Load(), Build: build.Bounded()})
 	if len(meta) > limit {
 		panic("cluster: node metadata exceeds gossip limit") // zone length is validated at start
 	}
@@ -191,7 +191,7 @@ func (c *Cluster) gossipMembers() map[string]Node {
 		out[id] = Node{
 			ID: id, Address: meta.Address, PeerAddr: meta.Peer, GossipAddr: a.address,
 			AdminAddr: meta.Admin, NBDAddr: meta.NBD, Zone: meta.Zone, Capacity: meta.Capacity, Incarnation: meta.Incarnation,
-			build: meta.Build,
+			Build: meta.Build,
 		}
 	}
 	return out

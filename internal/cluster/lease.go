@@ -72,6 +72,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/herd-storage/herd/internal/cluster/statemachine"
 	"golang.org/x/sys/unix"
 )
 
@@ -236,7 +237,7 @@ func (c *Cluster) WaitLease(ctx context.Context) error {
 // serves an epoch before it any more. Another epoch than the newest this
 // node applied is the caller's to refuse; it passes here.
 func (c *Cluster) WaitActive(ctx context.Context, epoch uint64) error {
-	current, index := c.fsm.epochStart()
+	current, index := c.fsm.EpochStart()
 	if current != epoch {
 		return nil
 	}
@@ -288,9 +289,7 @@ func (c *Cluster) leaseLoop() {
 	ticker := time.NewTicker(leaseRenewEvery)
 	defer ticker.Stop()
 	for {
-		c.fsm.epochMu.Lock()
-		epochChanged := c.fsm.epochChanged
-		c.fsm.epochMu.Unlock()
+		epochChanged := c.fsm.EpochChanged()
 		if err := c.renewLease(); err != nil {
 			c.lease.failed(err)
 		}
@@ -540,22 +539,14 @@ func (c *Cluster) dropWait(node string) time.Duration {
 // granted no lease.
 func (c *Cluster) awaitDrop(ctx context.Context, data []byte) (release func(), err error) {
 	release = func() {}
-	var node string
-	switch commandType(data[0]) {
-	case commandNodeLeave:
-		var cmd nodeLeaveCommand
-		if json.Unmarshal(data[1:], &cmd) != nil {
-			return release, nil // refused by the state machine with its own error
-		}
-		node = cmd.ID
-	case commandNodeRemove:
-		var cmd nodeRemoveCommand
-		if json.Unmarshal(data[1:], &cmd) != nil {
-			return release, nil
-		}
+	node, remove, ok := statemachine.Drop(data)
+	switch {
+	case !ok:
+		return release, nil // no node taken out, or refused by the state machine with its own error
+	case remove:
 		alive := false
 		c.fsm.View(func(s *State) {
-			n, ok := s.Nodes[cmd.ID]
+			n, ok := s.Nodes[node]
 			alive = ok && n.State == NodeAlive
 		})
 		if alive {
@@ -566,9 +557,6 @@ func (c *Cluster) awaitDrop(ctx context.Context, data []byte) (release func(), e
 			// waits for its leases itself.
 			return release, nil
 		}
-		node = cmd.ID
-	default:
-		return release, nil
 	}
 	// A lease granted while the leader waits (the node's next process,
 	// restarted meanwhile, renews) must run out too: wait again until

@@ -3,13 +3,15 @@ package cluster
 import (
 	"testing"
 	"time"
+
+	"github.com/herd-storage/herd/internal/cluster/statemachine"
 )
 
 // The forwarded requests that are not log commands must never collide
 // with one: a lease request taken for a command would be committed.
 func TestLeaseAndBarrierRequestsAreNoCommands(t *testing.T) {
 	for _, b := range []byte{barrierRequest, leaseRequest} {
-		if commands[commandType(b)] != nil {
+		if statemachine.Known([]byte{b}) {
 			t.Errorf("command type %#x is also a forwarded request", b)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/herd-storage/herd/internal/cluster/statemachine"
 )
 
 // Local is the cluster log without raft, for simulations (internal/sim):
@@ -47,8 +48,9 @@ import (
 // commit in a real cluster. Safe for concurrent use; time is read from
 // the time package, so a simulation's fake clock governs it.
 type Local struct {
-	applied           // the leader's FSM: applies every entry as it is committed
-	cmds    *Commands // what the leader and operators commit (Propose)
+	fsm     *FSM                   // the leader's FSM: applies every entry as it is committed
+	applied                        // its reads
+	cmds    *statemachine.Commands // what the leader and operators commit (Propose)
 
 	mu      sync.Mutex // guards entries, changed, members
 	entries [][]byte
@@ -70,9 +72,10 @@ type Local struct {
 
 // NewLocal returns an empty log.
 func NewLocal() *Local {
-	l := &Local{applied: applied{fsm: newFSM()}, changed: make(chan struct{}), members: map[*LocalMember]bool{}, origin: time.Now(), builds: map[string]Build{}}
+	fsm := newFSM()
+	l := &Local{fsm: fsm, applied: statemachine.NewReads(fsm.FSM), changed: make(chan struct{}), members: map[*LocalMember]bool{}, origin: time.Now(), builds: map[string]Build{}}
 	l.grants.changed = make(chan struct{}) // the maps are made by leaseGrants.record
-	l.cmds = NewCommands(l, l.fsm, "", "")
+	l.cmds = statemachine.NewCommands(l, l.fsm.FSM, "", "")
 	return l
 }
 
@@ -83,7 +86,7 @@ func (l *Local) now() int64 { return int64(time.Since(l.origin)) }
 // FSM computed for it (as raft's ApplyFuture does) and its index. An entry
 // whose apply fails is still committed: every FSM refuses it alike.
 func (l *Local) commit(data []byte) (json.RawMessage, uint64, error) {
-	if len(data) == 0 || commands[commandType(data[0])] == nil {
+	if !statemachine.Known(data) {
 		return nil, 0, fmt.Errorf("%w: unknown command", ErrInvalid)
 	}
 	l.mu.Lock()
@@ -93,7 +96,7 @@ func (l *Local) commit(data []byte) (json.RawMessage, uint64, error) {
 	close(l.changed)
 	l.changed = make(chan struct{})
 	l.mu.Unlock()
-	res, _ := results[0].(*applyResult)
+	res, _ := results[0].(*statemachine.Result)
 	if res == nil {
 		return nil, index, fmt.Errorf("cluster: log entry produced no result")
 	}
@@ -235,12 +238,6 @@ func (l *Local) FinalizeUpgrade(target int) (int, error) {
 	return level, nil
 }
 
-// Level is the cluster's feature level.
-func (l *Local) Level() (level int) {
-	l.fsm.View(func(s *State) { level = s.Level() })
-	return level
-}
-
 // grantLease answers a member's lease request, as Cluster.grantLease
 // does: it records the grant (its time, its commit index, the member's
 // applied index: leaseGrants.record) and answers the commit index, which
@@ -315,8 +312,9 @@ func (l *Local) Close() {
 // the replica side need of it. It starts disconnected and without a
 // lease.
 type LocalMember struct {
+	fsm *FSM
 	applied
-	cmds        *Commands // what this process proposes (Propose)
+	cmds        *statemachine.Commands // what this process proposes (Propose)
 	log         *Local
 	id          string
 	incarnation string
@@ -347,10 +345,11 @@ type LocalMember struct {
 // Close the log, when done: it runs goroutines that apply entries and
 // renew its lease.
 func (l *Local) Member(id, incarnation string, from uint64) *LocalMember {
-	m := &LocalMember{applied: applied{fsm: newFSM()}, log: l, id: id, incarnation: incarnation, lostContact: time.Now(),
+	fsm := newFSM()
+	m := &LocalMember{fsm: fsm, applied: statemachine.NewReads(fsm.FSM), log: l, id: id, incarnation: incarnation, lostContact: time.Now(),
 		renewed: make(chan struct{}), wake: make(chan struct{}, 1), kick: make(chan struct{}, 1), done: make(chan struct{})}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
-	m.cmds = NewCommands(m, m.fsm, id, incarnation)
+	m.cmds = statemachine.NewCommands(m, m.fsm.FSM, id, incarnation)
 	m.apply(from)
 	l.mu.Lock()
 	l.members[m] = true
@@ -566,7 +565,7 @@ func (m *LocalMember) WaitLease(ctx context.Context) error {
 // WaitActive returns nil once writes in epoch may be admitted: no member
 // serves an epoch before it any more (as Cluster.WaitActive).
 func (m *LocalMember) WaitActive(ctx context.Context, epoch uint64) error {
-	current, index := m.fsm.epochStart()
+	current, index := m.fsm.EpochStart()
 	if current != epoch {
 		return nil
 	}
@@ -615,9 +614,7 @@ func (m *LocalMember) leaseLoop() {
 	ticker := time.NewTicker(leaseRenewEvery)
 	defer ticker.Stop()
 	for {
-		m.fsm.epochMu.Lock()
-		epochChanged := m.fsm.epochChanged
-		m.fsm.epochMu.Unlock()
+		epochChanged := m.fsm.EpochChanged()
 		if err := m.renewLease(); err != nil {
 			m.mu.Lock()
 			m.lastErr = err
@@ -717,7 +714,7 @@ func (m *LocalMember) SnapshotVDI(ctx context.Context, name, tag, holder string)
 // AcquireLock is Cluster.AcquireLock.
 func (m *LocalMember) AcquireLock(ctx context.Context, key, session string) (Lock, error) {
 	wait, cancel := context.WithTimeout(ctx, applyTimeout)
-	err := m.registered(wait, m.id, m.incarnation)
+	err := m.WaitRegistered(wait, m.id, m.incarnation)
 	cancel()
 	if err != nil {
 		return Lock{}, err

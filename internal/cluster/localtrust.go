@@ -56,12 +56,6 @@ func (l *Local) FinalizeSecurity(admitted map[string]string) (int, error) {
 	return l.cmds.RaiseLevel(context.Background(), LevelSecurity, admitted)
 }
 
-// CA is the committed record of the cluster CA (a copy).
-func (l *Local) CA() (out CAState) {
-	l.fsm.View(func(s *State) { out = copyCAState(s.CA) })
-	return out
-}
-
 // StartCARotation commits the start of a rotation to the CA of certPEM,
 // whose key holder holds (`herd cluster rotate-ca`).
 func (l *Local) StartCARotation(certPEM []byte, holder string) (CAState, error) {
@@ -84,22 +78,6 @@ func (l *Local) CancelCARotation() (CAState, error) {
 	return l.cmds.CancelCARotation(context.Background())
 }
 
-// GossipKeyState is the committed record of the gossip key.
-func (l *Local) GossipKeyState() (k GossipKeyring) {
-	l.fsm.View(func(s *State) { k = copyGossipKeyring(s.GossipKeys) })
-	return k
-}
-
-func copyGossipKeyring(in GossipKeyring) GossipKeyring {
-	out := in
-	if r := in.Rotation; r != nil {
-		copied := *r
-		copied.Installed, copied.Using = slices.Clone(r.Installed), slices.Clone(r.Using)
-		out.Rotation = &copied
-	}
-	return out
-}
-
 // StartGossipKeyRotation commits the start of a rotation to the gossip
 // key of id, made by holder (`herd cluster rotate-gossip-key`).
 func (l *Local) StartGossipKeyRotation(id, holder string) error {
@@ -116,18 +94,18 @@ func (l *Local) AdvanceGossipKeyRotation() (string, error) {
 	var missingInstall, missingUse []string
 	l.fsm.View(func(s *State) {
 		if s.GossipKeys.Rotation != nil {
-			copied := copyGossipKeyring(s.GossipKeys)
+			copied := s.GossipKeys.Clone()
 			r = copied.Rotation
-			missingInstall, missingUse = s.missing(r.Installed), s.missing(r.Using)
+			missingInstall, missingUse = s.Missing(r.Installed), s.Missing(r.Using)
 		}
 	})
 	switch {
 	case r == nil:
 		return "", nil
 	case r.Phase == GossipKeyInstall && len(missingInstall) == 0:
-		return gossipKeySwitch, l.cmds.GossipKeyStep(context.Background(), gossipKeySwitch, r.Key)
+		return GossipKeyOpSwitch, l.cmds.GossipKeyStep(context.Background(), GossipKeyOpSwitch, r.Key)
 	case r.Phase == GossipKeyUse && len(missingUse) == 0:
-		return gossipKeyDone, l.cmds.GossipKeyStep(context.Background(), gossipKeyDone, r.Key)
+		return GossipKeyOpDone, l.cmds.GossipKeyStep(context.Background(), GossipKeyOpDone, r.Key)
 	}
 	return "", nil
 }
@@ -141,36 +119,6 @@ func (l *Local) CommitGossipKeyStep(op string) error {
 		return fmt.Errorf("%w: no gossip key rotation is under way", ErrNotFound)
 	}
 	return l.cmds.GossipKeyStep(context.Background(), op, r.Key)
-}
-
-// CA is the record of the cluster CA this member applied (a copy).
-func (m *LocalMember) CA() (out CAState) {
-	m.fsm.View(func(s *State) { out = copyCAState(s.CA) })
-	return out
-}
-
-// GossipKeyState is the record of the gossip key this member applied.
-func (m *LocalMember) GossipKeyState() (k GossipKeyring) {
-	m.fsm.View(func(s *State) { k = copyGossipKeyring(s.GossipKeys) })
-	return k
-}
-
-// PeerAllowedUnder is Cluster.PeerAllowedUnder on this member's log.
-func (m *LocalMember) PeerAllowedUnder(id, serial, ca string) (err error) {
-	m.fsm.View(func(s *State) { err = s.peerAllowed(id, serial, ca) })
-	return err
-}
-
-// PeerAdmitted is Cluster.PeerAdmitted on this member's log.
-func (m *LocalMember) PeerAdmitted(id string) (err error) {
-	m.fsm.View(func(s *State) {
-		if _, removed := s.Removed[id]; removed {
-			err = fmt.Errorf("node %s was removed from the cluster for good", id)
-		} else if _, ok := s.Admitted[id]; !ok && s.Level() >= LevelSecurity {
-			err = fmt.Errorf("node %s was never admitted to this cluster", id)
-		}
-	})
-	return err
 }
 
 // Sync waits until this member applied everything committed, as

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-
+	"github.com/herd-storage/herd/internal/cluster/statemachine"
 	"github.com/herd-storage/herd/internal/logging"
 )
 
@@ -21,8 +21,8 @@ import (
 func TestLookupVDIWithoutLeader(t *testing.T) {
 	h := newHarness(t)
 	h.join("a", "", "1")
-	h.apply(commandFormat, formatCommand{Copies: 1, ObjectSize: 4 << 20})
-	if _, err := h.apply(commandVDICreate, vdiCreateCommand{Name: "w", Size: 1 << 30}); err != nil {
+	h.as("a").Format(context.Background(), 1, 4<<20)
+	if _, err := h.as("a").CreateVDI(context.Background(), "w", 1<<30, false, 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	// A raft server never bootstrapped nor contacted: it knows no leader.
@@ -36,7 +36,7 @@ func TestLookupVDIWithoutLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { r.Shutdown() })
-	c := &Cluster{applied: applied{fsm: h.fsm}, raft: r}
+	c := &Cluster{fsm: h.fsm, applied: statemachine.NewReads(h.fsm.FSM), raft: r}
 
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()

@@ -67,7 +67,7 @@ func (c *Cluster) reconcile() error {
 		if ok && l.State == NodeAlive && sameNode(l, m) {
 			continue
 		}
-		if err := checkNodeLengths(m); err != nil {
+		if err := CheckNodeLengths(m); err != nil {
 			// Its join would be refused on every tick and hold back the
 			// joins sorted after it: skip it, and say so once.
 			if c.refuseOnce(id) {
@@ -75,13 +75,13 @@ func (c *Cluster) reconcile() error {
 			}
 			continue
 		}
-		if m.build.SupportedLevel() < level {
+		if m.Build.SupportedLevel() < level {
 			tooOld[id] = true
 			// Its binary does not know what the log holds: it would stop
 			// at the first entry it cannot apply (features.go).
 			if c.refuseOnce(id) {
 				c.logger.Warn("cluster: not admitting a node whose herd is older than the cluster's feature level: upgrade herd on it", "node", id,
-					"runs", m.build.String(), "supports", m.build.SupportedLevel(), "cluster_level", level)
+					"runs", m.Build.String(), "supports", m.Build.SupportedLevel(), "cluster_level", level)
 			}
 			continue
 		}

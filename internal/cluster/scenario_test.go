@@ -152,8 +152,7 @@ func (s *scenario) run(t *testing.T, d *datadriven.TestData) string {
 		r, err := s.via(d).SnapshotVDI(ctx, arg(d, "name"), arg(d, "tag"), "")
 		return result(fmt.Sprintf("snapshot %s, the name now vdi %d", r.Snapshot.FullName(), r.VDI.ID), err)
 	case "rollback":
-		var v VDI
-		err := s.log().commitCommand(commandVDIRollback, vdiRollbackCommand{Name: arg(d, "name"), Tag: arg(d, "tag"), Time: time.Now().UTC()}, &v)
+		v, err := s.log().cmds.RollbackVDI(ctx, arg(d, "name"), arg(d, "tag"))
 		return result(describeVDI(v), err)
 	case "delete":
 		return result("ok", s.log().DeleteVDI(arg(d, "name")))

@@ -25,7 +25,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/raft"
-
+	"github.com/herd-storage/herd/internal/cluster/statemachine"
 	"github.com/herd-storage/herd/internal/logging"
 )
 
@@ -92,6 +92,7 @@ func StartSim(cfg SimConfig) (*Cluster, error) {
 		return nil, fmt.Errorf("cluster: StartSim without UseSimClock")
 	}
 	address := net.JoinHostPort(cfg.Address, fmt.Sprint(SimRaftPort))
+	fsm := newFSM()
 	c := &Cluster{
 		cfg: Config{
 			NodeID: cfg.NodeID, Incarnation: cfg.Incarnation, BindIP: cfg.Address, PeerAddr: address, GossipPort: SimGossipPort,
@@ -99,7 +100,8 @@ func StartSim(cfg SimConfig) (*Cluster, error) {
 			Capacity: 1 << 40, Join: cfg.Join, DataDir: "/nonexistent/herd-sim/" + cfg.NodeID, Logger: cfg.Logger,
 		},
 		logger:     cfg.Logger,
-		applied:    applied{fsm: newFSM()},
+		fsm:        fsm,
+		applied:    statemachine.NewReads(fsm.FSM),
 		started:    time.Now(),
 		nudge:      make(chan struct{}, 1),
 		peersDirty: make(chan struct{}, 1),
@@ -112,13 +114,13 @@ func StartSim(cfg SimConfig) (*Cluster, error) {
 		forward:    &forwarder{sim: cfg.Forward},
 		lease:      newNodeLease(),
 	}
-	c.fsm.onHalt = func(err error) {
+	c.fsm.OnHalt = func(err error) {
 		select {
 		case c.halted <- err:
 		default:
 		}
 	}
-	c.fsm.onNodeChange = c.poke
+	c.fsm.OnNodeChange = c.poke
 	rc := raftConfig(cfg.NodeID, logging.Hclog(cfg.Logger, "raft"))
 	existing, err := raft.HasExistingState(cfg.Stores.log, cfg.Stores.log, cfg.Stores.snapshots)
 	if err != nil {
@@ -170,9 +172,7 @@ func (c *Cluster) Kill() {
 // EpochChanged returns a channel closed when this node next applies a
 // new epoch.
 func (c *Cluster) EpochChanged() <-chan struct{} {
-	c.fsm.epochMu.Lock()
-	defer c.fsm.epochMu.Unlock()
-	return c.fsm.epochChanged
+	return c.fsm.EpochChanged()
 }
 
 // CurrentEpoch is the newest epoch this node applied, with its nodes

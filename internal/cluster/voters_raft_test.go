@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,7 +13,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-
+	"github.com/herd-storage/herd/internal/cluster/statemachine"
 	"github.com/herd-storage/herd/internal/logging"
 )
 
@@ -97,19 +99,28 @@ func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 	}
 }
 
-func commit(c *Cluster, ct commandType, payload any) error {
-	data, err := encodeCommand(ct, payload)
-	if err != nil {
-		return err
-	}
-	f := c.raft.Apply(data, 2*time.Second)
+// commit returns the commands proposed straight to c's raft, which must
+// lead.
+func commit(c *Cluster) *statemachine.Commands {
+	return statemachine.NewCommands(raftProposer{c}, c.fsm.FSM, c.cfg.NodeID, c.cfg.Incarnation)
+}
+
+// commitErr is the error of a commit.
+func commitErr(_ uint64, err error) error { return err }
+
+// raftProposer applies an entry on its cluster's raft, without the
+// forwarding and waits of Cluster.Propose.
+type raftProposer struct{ c *Cluster }
+
+func (p raftProposer) Propose(_ context.Context, data []byte) (json.RawMessage, uint64, error) {
+	f := p.c.raft.Apply(data, 2*time.Second)
 	if err := f.Error(); err != nil {
-		return err
+		return nil, 0, err
 	}
-	if res, ok := f.Response().(*applyResult); ok && res.Err != nil {
-		return res.Err
+	if res, ok := f.Response().(*statemachine.Result); ok && res.Err != nil {
+		return nil, f.Index(), res.Err
 	}
-	return nil
+	return json.RawMessage("null"), f.Index(), nil
 }
 
 func configVoters(t *testing.T, r *raft.Raft) []string {
@@ -142,13 +153,13 @@ func TestVotersKeepAMajorityThroughAFalseDeath(t *testing.T) {
 	leader := nodes[0]
 	waitUntil(t, 5*time.Second, "node 0 to lead", func() bool { return leader.raft.State() == raft.Leader })
 	c := &Cluster{
-		cfg: Config{NodeID: id0}, logger: slog.New(slog.DiscardHandler), applied: applied{fsm: leader.fsm},
+		cfg: Config{NodeID: id0}, logger: slog.New(slog.DiscardHandler), fsm: leader.fsm, applied: statemachine.NewReads(leader.fsm.FSM),
 		raft: leader.raft, contact: leader.trans, vetoed: map[string]time.Time{},
 	}
 	members := map[string]Node{}
 	for _, n := range nodes {
 		node := Node{ID: n.id, Address: n.id, PeerAddr: string(n.addr), Incarnation: "1"}
-		if err := commit(c, commandNodeJoin, nodeJoinCommand{Node: node, Time: t0}); err != nil {
+		if err := commitErr(commit(c).NodeJoin(context.Background(), node)); err != nil {
 			t.Fatal(err)
 		}
 		members[n.id] = node
@@ -185,7 +196,7 @@ func TestVotersKeepAMajorityThroughAFalseDeath(t *testing.T) {
 	waitUntil(t, 5*time.Second, "the leader to lose contact with nodes 2 and 4", func() bool {
 		return !c.reachable(id2) && !c.reachable(id4)
 	})
-	if err := commit(c, commandNodeLeave, nodeLeaveCommand{ID: id2, Reason: "failure detected by gossip", Time: t0}); err != nil {
+	if err := commitErr(commit(c).NodeLeave(context.Background(), id2, "failure detected by gossip")); err != nil {
 		t.Fatal(err)
 	}
 	delete(members, id2) // node 4 is still in gossip: it has not noticed yet
@@ -193,7 +204,7 @@ func TestVotersKeepAMajorityThroughAFalseDeath(t *testing.T) {
 	t.Logf("voters after node 2 left: %v", configVoters(t, leader.raft))
 
 	// Node 1's false death (its raft never stopped answering).
-	if err := commit(c, commandNodeLeave, nodeLeaveCommand{ID: id1, Reason: "failure detected by gossip", Time: t0}); err != nil {
+	if err := commitErr(commit(c).NodeLeave(context.Background(), id1, "failure detected by gossip")); err != nil {
 		t.Fatal(err)
 	}
 	delete(members, id1)
@@ -203,7 +214,7 @@ func TestVotersKeepAMajorityThroughAFalseDeath(t *testing.T) {
 
 	// Node 1 refutes and is back in gossip: the leader commits its join.
 	members[id1] = Node{ID: id1, Address: id1, PeerAddr: string(nodes[1].addr), Incarnation: "1"}
-	err := commit(c, commandNodeJoin, nodeJoinCommand{Node: members[id1], Time: t0})
+	err := commitErr(commit(c).NodeJoin(context.Background(), members[id1]))
 	if errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrNotLeader) {
 		t.Fatalf("the leader cannot commit any more (%v): voters %v, and it reaches only %v", err, voters, reachedOf(c, ids))
 	}
@@ -226,13 +237,13 @@ func TestUnreachableVoterReplacedInOneStep(t *testing.T) {
 	leader := nodes[0]
 	waitUntil(t, 5*time.Second, "node 0 to lead", func() bool { return leader.raft.State() == raft.Leader })
 	c := &Cluster{
-		cfg: Config{NodeID: id0}, logger: slog.New(slog.DiscardHandler), applied: applied{fsm: leader.fsm},
+		cfg: Config{NodeID: id0}, logger: slog.New(slog.DiscardHandler), fsm: leader.fsm, applied: statemachine.NewReads(leader.fsm.FSM),
 		raft: leader.raft, contact: leader.trans, vetoed: map[string]time.Time{},
 	}
 	members := map[string]Node{}
 	for _, n := range nodes {
 		node := Node{ID: n.id, Address: n.id, PeerAddr: string(n.addr), Incarnation: "1"}
-		if err := commit(c, commandNodeJoin, nodeJoinCommand{Node: node, Time: t0}); err != nil {
+		if err := commitErr(commit(c).NodeJoin(context.Background(), node)); err != nil {
 			t.Fatal(err)
 		}
 		members[n.id] = node
@@ -298,12 +309,12 @@ func startGossipNodes(t *testing.T, ids ...string) ([]*raftNode, []*Cluster) {
 				NodeID: n.id, Incarnation: "1", BindIP: "127.0.0.1", PeerAddr: string(n.addr), GossipKey: key,
 				AdminAddr: "127.0.0.1:1", NBDAddr: "127.0.0.1:2",
 			},
-			logger:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", i),
-			applied: applied{fsm: n.fsm}, raft: n.raft, contact: n.trans, started: time.Now(),
+			logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})).With("node", i),
+			fsm:    n.fsm, applied: statemachine.NewReads(n.fsm.FSM), raft: n.raft, contact: n.trans, started: time.Now(),
 			nudge: make(chan struct{}, 1), halted: make(chan error, 1), stop: make(chan struct{}),
 			seen: map[string]gossipState{}, addresses: map[string]gossipAddress{}, refused: map[string]bool{}, vetoed: map[string]time.Time{},
 		}
-		n.fsm.onNodeChange = c.poke
+		n.fsm.OnNodeChange = c.poke
 		if err := c.startGossip(); err != nil {
 			t.Fatal(err)
 		}

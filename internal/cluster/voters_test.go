@@ -504,3 +504,19 @@ func TestVoterPlanDemotesTheUnreachableBeforePromoting(t *testing.T) {
 		t.Fatalf("voters %v, %d reached: no majority", f.voters(), reached)
 	}
 }
+
+func TestVoterPolicy(t *testing.T) {
+	for n, want := range map[int]int{1: 1, 2: 1, 3: 3, 4: 3, 5: 5, 9: 5} {
+		if got := targetVoters(n); got != want {
+			t.Errorf("targetVoters(%d) = %d, want %d", n, got, want)
+		}
+	}
+	zones := map[string]string{"a": "z1", "b": "z1", "c": "z2", "d": "z3", "e": "z2"}
+	zoneOf := func(id string) string { return zones[id] }
+	if got := pickByZone([]string{"b", "c", "d"}, []string{"a", "e"}, zoneOf, false); got != "d" {
+		t.Errorf("promote: picked %s, want d (its zone has no voter)", got)
+	}
+	if got := pickByZone([]string{"a", "b", "c"}, []string{"a", "b", "c"}, zoneOf, true); got != "a" {
+		t.Errorf("demote: picked %s, want a (z1 has two voters, smallest id)", got)
+	}
+}

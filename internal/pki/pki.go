@@ -40,6 +40,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"github.com/herd-storage/herd/internal/pki/pkiconst"
 	"math/big"
 	"net"
 	"net/url"
@@ -62,7 +63,7 @@ const (
 const (
 	caValidity     = 10 * 365 * 24 * time.Hour
 	nodeValidity   = 10 * 365 * 24 * time.Hour
-	clientValidity = 5 * 365 * 24 * time.Hour
+	clientValidity = pkiconst.ClientValidity
 	// backdate covers clocks behind the issuer's: a certificate issued
 	// by a node whose clock runs ahead is still valid on the others.
 	backdate = time.Hour
@@ -73,7 +74,7 @@ const (
 const ClientValidity = clientValidity
 
 // FingerprintLength is the length of Fingerprint's result.
-const FingerprintLength = 2 * sha256.Size
+const FingerprintLength = pkiconst.FingerprintLength
 
 // CA is the cluster's certificate authority. Every node holds it, so any
 // member can admit a joining node.
