@@ -8,6 +8,12 @@
 // voter set healthy: 1 voter alone, 3 once 3 nodes are alive, 5 from 5,
 // spread over zones, dead voters replaced; every other node is a non-voter
 // that applies the same log.
+//
+// The state machine itself (state, commands, apply, snapshots) is
+// internal/cluster/statemachine, which imports no raft, gossip or network
+// package; this package is its runtime, and proposes every command through
+// statemachine.Commands (Cluster.Propose). names.go aliases the state
+// machine's names (cluster.VDI, cluster.ErrNotFound, ...).
 package cluster
 
 import (
