@@ -229,11 +229,14 @@ func (call *call) commandError(errno uint32, message string) *Error {
 func (c *Conn) register(call *call) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.failure != nil {
-		return c.failure
-	}
+	// A connection closing says why first: after an ESHUTDOWN the server
+	// closing its side is expected, and "shutting down" is what the
+	// caller must hear, whether or not the reader has met the EOF yet.
 	if c.closing {
 		return c.closeReason
+	}
+	if c.failure != nil {
+		return c.failure
 	}
 	c.nextHandle++
 	call.handle = c.nextHandle
