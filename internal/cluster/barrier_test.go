@@ -1,12 +1,15 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/herd-storage/herd/internal/cluster/statemachine"
 
 	"github.com/herd-storage/herd/internal/logging"
 )
@@ -46,8 +49,8 @@ func TestDeposedLeaderAnswersNoBarrier(t *testing.T) {
 		}
 	}
 	waitUntil(t, 10*time.Second, "node 0 to lead", func() bool { return old.raft.State() == raft.Leader })
-	c := &Cluster{cfg: Config{NodeID: old.id}, logger: slog.New(slog.DiscardHandler), applied: applied{fsm: old.fsm}, raft: old.raft, contact: old.trans}
-	if err := commit(c, commandNodeJoin, nodeJoinCommand{Node: Node{ID: id0, Address: id0, Incarnation: "1"}, Time: t0}); err != nil {
+	c := &Cluster{cfg: Config{NodeID: old.id}, logger: slog.New(slog.DiscardHandler), fsm: old.fsm, applied: statemachine.NewReads(old.fsm.FSM), raft: old.raft, contact: old.trans}
+	if err := commitErr(commit(c).NodeJoin(context.Background(), Node{ID: id0, Address: id0, Incarnation: "1"})); err != nil {
 		t.Fatal(err)
 	}
 	if _, index, err := c.ProposeForwarded(t.Context(), []byte{barrierRequest}); err != nil || index == 0 {
@@ -76,8 +79,8 @@ func TestDeposedLeaderAnswersNoBarrier(t *testing.T) {
 		}
 		return false
 	})
-	s := &Cluster{raft: successor.raft}
-	if err := commit(s, commandNodeJoin, nodeJoinCommand{Node: Node{ID: id1, Address: id1, Incarnation: "1"}, Time: t0}); err != nil {
+	s := &Cluster{raft: successor.raft, fsm: successor.fsm}
+	if err := commitErr(commit(s).NodeJoin(context.Background(), Node{ID: id1, Address: id1, Incarnation: "1"})); err != nil {
 		t.Fatalf("the new leader's commit: %v", err)
 	}
 	committed := successor.raft.CommitIndex()

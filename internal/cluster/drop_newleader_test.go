@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/herd-storage/herd/internal/cluster/statemachine"
 )
 
 // A new leader commits no entry that takes a node out until
@@ -24,15 +26,18 @@ func TestNewLeaderCommitsNoDropUntilPredecessorsLeasesRanOut(t *testing.T) {
 	waitUntil(t, 5*time.Second, "node 0 to lead", func() bool { return leader.raft.State() == raft.Leader })
 	elected := time.Now() // at or after the election
 	c := &Cluster{
-		cfg: Config{NodeID: id0}, logger: slog.New(slog.DiscardHandler), applied: applied{fsm: leader.fsm},
+		cfg: Config{NodeID: id0}, logger: slog.New(slog.DiscardHandler), fsm: leader.fsm, applied: statemachine.NewReads(leader.fsm.FSM),
 		raft: leader.raft, contact: leader.trans, vetoed: map[string]time.Time{}, stop: make(chan struct{}),
 	}
 	for _, id := range []string{id0, id1} {
-		if err := commit(c, commandNodeJoin, nodeJoinCommand{Node: Node{ID: id, Address: id, Incarnation: "1"}, Time: t0}); err != nil {
+		if err := commitErr(commit(c).NodeJoin(context.Background(), Node{ID: id, Address: id, Incarnation: "1"})); err != nil {
 			t.Fatal(err)
 		}
 	}
-	leave, err := encodeProposal(commandNodeLeave, nodeLeaveCommand{ID: id1, Reason: "failure detected by gossip", Time: t0})
+	leave, err := encoded(id0, "1", func(c *statemachine.Commands) error {
+		_, err := c.NodeLeave(context.Background(), id1, "failure detected by gossip")
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
