@@ -72,7 +72,7 @@ func (h *healer) healBlocks(ctx context.Context, node cluster.Node, rv *layout.E
 			return fmt.Errorf("%w: no other replica has the blocks of object %016x at %d+%d good: %v", object.ErrChecksum, oid, start, size, last)
 		}
 	}
-	if err := h.replicas.Write(ctx, node, rv.Number, oid, good, start, object.Flags{Repair: true}); err != nil {
+	if err := h.replicas.Write(ctx, node, rv.Number, oid, good, start, object.FlagRepair); err != nil {
 		return err
 	}
 	h.checksumRepairs.Add(1)

@@ -222,10 +222,10 @@ func (d *Disk) writePiece(ctx context.Context, vdi cluster.VDI, chain []uint32, 
 	near := !fua && state.limiter.ackZone.Load()
 	if owner == vdi.ID {
 		if near {
-			_, err := g.lag.writeNear(ctx, oid, vdi.Copies, p, within, object.Flags{}, vdi.ObjectSize, nil)
+			_, err := g.lag.writeNear(ctx, oid, vdi.Copies, p, within, 0, vdi.ObjectSize, nil)
 			return err
 		}
-		return g.write(ctx, oid, vdi.Copies, p, within, object.Flags{Sync: fua})
+		return g.write(ctx, oid, vdi.Copies, p, within, object.Flags(0).With(object.FlagSync, fua))
 	}
 	// First write to this object in this VDI: the data goes to every
 	// replica, then the map entry, then the answer. A crash in between
@@ -236,13 +236,13 @@ func (d *Disk) writePiece(ctx context.Context, vdi cluster.VDI, chain []uint32, 
 	if owner != 0 && (within != 0 || uint64(len(p)) != vdi.ObjectSize) {
 		err = g.copyObject(ctx, vdi, owner, index, fua, func(data []byte) { copy(data[within:], p) })
 	} else if near {
-		data, err = g.lag.writeNear(ctx, oid, vdi.Copies, p, within, object.Flags{Create: true, Fresh: true}, vdi.ObjectSize, nil)
+		data, err = g.lag.writeNear(ctx, oid, vdi.Copies, p, within, object.FlagCreate|object.FlagFresh, vdi.ObjectSize, nil)
 	} else {
 		// Fresh: a copy of this object may exist already, unreferenced,
 		// left by a first write or a remove that failed on some replicas
 		// (its gateway died before repairing it). Its bytes must not show
 		// beside this piece, nor differ between replicas.
-		err = g.write(ctx, oid, vdi.Copies, p, within, object.Flags{Create: true, Fresh: true, Sync: fua})
+		err = g.write(ctx, oid, vdi.Copies, p, within, (object.FlagCreate|object.FlagFresh).With(object.FlagSync, fua))
 	}
 	if err != nil {
 		return err
@@ -284,7 +284,7 @@ func (g *Gateway) copyObject(ctx context.Context, vdi cluster.VDI, owner, index 
 		return fmt.Errorf("copy-on-write of object %d from vdi %d: %w", index, owner, err)
 	}
 	change(data)
-	return g.write(ctx, object.DataOID(vdi.ID, index), vdi.Copies, data, 0, object.Flags{Create: true, Sync: fua})
+	return g.write(ctx, object.DataOID(vdi.ID, index), vdi.Copies, data, 0, object.FlagCreate.With(object.FlagSync, fua))
 }
 
 // Flush makes every write acknowledged before it durable on every replica.
@@ -375,7 +375,7 @@ func (d *Disk) zeroPiece(ctx context.Context, vdi cluster.VDI, chain []uint32, p
 		// range. A whole object of zeros needs no copy: the shared zero
 		// buffer is written.
 		if whole {
-			err = g.write(ctx, oid, vdi.Copies, zeros(vdi.ObjectSize), 0, object.Flags{Create: true, Sync: fua})
+			err = g.write(ctx, oid, vdi.Copies, zeros(vdi.ObjectSize), 0, object.FlagCreate.With(object.FlagSync, fua))
 		} else {
 			err = g.copyObject(ctx, vdi, owner, pc.index, fua, func(data []byte) {
 				clear(data[pc.within : uint64(pc.within)+pc.length])
@@ -386,7 +386,7 @@ func (d *Disk) zeroPiece(ctx context.Context, vdi cluster.VDI, chain []uint32, p
 		}
 		return g.setEntry(ctx, state, vdi, vdi.ID, pc.index, vdi.ID, fua)
 	}
-	flags := object.Flags{Sync: fua, NoHole: noHole}
+	flags := object.Flags(0).With(object.FlagSync, fua).With(object.FlagNoHole, noHole)
 	return g.mutateOp(ctx, oid, vdi.Copies, replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
 		return g.heal.changeHealing(ctx, node, rv, oid, vdi.Copies, pc.within, int(pc.length), func() error {
 			return g.replicas.Zero(ctx, node, rv.Number, oid, pc.within, uint32(pc.length), flags)

@@ -549,10 +549,10 @@ func (m *memoryReplicas) write(node cluster.Node, epoch, oid uint64, p []byte, o
 		m.stamps[node.ID] = map[uint64]uint64{}
 	}
 	data, ok := m.objects[node.ID][oid]
-	if !ok && !flags.Create {
+	if !ok && !flags.Has(object.FlagCreate) {
 		return object.ErrNotFound
 	}
-	if flags.Fresh {
+	if flags.Has(object.FlagFresh) {
 		data = nil
 	}
 	if end := int(offset) + len(p); end > len(data) {
@@ -568,7 +568,7 @@ func (m *memoryReplicas) Zero(ctx context.Context, node cluster.Node, epoch, oid
 	if m.before != nil {
 		m.before("zero", node.ID, oid, nil)
 	}
-	return m.write(node, epoch, oid, make([]byte, length), offset, object.Flags{Sync: flags.Sync})
+	return m.write(node, epoch, oid, make([]byte, length), offset, flags&object.FlagSync)
 }
 
 func (m *memoryReplicas) Remove(ctx context.Context, node cluster.Node, epoch, oid uint64) error {

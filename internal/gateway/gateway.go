@@ -446,7 +446,7 @@ func (g *Gateway) writeOn(ctx context.Context, oid uint64, copies int, p []byte,
 func (g *Gateway) writeOp(oid uint64, copies int, p []byte, offset uint32, flags object.Flags) replicaOp {
 	op := replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
 		return g.writeTo(ctx, node, rv, oid, copies, p, offset, flags)
-	}, change: &failedChange{offset: offset, data: p, fresh: flags.Create && flags.Fresh}}
+	}, change: &failedChange{offset: offset, data: p, fresh: flags.Has(object.FlagCreate | object.FlagFresh)}}
 	if g.starter == nil {
 		return op
 	}
@@ -482,7 +482,7 @@ func (g *Gateway) writeTo(ctx context.Context, node cluster.Node, rv *layout.Epo
 
 // writeError is the error of a write to one replica.
 func writeError(flags object.Flags, err error) error {
-	if flags.Create && errors.Is(err, object.ErrNotFound) {
+	if flags.Has(object.FlagCreate) && errors.Is(err, object.ErrNotFound) {
 		return fmt.Errorf("replica refused to create object: %w", err) // not "missing": never copy over a create
 	}
 	return err

@@ -398,7 +398,7 @@ func (z *zoneLag) repairParts(ctx context.Context, oid uint64) (apply, settle []
 // applyLag writes ops over data, a whole copy of their object, in order.
 func applyLag(data []byte, ops []*lagOp) {
 	for _, op := range ops {
-		if op.flags.Fresh {
+		if op.flags.Has(object.FlagFresh) {
 			clear(data) // a fresh create starts the copy anew
 		}
 		copy(data[op.offset:], op.data)
@@ -448,7 +448,7 @@ func (z *zoneLag) writeNear(ctx context.Context, oid uint64, copies int, p []byt
 		return nil, err
 	}
 	op := &lagOp{oid: oid, start: offset, end: offset + uint32(len(p)), offset: offset, flags: flags, copies: copies, done: make(chan struct{})}
-	if flags.Create {
+	if flags.Has(object.FlagCreate) {
 		op.start, op.end = 0, uint32(objectSize) // a create replaces the whole copy
 	}
 	pick := func(rv *layout.Epoch, targets []cluster.Node) []cluster.Node {
@@ -510,7 +510,7 @@ func (z *zoneLag) landFar(ctx context.Context, op *lagOp) {
 			// A node new to the placement must recover the whole
 			// object (from the copies that have it), not start one
 			// holding only this piece.
-			f.Create, f.Fresh = false, false
+			f &^= object.FlagCreate | object.FlagFresh
 		}
 		return z.path.writeTo(ctx, node, rv, op.oid, op.copies, op.data, op.offset, f)
 	}})

@@ -267,7 +267,7 @@ func (h *healer) repairSuspect(ctx context.Context, oid uint64, copies int) erro
 		// all of the object if the first starts it afresh, or if it is
 		// a map object (absent, it reads as zeros). Otherwise the rest
 		// of a data object is lost, and zeros must not stand for it.
-		if !apply[0].flags.Fresh && object.Type(oid) != object.TypeMap {
+		if !apply[0].flags.Has(object.FlagFresh) && object.Type(oid) != object.TypeMap {
 			return fmt.Errorf("object %016x: writes acknowledged in this zone did not reach the other zones, and no copy of the object is left to write them on: %w", oid, err)
 		}
 		clear(data)
@@ -281,7 +281,7 @@ func (h *healer) repairSuspect(ctx context.Context, oid uint64, copies int) erro
 		change.apply(data)
 	}
 	applyLag(data, apply)
-	flags := object.Flags{Create: true, Sync: true}
+	flags := object.FlagCreate | object.FlagSync
 	err = h.path.replicate(ctx, oid, copies, func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
 		err := h.replicas.Write(ctx, node, rv.Number, oid, data, 0, flags)
 		if object.Damaged(err) || errors.Is(err, object.ErrNotRecovered) {

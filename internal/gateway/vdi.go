@@ -466,7 +466,7 @@ func (g *Gateway) loadPage(ctx context.Context, vdi cluster.VDI, id, page uint32
 // setEntry records object index's entry in VDI id's own map.
 func (g *Gateway) setEntry(ctx context.Context, state *vdiState, vdi cluster.VDI, id, index, value uint32, sync bool) error {
 	return g.putEntry(ctx, state, vdi, id, index, value, func(oid uint64, raw []byte, offset uint32, flags object.Flags) error {
-		flags.Sync = sync
+		flags = flags.With(object.FlagSync, sync)
 		return g.write(ctx, oid, vdi.Copies, raw, offset, flags)
 	})
 }
@@ -487,9 +487,9 @@ func (g *Gateway) putEntry(ctx context.Context, state *vdiState, vdi cluster.VDI
 	// Without CREATE first: a replica new to the placement must receive a
 	// whole copy of the map object, not start an empty one holding only
 	// this entry. Only a map object that exists nowhere is created.
-	err := write(object.MapOID(id, k), raw, offset, object.Flags{})
+	err := write(object.MapOID(id, k), raw, offset, 0)
 	if errors.Is(err, object.ErrNoObject) {
-		err = write(object.MapOID(id, k), raw, offset, object.Flags{Create: true})
+		err = write(object.MapOID(id, k), raw, offset, object.FlagCreate)
 	}
 	if err != nil {
 		return err

@@ -356,7 +356,7 @@ func (m *Maintenance) checkObject(ctx context.Context, oid uint64, vdi cluster.V
 				if _, err := m.repairBlocks(ctx, c, rv.Number, oid, reference, lost, false); err != nil {
 					return fmt.Errorf("repairing object %016x on node %s: %w", oid, c.node.ID, err)
 				}
-			} else if err := m.replicas.Write(ctx, c.node, rv.Number, oid, reference, 0, object.Flags{Create: true, Sync: true}); err != nil {
+			} else if err := m.replicas.Write(ctx, c.node, rv.Number, oid, reference, 0, object.FlagCreate|object.FlagSync); err != nil {
 				return fmt.Errorf("repairing object %016x on node %s: %w", oid, c.node.ID, err)
 			}
 			report.Repaired++
@@ -387,7 +387,7 @@ func (m *Maintenance) repairBlocks(ctx context.Context, c replicaCopy, epoch, oi
 		for end < blocks && wanted(end) {
 			end++
 		}
-		flags := object.Flags{Repair: onlyBad, Sync: true, Create: !onlyBad}
+		flags := object.FlagSync.With(object.FlagRepair, onlyBad).With(object.FlagCreate, !onlyBad)
 		if err := m.replicas.Write(ctx, c.node, epoch, oid, reference[b*checkBlock:end*checkBlock], uint32(b*checkBlock), flags); err != nil {
 			return runs, err
 		}

@@ -25,18 +25,3 @@ func VDI(oid uint64) uint32 { return uint32(oid>>32) & 0xffffff }
 
 // Type returns an object's type.
 func Type(oid uint64) int { return int(oid >> 56) }
-
-// Flags qualify a change to a copy.
-type Flags struct {
-	Create bool // the change may create the copy
-	Sync   bool // durable before it is acknowledged (FUA)
-	NoHole bool // for zeroing: write zeros instead of punching a hole
-	// Fresh: a write that starts the object (with Create). A copy that
-	// exists already (an orphan left by a change that failed) is
-	// emptied first, so that no byte of it shows beside the new piece.
-	Fresh bool
-	// Repair: a block repair (whole 4 KiB blocks): each block is written
-	// only where the copy's block fails its checksum, so a repair never
-	// undoes a newer write. The stamp is left alone.
-	Repair bool
-}

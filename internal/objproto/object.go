@@ -25,7 +25,7 @@ package objproto
 //	     0    2 magic          0x48 0x52 ("HR", herd request)
 //	     2    1 version        1
 //	     3    1 opcode         ObjectOpcode
-//	     4    2 flags          ObjectFlags
+//	     4    2 flags          object.Flags
 //	     6    2 reserved       zero
 //	     8    8 epoch          the requester's epoch
 //	    16    8 request id     chosen by the client, echoed in the response
@@ -39,9 +39,9 @@ package objproto
 // the STAT or LIST body, or for a status other than OK an error message in
 // UTF-8 text of at most MaxObjectErrorMessage bytes.
 //
-// STAT with the DIGEST flag (ObjectFlagDigest) is answered with the copy's
+// STAT with the DIGEST flag (object.FlagDigest) is answered with the copy's
 // content digest (8 bytes, 0 when unknown) as its body instead: see the
-// flag for when a requester may send it.
+// compatibility note above allowedObjectFlags for when a requester may send it.
 //
 //	offset size field
 //	     0    2 magic          0x48 0x41 ("HA", herd answer)
@@ -115,7 +115,7 @@ const (
 	// requester needs to know which copy is current.
 	ObjectStatSize = 16
 	// ObjectDigestSize is the size of the body of an OK answer to STAT
-	// with ObjectFlagDigest: the copy's content digest (store.Info.Digest),
+	// with object.FlagDigest: the copy's content digest (store.Info.Digest),
 	// 0 when the responder does not know it. May also be empty (unknown).
 	ObjectDigestSize = 8
 )
@@ -178,81 +178,28 @@ func (o ObjectOpcode) known() bool {
 	return o >= ObjectRead && o <= ObjectRecover
 }
 
-// ObjectFlags modify a request.
-type ObjectFlags uint16
-
-const (
-	// ObjectFlagForceUnitAccess (FUA): the write is on stable storage
-	// before it is acknowledged (DESIGN.md, "Consistency and durability
-	// promises").
-	ObjectFlagForceUnitAccess ObjectFlags = 1 << 0
-	// ObjectFlagCreate: the object may be created by this write. Without
-	// it a write to an object the replica does not hold fails with
-	// NOT_FOUND, so that a replica never silently starts a partial copy
-	// of an object it should have recovered first.
-	ObjectFlagCreate ObjectFlags = 1 << 1
-	// ObjectFlagNoHole: WRITE_ZEROES must leave the range allocated.
-	ObjectFlagNoHole ObjectFlags = 1 << 2
-	// ObjectFlagAnyStamp: READ the copy whatever its epoch stamp, even
-	// one not yet proven current in this epoch. For recovery reading a
-	// source it proved current, and for `herd vdi check`; never for
-	// serving a client.
-	ObjectFlagAnyStamp ObjectFlags = 1 << 3
-	// ObjectFlagFresh (WRITE with CREATE): the write starts the object;
-	// a copy the replica holds already is emptied first.
-	ObjectFlagFresh ObjectFlags = 1 << 4
-	// ObjectFlagRepair (WRITE, whole 4 KiB blocks): a block repair. Each
-	// block of the payload is written only where the replica's copy of
-	// it fails its checksum; a good block is left alone, so a repair that
-	// raced with a newer write never undoes it.
-	ObjectFlagRepair ObjectFlags = 1 << 5
-	// ObjectFlagDigest (STAT): answer with the copy's content digest
-	// (ObjectDigestSize bytes) instead of its size and allocation; the
-	// stamp is in the header as always. Recovery compares digests of
-	// copies with the same stamp (internal/recovery).
-	//
-	// Compatibility: a herd built before it (commit add0e14 and older)
-	// answers a STAT with any flag INVALID (its allowedObjectFlags has
-	// none for STAT), and its client takes a STAT body of other than 0 or
-	// 16 bytes for a protocol error and closes the connection; neither
-	// ignores an addition, so nothing here is sent to one. A requester
-	// sets the flag only once the cluster's feature level is
-	// cluster.LevelCopyDigests (replica.Client.Digests), which no member
-	// running such a herd can reach, and a responder sends the digest
-	// body only when asked: an older requester never sees it.
-	ObjectFlagDigest ObjectFlags = 1 << 6
-)
+// A request's flags are object.Flags, on the wire as they are (16 bits).
+//
+// Compatibility of object.FlagDigest (STAT): a herd built before it
+// (commit add0e14 and older) answers a STAT with any flag INVALID (its
+// allowedObjectFlags has none for STAT), and its client takes a STAT body
+// of other than 0 or 16 bytes for a protocol error and closes the
+// connection; neither ignores an addition, so nothing here is sent to one.
+// A requester sets the flag only once the cluster's feature level is
+// cluster.LevelCopyDigests (replica.Client.Digests), which no member
+// running such a herd can reach, and a responder sends the digest body
+// only when asked: an older requester never sees it.
 
 // allowedObjectFlags are the flags each opcode accepts; any other bit makes
 // the request INVALID.
-var allowedObjectFlags = [...]ObjectFlags{
-	ObjectRead:        ObjectFlagAnyStamp,
-	ObjectWrite:       ObjectFlagForceUnitAccess | ObjectFlagCreate | ObjectFlagFresh | ObjectFlagRepair,
-	ObjectWriteZeroes: ObjectFlagForceUnitAccess | ObjectFlagCreate | ObjectFlagNoHole,
-	ObjectTrim:        ObjectFlagForceUnitAccess,
-	ObjectRemove:      ObjectFlagForceUnitAccess,
-	ObjectStat:        ObjectFlagDigest,
+var allowedObjectFlags = [...]object.Flags{
+	ObjectRead:        object.FlagAnyStamp,
+	ObjectWrite:       object.FlagSync | object.FlagCreate | object.FlagFresh | object.FlagRepair,
+	ObjectWriteZeroes: object.FlagSync | object.FlagCreate | object.FlagNoHole,
+	ObjectTrim:        object.FlagSync,
+	ObjectRemove:      object.FlagSync,
+	ObjectStat:        object.FlagDigest,
 	ObjectPing:        0,
-}
-
-func (f ObjectFlags) String() string {
-	if f == 0 {
-		return "0"
-	}
-	var names []string
-	for _, flag := range []struct {
-		bit  ObjectFlags
-		name string
-	}{{ObjectFlagForceUnitAccess, "FUA"}, {ObjectFlagCreate, "CREATE"}, {ObjectFlagNoHole, "NOHOLE"}, {ObjectFlagAnyStamp, "ANY_STAMP"}, {ObjectFlagFresh, "FRESH"}, {ObjectFlagRepair, "REPAIR"}, {ObjectFlagDigest, "DIGEST"}} {
-		if f&flag.bit != 0 {
-			names = append(names, flag.name)
-			f &^= flag.bit
-		}
-	}
-	if f != 0 {
-		names = append(names, fmt.Sprintf("0x%x", uint16(f)))
-	}
-	return strings.Join(names, "|")
 }
 
 // ObjectStatus is the outcome of a request. Every status but OK has a
@@ -325,7 +272,7 @@ func (s ObjectStatus) String() string {
 // ObjectRequest is a decoded request header.
 type ObjectRequest struct {
 	Opcode ObjectOpcode
-	Flags  ObjectFlags
+	Flags  object.Flags
 	// Epoch is the requester's epoch. A replica answers STALE_EPOCH to a
 	// request from another epoch (DESIGN.md, "Gateway and replication").
 	Epoch uint64
@@ -436,7 +383,7 @@ func DecodeObjectRequest(header *[ObjectRequestHeaderSize]byte) (ObjectRequest, 
 	}
 	return ObjectRequest{
 		Opcode:   ObjectOpcode(header[3]),
-		Flags:    ObjectFlags(binary.BigEndian.Uint16(header[4:])),
+		Flags:    object.Flags(binary.BigEndian.Uint16(header[4:])),
 		reserved: binary.BigEndian.Uint16(header[6:]),
 		Epoch:    binary.BigEndian.Uint64(header[8:]),
 		ID:       binary.BigEndian.Uint64(header[16:]),
@@ -467,7 +414,7 @@ func ValidateObjectRequest(r *ObjectRequest) (ObjectStatus, string) {
 	if r.reserved != 0 {
 		return ObjectStatusInvalid, fmt.Sprintf("reserved field is 0x%04x, must be zero", r.reserved)
 	}
-	var allowed ObjectFlags
+	var allowed object.Flags
 	if int(r.Opcode) < len(allowedObjectFlags) {
 		allowed = allowedObjectFlags[r.Opcode]
 	}
@@ -577,13 +524,13 @@ func DecodeObjectStat(body []byte) (ObjectStatEntry, error) {
 }
 
 // AppendObjectDigest appends the body of an answer to STAT with
-// ObjectFlagDigest to dst.
+// object.FlagDigest to dst.
 func AppendObjectDigest(dst []byte, digest uint64) []byte {
 	return binary.BigEndian.AppendUint64(dst, digest)
 }
 
 // DecodeObjectDigest decodes the body of an answer to STAT with
-// ObjectFlagDigest: 0 (unknown) for an empty one.
+// object.FlagDigest: 0 (unknown) for an empty one.
 func DecodeObjectDigest(body []byte) (uint64, error) {
 	switch len(body) {
 	case 0:
@@ -596,9 +543,9 @@ func DecodeObjectDigest(body []byte) (uint64, error) {
 
 // statBodyProblem says what is wrong with an OK answer of n bytes to a
 // STAT with flags, or "".
-func statBodyProblem(flags ObjectFlags, n int) string {
+func statBodyProblem(flags object.Flags, n int) string {
 	want := ObjectStatSize
-	if flags&ObjectFlagDigest != 0 {
+	if flags&object.FlagDigest != 0 {
 		want = ObjectDigestSize
 	}
 	if n != want && n != 0 {

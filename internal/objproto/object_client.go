@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/herd-storage/herd/internal/object"
 	"github.com/herd-storage/herd/internal/peer"
 	"io"
 	"net"
@@ -394,7 +395,7 @@ type objectCall struct {
 	payload []byte
 	into    []byte
 	opcode  ObjectOpcode
-	flags   ObjectFlags
+	flags   object.Flags
 	length  uint32
 	id      uint64
 

@@ -9,6 +9,8 @@ import (
 	"net"
 	"strings"
 	"testing"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // TestObjectWireLayout pins the byte layout documented at the top of
@@ -16,7 +18,7 @@ import (
 func TestObjectWireLayout(t *testing.T) {
 	var request [ObjectRequestHeaderSize]byte
 	EncodeObjectRequest(&request, &ObjectRequest{
-		Opcode: ObjectWrite, Flags: ObjectFlagCreate | ObjectFlagForceUnitAccess,
+		Opcode: ObjectWrite, Flags: object.FlagCreate | object.FlagSync,
 		Epoch: 0x0102030405060708, ID: 0x1112131415161718, OID: 0x2122232425262728,
 		Offset: 0x31323334, Length: 0x41424344, Checksum: 0x51525354,
 	})
@@ -41,7 +43,7 @@ func TestObjectWireLayout(t *testing.T) {
 
 func randomObjectRequest(random *rand.Rand) ObjectRequest {
 	return ObjectRequest{
-		Opcode: ObjectOpcode(random.Uint32()), Flags: ObjectFlags(random.Uint32()), Epoch: random.Uint64(),
+		Opcode: ObjectOpcode(random.Uint32()), Flags: object.Flags(random.Uint32()), Epoch: random.Uint64(),
 		ID: random.Uint64(), OID: random.Uint64(), Offset: random.Uint32(), Length: random.Uint32(),
 		Checksum: random.Uint32(), reserved: uint16(random.Uint32()),
 	}
@@ -126,21 +128,21 @@ func TestObjectValidateRequest(t *testing.T) {
 		{ObjectRequest{Opcode: ObjectRead, Offset: MaxObjectSize, Length: 1}, ObjectStatusInvalid},
 		{ObjectRequest{Opcode: ObjectRead, Offset: 0xFFFFFFFF, Length: 0xFFFFFFFF}, ObjectStatusTooLarge},
 		{ObjectRequest{Opcode: ObjectRead, Length: MaxPayload + 1}, ObjectStatusTooLarge},
-		{ObjectRequest{Opcode: ObjectWrite, Flags: ObjectFlagCreate | ObjectFlagForceUnitAccess, Length: 1, Checksum: 5}, ObjectStatusOK},
+		{ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate | object.FlagSync, Length: 1, Checksum: 5}, ObjectStatusOK},
 		{ObjectRequest{Opcode: ObjectWrite, Length: 0}, ObjectStatusInvalid},
-		{ObjectRequest{Opcode: ObjectWriteZeroes, Flags: ObjectFlagNoHole | ObjectFlagCreate | ObjectFlagForceUnitAccess, Length: MaxObjectSize}, ObjectStatusOK},
+		{ObjectRequest{Opcode: ObjectWriteZeroes, Flags: object.FlagNoHole | object.FlagCreate | object.FlagSync, Length: MaxObjectSize}, ObjectStatusOK},
 		{ObjectRequest{Opcode: ObjectWriteZeroes, Offset: 1, Length: MaxObjectSize}, ObjectStatusInvalid},
 		{ObjectRequest{Opcode: ObjectWriteZeroes, Length: 1, Checksum: 1}, ObjectStatusInvalid},
-		{ObjectRequest{Opcode: ObjectTrim, Flags: ObjectFlagForceUnitAccess, Length: MaxObjectSize}, ObjectStatusOK},
-		{ObjectRequest{Opcode: ObjectTrim, Flags: ObjectFlagNoHole, Length: 1}, ObjectStatusInvalid},
-		{ObjectRequest{Opcode: ObjectRemove, Flags: ObjectFlagForceUnitAccess, OID: 1}, ObjectStatusOK},
+		{ObjectRequest{Opcode: ObjectTrim, Flags: object.FlagSync, Length: MaxObjectSize}, ObjectStatusOK},
+		{ObjectRequest{Opcode: ObjectTrim, Flags: object.FlagNoHole, Length: 1}, ObjectStatusInvalid},
+		{ObjectRequest{Opcode: ObjectRemove, Flags: object.FlagSync, OID: 1}, ObjectStatusOK},
 		{ObjectRequest{Opcode: ObjectRemove, Offset: 1}, ObjectStatusInvalid},
 		{ObjectRequest{Opcode: ObjectFlush}, ObjectStatusOK},
-		{ObjectRequest{Opcode: ObjectFlush, Flags: ObjectFlagForceUnitAccess}, ObjectStatusInvalid},
+		{ObjectRequest{Opcode: ObjectFlush, Flags: object.FlagSync}, ObjectStatusInvalid},
 		{ObjectRequest{Opcode: ObjectStat, OID: 3}, ObjectStatusOK},
-		{ObjectRequest{Opcode: ObjectStat, Flags: ObjectFlagDigest, OID: 3}, ObjectStatusOK},
-		{ObjectRequest{Opcode: ObjectStat, Flags: ObjectFlagAnyStamp, OID: 3}, ObjectStatusInvalid},
-		{ObjectRequest{Opcode: ObjectRead, Flags: ObjectFlagDigest, Length: 1}, ObjectStatusInvalid},
+		{ObjectRequest{Opcode: ObjectStat, Flags: object.FlagDigest, OID: 3}, ObjectStatusOK},
+		{ObjectRequest{Opcode: ObjectStat, Flags: object.FlagAnyStamp, OID: 3}, ObjectStatusInvalid},
+		{ObjectRequest{Opcode: ObjectRead, Flags: object.FlagDigest, Length: 1}, ObjectStatusInvalid},
 		{ObjectRequest{Opcode: ObjectList, OID: 3, Offset: 0xFFFFFFFF, Length: MaxObjectListEntries}, ObjectStatusOK},
 		{ObjectRequest{Opcode: ObjectPing, Epoch: 99}, ObjectStatusOK},
 		{ObjectRequest{Opcode: ObjectPing, Length: 1}, ObjectStatusInvalid},
@@ -208,12 +210,12 @@ func TestObjectBodies(t *testing.T) {
 	// a plain STAT (all a herd before digests sends or accepts) is never
 	// answered with a digest.
 	for _, c := range []struct {
-		flags ObjectFlags
+		flags object.Flags
 		n     int
 		ok    bool
 	}{
 		{0, 0, true}, {0, ObjectStatSize, true}, {0, ObjectDigestSize, false},
-		{ObjectFlagDigest, 0, true}, {ObjectFlagDigest, ObjectDigestSize, true}, {ObjectFlagDigest, ObjectStatSize, false},
+		{object.FlagDigest, 0, true}, {object.FlagDigest, ObjectDigestSize, true}, {object.FlagDigest, ObjectStatSize, false},
 	} {
 		request := ObjectRequest{Opcode: ObjectStat, Flags: c.flags, OID: 3}
 		server := objectBodyProblem(&request, &ObjectResponse{}, make([]byte, c.n)) == ""
@@ -307,5 +309,40 @@ func TestObjectVectors(t *testing.T) {
 	}
 	if got := <-done; string(got) != "header"+strings.Repeat("p", 2000)+"next" {
 		t.Fatalf("wrote %q", got)
+	}
+}
+
+// TestObjectFlagsGolden pins the wire encoding of each request flag: the
+// headers below are the bytes a node wrote when the flags were still a
+// type of this package (objproto.ObjectFlags), converted from the data
+// path's object.Flags (then a struct of bools). Nodes of both kinds talk to
+// each other during a rolling upgrade: these bytes never change.
+func TestObjectFlagsGolden(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		opcode ObjectOpcode
+		flags  object.Flags
+		want   string
+	}{
+		{"Sync", ObjectWrite, object.FlagSync, "4852010200010000010203040506070811121314151617182122232425262728000010000000200000000000f2bf86bb"},
+		{"Create", ObjectWrite, object.FlagCreate, "485201020002000001020304050607081112131415161718212223242526272800001000000020000000000093bd8539"},
+		{"NoHole", ObjectWrite, object.FlagNoHole, "485201020004000001020304050607081112131415161718212223242526272800001000000020000000000051b9823d"},
+		{"Fresh", ObjectWrite, object.FlagFresh, "4852010200100000010203040506070811121314151617182122232425262728000010000000200000000000d6797dc7"},
+		{"Repair", ObjectWrite, object.FlagRepair, "4852010200200000010203040506070811121314151617182122232425262728000010000000200000000000da3073c1"},
+		{"all changes", ObjectWrite, object.ChangeFlags, "48520102003700000102030405060708111213141516171821222324252627280000100000002000000000003cf28fb9"},
+		{"AnyStamp", ObjectRead, object.FlagAnyStamp, "48520101000800000102030405060708111213141516171821222324252627280000100000002000000000001f8ba225"},
+		{"Digest", ObjectStat, object.FlagDigest, "48520107004000000102030405060708111213141516171821222324252627280000100000002000000000009734f01f"},
+		{"none", ObjectWrite, 0, "4852010200000000010203040506070811121314151617182122232425262728000010000000200000000000d24187c5"},
+	} {
+		var header [ObjectRequestHeaderSize]byte
+		request := ObjectRequest{Opcode: c.opcode, Flags: c.flags, Epoch: 0x0102030405060708, ID: 0x1112131415161718, OID: 0x2122232425262728, Offset: 0x1000, Length: 0x2000}
+		EncodeObjectRequest(&header, &request)
+		if got := hex.EncodeToString(header[:]); got != c.want {
+			t.Errorf("%s: request header\n got %s\nwant %s", c.name, got, c.want)
+		}
+		decoded, err := DecodeObjectRequest(&header)
+		if err != nil || decoded.Flags != c.flags {
+			t.Errorf("%s: decoded flags %s (%v), want %s", c.name, decoded.Flags, err, c.flags)
+		}
 	}
 }

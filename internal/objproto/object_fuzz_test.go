@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/bufpool"
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // The fuzz targets feed bytes from outside (what another process sends) to
@@ -274,14 +275,14 @@ func objectSeedStream(requests ...any) []byte {
 func objectSeeds() map[string][][]any {
 	everyOpcode := objectSeedStream(
 		ObjectRequest{Opcode: ObjectPing, ID: 1},
-		ObjectRequest{Opcode: ObjectWrite, Flags: ObjectFlagCreate, ID: 2, OID: 9, Offset: 100}, []byte("hello, object"),
+		ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate, ID: 2, OID: 9, Offset: 100}, []byte("hello, object"),
 		ObjectRequest{Opcode: ObjectRead, ID: 3, OID: 9, Offset: 96, Length: 32},
-		ObjectRequest{Opcode: ObjectWriteZeroes, Flags: ObjectFlagNoHole, ID: 4, OID: 9, Offset: 0, Length: 4096},
+		ObjectRequest{Opcode: ObjectWriteZeroes, Flags: object.FlagNoHole, ID: 4, OID: 9, Offset: 0, Length: 4096},
 		ObjectRequest{Opcode: ObjectTrim, ID: 5, OID: 9, Offset: 0, Length: 65536},
 		ObjectRequest{Opcode: ObjectStat, ID: 6, OID: 9},
 		ObjectRequest{Opcode: ObjectList, ID: 7, Length: 10},
 		ObjectRequest{Opcode: ObjectFlush, ID: 8},
-		ObjectRequest{Opcode: ObjectRemove, Flags: ObjectFlagForceUnitAccess, ID: 9, OID: 9},
+		ObjectRequest{Opcode: ObjectRemove, Flags: object.FlagSync, ID: 9, OID: 9},
 		ObjectRequest{Opcode: ObjectRead, ID: 10, OID: 9, Length: 1},
 	)
 	refused := objectSeedStream(
@@ -291,7 +292,7 @@ func objectSeeds() map[string][][]any {
 		ObjectRequest{Opcode: ObjectStat, ID: 4, Epoch: 5, OID: 1},
 		ObjectRequest{Opcode: ObjectWrite, ID: 5, OID: 1}, []byte("no create"),
 	)
-	damagedPayload := objectSeedStream(ObjectRequest{Opcode: ObjectWrite, Flags: ObjectFlagCreate, ID: 1, OID: 2}, []byte("payload"))
+	damagedPayload := objectSeedStream(ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate, ID: 1, OID: 2}, []byte("payload"))
 	damagedPayload[len(damagedPayload)-1] ^= 1
 	hugeWrite := objectSeedStream(ObjectRequest{Opcode: ObjectWrite, ID: 1, Length: 0xFFFFFFF0})
 	truncated := everyOpcode[:ObjectRequestHeaderSize+5]
@@ -299,7 +300,7 @@ func objectSeeds() map[string][][]any {
 	var requestHeaders, responseHeaders [][]any
 	for opcode := ObjectOpcode(0); opcode <= ObjectPing+1; opcode++ {
 		var header [ObjectRequestHeaderSize]byte
-		EncodeObjectRequest(&header, &ObjectRequest{Opcode: opcode, Flags: ObjectFlagCreate, Epoch: 3, ID: 4, OID: 5, Offset: 4096, Length: 4096})
+		EncodeObjectRequest(&header, &ObjectRequest{Opcode: opcode, Flags: object.FlagCreate, Epoch: 3, ID: 4, OID: 5, Offset: 4096, Length: 4096})
 		requestHeaders = append(requestHeaders, []any{header[:]})
 	}
 	requestHeaders = append(requestHeaders, []any{[]byte("GET / HTTP/1.1\r\n")})

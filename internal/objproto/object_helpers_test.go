@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/bufpool"
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // memoryObjectStore is an ObjectHandler keeping objects in memory: the
@@ -93,9 +94,9 @@ func newMemoryObjectStore(epoch uint64) *memoryObjectStore {
 func (m *memoryObjectStore) put(oid uint64, data []byte) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	object := newMemoryObject(m.epoch)
-	object.writeAt(data, 0, uint32(len(data)), false)
-	m.objects[oid] = object
+	obj := newMemoryObject(m.epoch)
+	obj.writeAt(data, 0, uint32(len(data)), false)
+	m.objects[oid] = obj
 }
 
 func (m *memoryObjectStore) setEpoch(epoch uint64) {
@@ -111,32 +112,32 @@ func (m *memoryObjectStore) ServeObject(ctx context.Context, request *ObjectRequ
 	if request.Opcode != ObjectPing && request.Epoch != m.epoch {
 		return ObjectErrorResponse(m.epoch, &StaleEpochError{Current: m.epoch, Message: "request from another epoch"})
 	}
-	object := m.objects[request.OID]
+	obj := m.objects[request.OID]
 	switch request.Opcode {
 	case ObjectRead:
-		if object == nil {
+		if obj == nil {
 			return ObjectErrorResponse(m.epoch, ErrObjectNotFound)
 		}
 		buffer := GetObjectBuffer(int(request.Length))
-		object.readAt(buffer.Bytes, request.Offset)
-		ok.ObjectEpoch = object.epoch
+		obj.readAt(buffer.Bytes, request.Offset)
+		ok.ObjectEpoch = obj.epoch
 		ok.Release = buffer
 		return ok, buffer.Bytes
 	case ObjectWrite, ObjectWriteZeroes, ObjectTrim:
-		if object == nil {
-			if request.Opcode == ObjectTrim || request.Flags&ObjectFlagCreate == 0 {
+		if obj == nil {
+			if request.Opcode == ObjectTrim || request.Flags&object.FlagCreate == 0 {
 				return ObjectErrorResponse(m.epoch, ErrObjectNotFound)
 			}
-			object = newMemoryObject(request.Epoch)
-			m.objects[request.OID] = object
+			obj = newMemoryObject(request.Epoch)
+			m.objects[request.OID] = obj
 		}
-		deallocate := request.Opcode == ObjectTrim || (request.Opcode == ObjectWriteZeroes && request.Flags&ObjectFlagNoHole == 0)
-		object.writeAt(payload, request.Offset, request.Length, deallocate)
-		object.epoch = request.Epoch
-		ok.ObjectEpoch = object.epoch
+		deallocate := request.Opcode == ObjectTrim || (request.Opcode == ObjectWriteZeroes && request.Flags&object.FlagNoHole == 0)
+		obj.writeAt(payload, request.Offset, request.Length, deallocate)
+		obj.epoch = request.Epoch
+		ok.ObjectEpoch = obj.epoch
 		return ok, nil
 	case ObjectRemove:
-		if object == nil {
+		if obj == nil {
 			return ObjectErrorResponse(m.epoch, ErrObjectNotFound)
 		}
 		delete(m.objects, request.OID)
@@ -145,11 +146,11 @@ func (m *memoryObjectStore) ServeObject(ctx context.Context, request *ObjectRequ
 		m.flushes++
 		return ok, nil
 	case ObjectStat:
-		if object == nil {
+		if obj == nil {
 			return ObjectErrorResponse(m.epoch, ErrObjectNotFound)
 		}
-		ok.ObjectEpoch = object.epoch
-		return ok, AppendObjectStat(nil, ObjectStatEntry{Size: object.size, Allocated: uint64(len(object.pages)) * memoryPageSize})
+		ok.ObjectEpoch = obj.epoch
+		return ok, AppendObjectStat(nil, ObjectStatEntry{Size: obj.size, Allocated: uint64(len(obj.pages)) * memoryPageSize})
 	case ObjectList:
 		var ids []uint64
 		for id := range m.objects {

@@ -34,7 +34,7 @@ import (
 // ID, Length and Checksum. The body is, for status OK: READ, exactly
 // request.Length bytes; STAT, ObjectStatSize bytes (AppendObjectStat) or
 // nothing when the handler only knows the epoch stamp, and with
-// ObjectFlagDigest ObjectDigestSize bytes (AppendObjectDigest) or nothing;
+// object.FlagDigest ObjectDigestSize bytes (AppendObjectDigest) or nothing;
 // LIST,
 // at most request.Length entries (AppendObjectListEntry); nothing for the
 // other opcodes. For another status it is the error message (cut to

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/bufpool"
+	"github.com/herd-storage/herd/internal/object"
 )
 
 const testEpoch = 7
@@ -45,7 +46,7 @@ func TestObjectRoundTripEveryOpcode(t *testing.T) {
 	if _, _, err := do(ObjectRequest{Opcode: ObjectWrite, OID: 42, Offset: 4096}, data, nil); !errors.Is(err, ErrObjectNotFound) {
 		t.Fatalf("WRITE without CREATE: %v, want ErrObjectNotFound", err)
 	}
-	response, body, err := do(ObjectRequest{Opcode: ObjectWrite, Flags: ObjectFlagCreate | ObjectFlagForceUnitAccess, OID: 42, Offset: 4096}, data, nil)
+	response, body, err := do(ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate | object.FlagSync, OID: 42, Offset: 4096}, data, nil)
 	if err != nil || response.Status != ObjectStatusOK || response.ObjectEpoch != testEpoch || body != nil {
 		t.Fatalf("WRITE: %+v, %d bytes, %v", response, len(body), err)
 	}
@@ -69,7 +70,7 @@ func TestObjectRoundTripEveryOpcode(t *testing.T) {
 	}
 
 	// WRITE_ZEROES and TRIM: the ranges read as zeroes.
-	if _, _, err = do(ObjectRequest{Opcode: ObjectWriteZeroes, Flags: ObjectFlagNoHole, OID: 42, Offset: 4096, Length: 100}, nil, nil); err != nil {
+	if _, _, err = do(ObjectRequest{Opcode: ObjectWriteZeroes, Flags: object.FlagNoHole, OID: 42, Offset: 4096, Length: 100}, nil, nil); err != nil {
 		t.Fatalf("WRITE_ZEROES: %v", err)
 	}
 	if _, _, err = do(ObjectRequest{Opcode: ObjectTrim, OID: 42, Offset: 8192, Length: 4096}, nil, nil); err != nil {
@@ -104,7 +105,7 @@ func TestObjectRoundTripEveryOpcode(t *testing.T) {
 
 	// LIST, paged by OID and by cursor index.
 	for _, id := range []uint64{7, 3, 100, 55} {
-		if _, _, err = do(ObjectRequest{Opcode: ObjectWrite, Flags: ObjectFlagCreate, OID: id}, []byte{1}, nil); err != nil {
+		if _, _, err = do(ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate, OID: id}, []byte{1}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -145,7 +146,7 @@ func TestObjectRoundTripEveryOpcode(t *testing.T) {
 
 	// A maximal READ and WRITE.
 	big := pattern(9, 0, MaxPayload)
-	if _, _, err = do(ObjectRequest{Opcode: ObjectWrite, Flags: ObjectFlagCreate, OID: 9, Offset: MaxObjectSize - MaxPayload}, big, nil); err != nil {
+	if _, _, err = do(ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate, OID: 9, Offset: MaxObjectSize - MaxPayload}, big, nil); err != nil {
 		t.Fatalf("WRITE of MaxPayload at the end of the object: %v", err)
 	}
 	buffer := GetObjectBuffer(MaxPayload)
@@ -172,9 +173,9 @@ func TestObjectClientValidatesLocally(t *testing.T) {
 		{ObjectRequest{Opcode: ObjectRead, Length: MaxPayload + 1}, nil, ErrObjectTooLarge},
 		{ObjectRequest{Opcode: ObjectRead, Offset: MaxObjectSize - 1, Length: 2}, nil, ErrObjectInvalid},
 		{ObjectRequest{Opcode: ObjectRead, Length: 0}, nil, ErrObjectInvalid},
-		{ObjectRequest{Opcode: ObjectRead, Length: 1, Flags: ObjectFlagCreate}, nil, ErrObjectInvalid},
+		{ObjectRequest{Opcode: ObjectRead, Length: 1, Flags: object.FlagCreate}, nil, ErrObjectInvalid},
 		{ObjectRequest{Opcode: ObjectWrite}, make([]byte, MaxPayload+1), ErrObjectTooLarge},
-		{ObjectRequest{Opcode: ObjectWrite, Flags: ObjectFlagNoHole}, []byte{1}, ErrObjectInvalid},
+		{ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagNoHole}, []byte{1}, ErrObjectInvalid},
 		{ObjectRequest{Opcode: ObjectStat, Length: 1}, nil, ErrObjectInvalid},
 		{ObjectRequest{Opcode: ObjectFlush, OID: 1}, nil, ErrObjectInvalid},
 		{ObjectRequest{Opcode: ObjectList}, nil, ErrObjectInvalid},
@@ -298,7 +299,7 @@ func TestObjectStaleEpoch(t *testing.T) {
 	store := newMemoryObjectStore(testEpoch)
 	node := startObjectNode(t, store, nil)
 	client := newTestObjectClient(t, node)
-	response, _, err := client.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectWrite, Flags: ObjectFlagCreate, Epoch: testEpoch - 1, OID: 1}, []byte("old"), nil)
+	response, _, err := client.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate, Epoch: testEpoch - 1, OID: 1}, []byte("old"), nil)
 	var stale *StaleEpochError
 	if !errors.Is(err, ErrStaleEpoch) || !errors.As(err, &stale) || stale.Current != testEpoch || response.Epoch != testEpoch || stale.Address != node.address {
 		t.Fatalf("WRITE from epoch %d: %+v, %v; want a StaleEpochError at %d", testEpoch-1, response, err, testEpoch)
@@ -320,7 +321,7 @@ func TestObjectPayloadChecksumMismatch(t *testing.T) {
 	node := startObjectNode(t, store, nil)
 	conn := rawObjectConnection(t, node)
 	payload := []byte("data that will be damaged")
-	request := ObjectRequest{Opcode: ObjectWrite, Flags: ObjectFlagCreate, Epoch: testEpoch, ID: 1, OID: 5, Length: uint32(len(payload)), Checksum: ObjectChecksum(payload)}
+	request := ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate, Epoch: testEpoch, ID: 1, OID: 5, Length: uint32(len(payload)), Checksum: ObjectChecksum(payload)}
 	damaged := bytes.Clone(payload)
 	damaged[3] ^= 0x10
 	writeRawRequest(t, conn, request, damaged)
@@ -368,7 +369,7 @@ func TestObjectServerGarbage(t *testing.T) {
 	closedWith("bad header CRC", badCRC, "request header CRC")
 	closedWith("HTTP", []byte("GET / HTTP/1.1\r\nHost: herd\r\n\r\n                   "), "bad request magic")
 	closedWith("truncated header", header(ObjectRequest{Opcode: ObjectPing})[:20], "reading a request header: unexpected EOF")
-	closedWith("truncated payload", append(header(ObjectRequest{Opcode: ObjectWrite, Flags: ObjectFlagCreate, Epoch: testEpoch, OID: 1, Length: 1000}), make([]byte, 500)...), "reading the payload")
+	closedWith("truncated payload", append(header(ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate, Epoch: testEpoch, OID: 1, Length: 1000}), make([]byte, 500)...), "reading the payload")
 
 	// Answered, and the connection stays usable.
 	conn := rawObjectConnection(t, node)
@@ -531,7 +532,7 @@ func TestObjectCancelManyWrites(t *testing.T) {
 			payload := make([]byte, 512+worker%2*(64<<10))
 			for i := range 40 {
 				ctx, cancel := context.WithTimeout(t.Context(), time.Duration(i%8)*50*time.Microsecond)
-				_, _, err := client.Do(ctx, node.address, &ObjectRequest{Opcode: ObjectWrite, Flags: ObjectFlagCreate, Epoch: testEpoch, OID: uint64(worker)}, payload, nil)
+				_, _, err := client.Do(ctx, node.address, &ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate, Epoch: testEpoch, OID: uint64(worker)}, payload, nil)
 				cancel()
 				if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 					t.Errorf("write: %v", err)
@@ -732,7 +733,7 @@ func TestObjectStartWait(t *testing.T) {
 		payload := bytes.Repeat([]byte{byte(i + 1)}, 4096)
 		var pending []ObjectPending
 		for _, node := range nodes {
-			p, err := client.Start(t.Context(), node.address, &ObjectRequest{Opcode: ObjectWrite, Flags: ObjectFlagCreate, Epoch: testEpoch, OID: 9, Offset: uint32(i%8) * 4096}, payload, nil)
+			p, err := client.Start(t.Context(), node.address, &ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate, Epoch: testEpoch, OID: 9, Offset: uint32(i%8) * 4096}, payload, nil)
 			if err != nil {
 				t.Fatalf("Start write %d to %s: %v", i, node.address, err)
 			}

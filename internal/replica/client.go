@@ -22,7 +22,7 @@ type Client struct {
 	// Digests, if set, says whether Stat may ask other nodes for their
 	// copies' content digests: once the cluster's feature level is
 	// cluster.LevelCopyDigests, at which no member runs a herd that
-	// refuses STAT's DIGEST flag (objproto.ObjectFlagDigest). Without it, or
+	// refuses STAT's DIGEST flag (object.FlagDigest). Without it, or
 	// below that level, Stat reports another node's digest as 0
 	// (unknown).
 	Digests func() bool
@@ -42,26 +42,6 @@ func (p *Client) do(ctx context.Context, node cluster.Node, request objproto.Obj
 	// The protocol's errors are the data path's (internal/object): no
 	// translation.
 	return p.Peer.Do(ctx, node.PeerAddr, &request, payload, into)
-}
-
-func writeFlags(flags object.Flags) objproto.ObjectFlags {
-	var f objproto.ObjectFlags
-	if flags.Create {
-		f |= objproto.ObjectFlagCreate
-	}
-	if flags.Sync {
-		f |= objproto.ObjectFlagForceUnitAccess
-	}
-	if flags.NoHole {
-		f |= objproto.ObjectFlagNoHole
-	}
-	if flags.Fresh {
-		f |= objproto.ObjectFlagFresh
-	}
-	if flags.Repair {
-		f |= objproto.ObjectFlagRepair
-	}
-	return f
 }
 
 // Read reads a piece of node's copy, proven current in epoch.
@@ -92,7 +72,7 @@ func (p *Client) Write(ctx context.Context, node cluster.Node, epoch, oid uint64
 	if node.ID == p.Self {
 		return p.Local.Write(ctx, epoch, oid, data, offset, flags)
 	}
-	_, _, err := p.do(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectWrite, Flags: writeFlags(flags), Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(data))}, data, nil)
+	_, _, err := p.do(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectWrite, Flags: flags, Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(data))}, data, nil)
 	return err
 }
 
@@ -105,7 +85,7 @@ func (p *Client) StartWrite(ctx context.Context, node cluster.Node, epoch, oid u
 	if node.ID == p.Self {
 		return nil
 	}
-	request := objproto.ObjectRequest{Opcode: objproto.ObjectWrite, Flags: writeFlags(flags), Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(data.Data))}
+	request := objproto.ObjectRequest{Opcode: objproto.ObjectWrite, Flags: flags, Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(data.Data))}
 	return p.start(ctx, node, &request, data.Data, data.Checksum())
 }
 
@@ -149,12 +129,12 @@ func (p *Client) Zero(ctx context.Context, node cluster.Node, epoch, oid uint64,
 		return p.Local.Zero(ctx, epoch, oid, offset, length, flags)
 	}
 	opcode := objproto.ObjectTrim
-	if flags.NoHole {
+	if flags.Has(object.FlagNoHole) {
 		opcode = objproto.ObjectWriteZeroes
 	}
-	f := writeFlags(flags) &^ (objproto.ObjectFlagCreate | objproto.ObjectFlagFresh)
+	f := flags &^ (object.FlagCreate | object.FlagFresh)
 	if opcode == objproto.ObjectTrim {
-		f &^= objproto.ObjectFlagNoHole
+		f &^= object.FlagNoHole
 	}
 	_, _, err := p.do(ctx, node, objproto.ObjectRequest{Opcode: opcode, Flags: f, Epoch: epoch, OID: oid, Offset: offset, Length: length}, nil, nil)
 	return err
@@ -186,13 +166,13 @@ func (p *Client) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64)
 	}
 	request := objproto.ObjectRequest{Opcode: objproto.ObjectStat, Epoch: epoch, OID: oid}
 	if p.Digests != nil && p.Digests() {
-		request.Flags |= objproto.ObjectFlagDigest
+		request.Flags |= object.FlagDigest
 	}
 	response, body, err := p.do(ctx, node, request, nil, nil)
 	if err != nil {
 		return 0, 0, err
 	}
-	if request.Flags&objproto.ObjectFlagDigest != 0 {
+	if request.Flags&object.FlagDigest != 0 {
 		if digest, err = objproto.DecodeObjectDigest(body); err != nil {
 			return 0, 0, err
 		}
@@ -205,7 +185,7 @@ func (p *Client) Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64
 	if node.ID == p.Self {
 		return p.Local.Fetch(ctx, epoch, oid, buffer)
 	}
-	return p.read(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectRead, Flags: objproto.ObjectFlagAnyStamp, Epoch: epoch, OID: oid, Length: uint32(len(buffer))}, buffer)
+	return p.read(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectRead, Flags: object.FlagAnyStamp, Epoch: epoch, OID: oid, Length: uint32(len(buffer))}, buffer)
 }
 
 // FetchAt reads part of node's copy whatever its stamp (as Fetch does the
@@ -214,7 +194,7 @@ func (p *Client) FetchAt(ctx context.Context, node cluster.Node, epoch, oid uint
 	if node.ID == p.Self {
 		return p.Local.FetchAt(ctx, epoch, oid, buffer, offset)
 	}
-	return p.read(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectRead, Flags: objproto.ObjectFlagAnyStamp, Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(buffer))}, buffer)
+	return p.read(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectRead, Flags: object.FlagAnyStamp, Epoch: epoch, OID: oid, Offset: offset, Length: uint32(len(buffer))}, buffer)
 }
 
 // Recover on node's copy (see Served).

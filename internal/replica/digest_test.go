@@ -18,7 +18,7 @@ func TestStatDigestOnlyWhenAsked(t *testing.T) {
 	r, s := newTestReplica(t, c)
 	ctx := context.Background()
 	const oid = 0x0000000100000007
-	if err := r.Write(ctx, 5, oid, bytes.Repeat([]byte{0x5a}, 8192), 0, object.Flags{Create: true}); err != nil {
+	if err := r.Write(ctx, 5, oid, bytes.Repeat([]byte{0x5a}, 8192), 0, object.FlagCreate); err != nil {
 		t.Fatal(err)
 	}
 	info, err := s.Stat(oid)
@@ -33,7 +33,7 @@ func TestStatDigestOnlyWhenAsked(t *testing.T) {
 	if response.Status != objproto.ObjectStatusOK || response.ObjectEpoch != 5 || len(body) != 0 {
 		t.Fatalf("plain STAT: %+v, %d-byte body; want OK, stamp 5, no body", response, len(body))
 	}
-	request := &objproto.ObjectRequest{Opcode: objproto.ObjectStat, Flags: objproto.ObjectFlagDigest, Epoch: 5, OID: oid}
+	request := &objproto.ObjectRequest{Opcode: objproto.ObjectStat, Flags: object.FlagDigest, Epoch: 5, OID: oid}
 	if status, message := objproto.ValidateObjectRequest(request); status != objproto.ObjectStatusOK {
 		t.Fatalf("STAT with DIGEST refused: %s %s", status, message)
 	}

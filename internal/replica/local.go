@@ -12,26 +12,6 @@ type LocalStore struct{ Store *store.Store }
 
 var _ ObjectStore = LocalStore{}
 
-func storeFlags(flags object.Flags) store.WriteFlags {
-	var f store.WriteFlags
-	if flags.Create {
-		f |= store.Create
-	}
-	if flags.Sync {
-		f |= store.Sync
-	}
-	if flags.NoHole {
-		f |= store.NoHole
-	}
-	if flags.Fresh {
-		f |= store.Fresh
-	}
-	if flags.Repair {
-		f |= store.Repair
-	}
-	return f
-}
-
 func (l LocalStore) List(fn func(oid, stamp uint64) error) error {
 	return (l.Store.List(func(oid uint64, info store.Info) error { return fn(oid, info.Epoch) }))
 }
@@ -42,14 +22,14 @@ func (l LocalStore) Read(oid uint64, p []byte, offset uint32) (uint64, error) {
 }
 
 func (l LocalStore) Write(oid uint64, p []byte, offset uint32, epoch uint64, flags object.Flags) error {
-	return (l.Store.Write(oid, p, offset, epoch, storeFlags(flags)))
+	return (l.Store.Write(oid, p, offset, epoch, flags))
 }
 
 func (l LocalStore) Zero(oid uint64, offset, length uint32, epoch uint64, flags object.Flags) error {
-	if flags.NoHole {
-		return (l.Store.WriteZeroes(oid, offset, length, epoch, storeFlags(flags)))
+	if flags.Has(object.FlagNoHole) {
+		return (l.Store.WriteZeroes(oid, offset, length, epoch, flags))
 	}
-	return (l.Store.Trim(oid, offset, length, epoch, storeFlags(flags)))
+	return (l.Store.Trim(oid, offset, length, epoch, flags))
 }
 
 func (l LocalStore) Remove(oid uint64) error { return (l.Store.Remove(oid)) }

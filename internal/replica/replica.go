@@ -309,7 +309,7 @@ func (r *Replica) Write(ctx context.Context, epoch, oid uint64, p []byte, offset
 	l := r.lock(oid)
 	l.RLock()
 	defer l.RUnlock()
-	if err := r.fence(oid, epoch); err != nil && !(flags.Create && errors.Is(err, object.ErrNotFound)) {
+	if err := r.fence(oid, epoch); err != nil && !(flags.Has(object.FlagCreate) && errors.Is(err, object.ErrNotFound)) {
 		return err
 	}
 	if err := r.store.Write(oid, p, offset, epoch, flags); err != nil {
@@ -327,7 +327,7 @@ func (r *Replica) Zero(ctx context.Context, epoch, oid uint64, offset, length ui
 	l := r.lock(oid)
 	l.RLock()
 	defer l.RUnlock()
-	if err := r.fence(oid, epoch); err != nil && !(flags.Create && errors.Is(err, object.ErrNotFound)) {
+	if err := r.fence(oid, epoch); err != nil && !(flags.Has(object.FlagCreate) && errors.Is(err, object.ErrNotFound)) {
 		return err
 	}
 	if err := r.store.Zero(oid, offset, length, epoch, flags); err != nil {

@@ -85,7 +85,7 @@ func TestCopyStampedAheadIsStaleEpoch(t *testing.T) {
 	ctx := context.Background()
 	const oid = 0x0000000100000003
 	newer := bytes.Repeat([]byte{0x22}, 4096)
-	if err := r.Write(ctx, 10, oid, newer, 0, object.Flags{Create: true}); err != nil {
+	if err := r.Write(ctx, 10, oid, newer, 0, object.FlagCreate); err != nil {
 		t.Fatal(err)
 	}
 	c.set(7)
@@ -97,10 +97,10 @@ func TestCopyStampedAheadIsStaleEpoch(t *testing.T) {
 			t.Errorf("%s in epoch 7 of a copy stamped 10: %v; want a stale epoch error naming epoch 10", what, err)
 		}
 	}
-	stale("write", r.Write(ctx, 7, oid, bytes.Repeat([]byte{0x11}, 4096), 0, object.Flags{}))
-	stale("write with CREATE", r.Write(ctx, 7, oid, bytes.Repeat([]byte{0x11}, 4096), 0, object.Flags{Create: true, Fresh: true}))
-	stale("WRITE_ZEROES", r.Zero(ctx, 7, oid, 0, 4096, object.Flags{NoHole: true}))
-	stale("TRIM", r.Zero(ctx, 7, oid, 0, 4096, object.Flags{}))
+	stale("write", r.Write(ctx, 7, oid, bytes.Repeat([]byte{0x11}, 4096), 0, 0))
+	stale("write with CREATE", r.Write(ctx, 7, oid, bytes.Repeat([]byte{0x11}, 4096), 0, object.FlagCreate|object.FlagFresh))
+	stale("WRITE_ZEROES", r.Zero(ctx, 7, oid, 0, 4096, object.FlagNoHole))
+	stale("TRIM", r.Zero(ctx, 7, oid, 0, 4096, 0))
 	stale("remove", r.Remove(ctx, 7, oid))
 	buffer := make([]byte, 4096)
 	_, err := r.Read(ctx, 7, oid, buffer, 0)
@@ -121,7 +121,7 @@ func TestCopyStampedAheadIsStaleEpoch(t *testing.T) {
 	if _, err := r.Read(ctx, 10, oid, buffer, 0); err != nil || !bytes.Equal(buffer, newer) {
 		t.Fatalf("read in epoch 10: %v, data changed: %v", err, !bytes.Equal(buffer, newer))
 	}
-	if err := r.Write(ctx, 10, oid, bytes.Repeat([]byte{0x33}, 4096), 0, object.Flags{}); err != nil {
+	if err := r.Write(ctx, 10, oid, bytes.Repeat([]byte{0x33}, 4096), 0, 0); err != nil {
 		t.Fatalf("write in epoch 10: %v", err)
 	}
 }
@@ -134,11 +134,11 @@ func TestCopyStampedBehindIsNotRecovered(t *testing.T) {
 	r, s := newTestReplica(t, c)
 	ctx := context.Background()
 	const oid = 0x0000000100000003
-	if err := r.Write(ctx, 7, oid, []byte{1}, 0, object.Flags{Create: true}); err != nil {
+	if err := r.Write(ctx, 7, oid, []byte{1}, 0, object.FlagCreate); err != nil {
 		t.Fatal(err)
 	}
 	c.set(10)
-	if err := r.Write(ctx, 10, oid, []byte{2}, 0, object.Flags{}); !errors.Is(err, object.ErrNotRecovered) {
+	if err := r.Write(ctx, 10, oid, []byte{2}, 0, 0); !errors.Is(err, object.ErrNotRecovered) {
 		t.Errorf("write in epoch 10 of a copy stamped 7: %v; want not recovered", err)
 	}
 	if _, err := r.Read(ctx, 10, oid, make([]byte, 1), 0); !errors.Is(err, object.ErrNotRecovered) {
@@ -176,7 +176,7 @@ func TestServedRoutesRecoverToRecovery(t *testing.T) {
 	if err := served.Recover(ctx, 4, oid); !errors.Is(err, object.ErrStaleEpoch) || len(recovered) != 1 {
 		t.Fatalf("RECOVER in epoch 4 of 5: %v (recovered in epochs %v); want a stale epoch, no recovery", err, recovered)
 	}
-	write := &objproto.ObjectRequest{Opcode: objproto.ObjectWrite, Flags: objproto.ObjectFlagCreate, Epoch: 5, OID: oid, Length: 4096}
+	write := &objproto.ObjectRequest{Opcode: objproto.ObjectWrite, Flags: object.FlagCreate, Epoch: 5, OID: oid, Length: 4096}
 	if response, _ := served.ServeObject(ctx, write, bytes.Repeat([]byte{0x44}, 4096)); response.Status != objproto.ObjectStatusOK {
 		t.Fatalf("WRITE through Served: %+v", response)
 	}

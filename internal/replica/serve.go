@@ -26,18 +26,14 @@ func (s Served) ServeObject(ctx context.Context, request *objproto.ObjectRequest
 func (r *Replica) ServeObject(ctx context.Context, request *objproto.ObjectRequest, payload []byte) (objproto.ObjectResponse, []byte) {
 	epoch := r.cluster.Epoch()
 	fail := func(err error) (objproto.ObjectResponse, []byte) { return objproto.ObjectErrorResponse(epoch, err) }
-	flags := object.Flags{
-		Create: request.Flags&objproto.ObjectFlagCreate != 0,
-		Sync:   request.Flags&objproto.ObjectFlagForceUnitAccess != 0,
-		NoHole: request.Flags&objproto.ObjectFlagNoHole != 0,
-		Fresh:  request.Flags&objproto.ObjectFlagFresh != 0,
-		Repair: request.Flags&objproto.ObjectFlagRepair != 0,
-	}
+	// The change flags only (the protocol's validation left no others
+	// on a change).
+	flags := request.Flags & object.ChangeFlags
 	switch request.Opcode {
 	case objproto.ObjectRead:
 		buffer := objproto.GetObjectBuffer(int(request.Length))
 		read := r.Read
-		if request.Flags&objproto.ObjectFlagAnyStamp != 0 {
+		if request.Flags&object.FlagAnyStamp != 0 {
 			read = r.readAny
 		}
 		stamp, err := read(ctx, request.Epoch, request.OID, buffer.Bytes, request.Offset)
@@ -51,12 +47,12 @@ func (r *Replica) ServeObject(ctx context.Context, request *objproto.ObjectReque
 			return fail(err)
 		}
 	case objproto.ObjectWriteZeroes:
-		flags.NoHole = true
+		flags |= object.FlagNoHole
 		if err := r.Zero(ctx, request.Epoch, request.OID, request.Offset, request.Length, flags); err != nil {
 			return fail(err)
 		}
 	case objproto.ObjectTrim:
-		flags.NoHole = false
+		flags &^= object.FlagNoHole
 		if err := r.Zero(ctx, request.Epoch, request.OID, request.Offset, request.Length, flags); err != nil {
 			return fail(err)
 		}
@@ -73,7 +69,7 @@ func (r *Replica) ServeObject(ctx context.Context, request *objproto.ObjectReque
 		if err != nil {
 			return fail(err)
 		}
-		if request.Flags&objproto.ObjectFlagDigest != 0 {
+		if request.Flags&object.FlagDigest != 0 {
 			// Only when asked: a herd before digests takes any STAT
 			// body but 16 bytes or none for a protocol error.
 			return objproto.ObjectResponse{Epoch: epoch, ObjectEpoch: stamp}, objproto.AppendObjectDigest(nil, digest)

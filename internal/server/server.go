@@ -274,7 +274,7 @@ func Run(ctx context.Context, o Options) error {
 	objectClient := objproto.NewObjectClient(credentials.peer)
 	defer objectClient.Close()
 	// Digests: STAT asks for copies' content digests only at the level
-	// where every member knows the flag (objproto.ObjectFlagDigest).
+	// where every member knows the flag (object.FlagDigest).
 	digests := func() bool { return c.Level() >= cluster.LevelCopyDigests }
 	layouts := layout.NewHistory(c, logger)
 	// Recovery reaches every replica but asks none to recover; the node

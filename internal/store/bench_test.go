@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // BenchmarkWrite and BenchmarkRead measure the store's own cost over the
@@ -16,7 +18,7 @@ func BenchmarkWrite(b *testing.B) {
 			p := pattern(1, size)
 			const objects = 64
 			for oid := uint64(0); oid < objects; oid++ {
-				mustWrite(b, s, oid, nil, 0, 1, Create)
+				mustWrite(b, s, oid, nil, 0, 1, object.FlagCreate)
 			}
 			var next atomic.Uint64
 			b.SetBytes(int64(size))
@@ -41,7 +43,7 @@ func BenchmarkRead(b *testing.B) {
 			s := openTest(b, Options{})
 			const objects = 8
 			for oid := uint64(0); oid < objects; oid++ {
-				mustWrite(b, s, oid, pattern(oid, 4<<20), 0, 1, Create)
+				mustWrite(b, s, oid, pattern(oid, 4<<20), 0, 1, object.FlagCreate)
 			}
 			var next atomic.Uint64
 			b.SetBytes(int64(size))
@@ -66,10 +68,10 @@ func BenchmarkRead(b *testing.B) {
 func BenchmarkWriteSync(b *testing.B) {
 	s := openTest(b, Options{})
 	p := pattern(1, 4096)
-	mustWrite(b, s, 1, nil, 0, 1, Create)
+	mustWrite(b, s, 1, nil, 0, 1, object.FlagCreate)
 	b.SetBytes(4096)
 	for i := 0; b.Loop(); i++ {
-		if err := s.Write(1, p, uint32(i%1024)*4096, 1, Sync); err != nil {
+		if err := s.Write(1, p, uint32(i%1024)*4096, 1, object.FlagSync); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -91,7 +93,7 @@ func BenchmarkChecksums(b *testing.B) {
 					s := openTest(b, Options{})
 					const objectSize = 4 << 20
 					p := pattern(1, size)
-					mustWrite(b, s, 1, pattern(2, objectSize), 0, 1, Create)
+					mustWrite(b, s, 1, pattern(2, objectSize), 0, 1, object.FlagCreate)
 					b.SetBytes(int64(size))
 					b.ResetTimer()
 					offset := 0

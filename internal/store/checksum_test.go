@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"testing"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // flipBit flips one bit of the object's data byte at offset in its file,
@@ -35,7 +37,7 @@ func TestChecksumCatchesRot(t *testing.T) {
 	s := openTest(t, Options{})
 	const oid = 7
 	data := pattern(1, 3*blockSize)
-	mustWrite(t, s, oid, data, 0, 1, Create)
+	mustWrite(t, s, oid, data, 0, 1, object.FlagCreate)
 	flipBit(t, s, oid, blockSize+100)
 
 	p := make([]byte, 3*blockSize)
@@ -100,7 +102,7 @@ func TestChecksumsFollowEveryChange(t *testing.T) {
 	model := make([]byte, 64<<10)
 	write := func(p []byte, offset int) {
 		t.Helper()
-		mustWrite(t, s, oid, p, uint32(offset), 1, Create)
+		mustWrite(t, s, oid, p, uint32(offset), 1, object.FlagCreate)
 		copy(model[offset:], p)
 	}
 	zero := func(offset, length int, trim bool) {
@@ -109,7 +111,7 @@ func TestChecksumsFollowEveryChange(t *testing.T) {
 		if trim {
 			err = s.Trim(oid, uint32(offset), uint32(length), 1, 0)
 		} else {
-			err = s.WriteZeroes(oid, uint32(offset), uint32(length), 1, NoHole)
+			err = s.WriteZeroes(oid, uint32(offset), uint32(length), 1, object.FlagNoHole)
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -135,7 +137,7 @@ func TestChecksumsFollowEveryChange(t *testing.T) {
 	check()
 	s = reopen(t, s, options)
 	check()
-	if err := s.Write(oid, nil, 0, 1, Create|Fresh); err != nil {
+	if err := s.Write(oid, nil, 0, 1, object.FlagCreate|object.FlagFresh); err != nil {
 		t.Fatal(err)
 	}
 	clear(model)
@@ -149,7 +151,7 @@ func TestLegacyCopyIsReadUnverified(t *testing.T) {
 	s := openTest(t, options)
 	const oid = 0x0100000500000003
 	data := pattern(5, 10000)
-	mustWrite(t, s, oid, []byte{1}, 0, 4, Create)
+	mustWrite(t, s, oid, []byte{1}, 0, 4, object.FlagCreate)
 	path := s.disks[0].objectPath(oid)
 	s = reopen(t, s, options)
 	// Rewrite the file the way a herd before checksums did.
@@ -185,7 +187,7 @@ func TestJournalCompaction(t *testing.T) {
 	s := openTest(t, Options{})
 	j := s.disks[0].journal
 	for oid := uint64(1); oid <= 6; oid++ {
-		mustWrite(t, s, oid, []byte("a"), 0, 1, Create)
+		mustWrite(t, s, oid, []byte("a"), 0, 1, object.FlagCreate)
 		mustWrite(t, s, oid, []byte("b"), 1, 1, 0)
 	}
 	if got := j.size(); got != 6 {
@@ -214,7 +216,7 @@ func TestUpgradeLegacyCopy(t *testing.T) {
 	options := Options{Disks: []Disk{{Path: tempDisk(t)}}}
 	s := openTest(t, options)
 	const oid = 21
-	mustWrite(t, s, oid, []byte{1}, 0, 6, Create)
+	mustWrite(t, s, oid, []byte{1}, 0, 6, object.FlagCreate)
 	path := s.disks[0].objectPath(oid)
 	s = reopen(t, s, options)
 	data := pattern(8, 3*blockSize+100)

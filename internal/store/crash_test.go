@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 var crashIterations = flag.Int("store.crash-iterations", 2000, "write/crash/restart iterations of TestCrashKeepsDataAndChecksumsConsistent")
@@ -102,7 +104,7 @@ func crashRun(t testing.TB, root string, random *rand.Rand) error {
 	current := make([][]byte, objects)
 	for oid := range current {
 		current[oid] = pattern(random.Uint64(), size)
-		mustWrite(t, s, uint64(oid+1), current[oid], 0, 1, Create)
+		mustWrite(t, s, uint64(oid+1), current[oid], 0, 1, object.FlagCreate)
 	}
 	if err := s.Flush(); err != nil {
 		t.Fatal(err)
@@ -129,7 +131,7 @@ func crashRun(t testing.TB, root string, random *rand.Rand) error {
 			if k == 6 {
 				err = s.Trim(uint64(oid+1), uint32(offset), uint32(length), 1, 0)
 			} else {
-				err = s.WriteZeroes(uint64(oid+1), uint32(offset), uint32(length), 1, NoHole)
+				err = s.WriteZeroes(uint64(oid+1), uint32(offset), uint32(length), 1, object.FlagNoHole)
 			}
 			if err != nil {
 				t.Fatal(err)

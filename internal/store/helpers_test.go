@@ -8,6 +8,8 @@ import (
 	"os"
 	"sync"
 	"testing"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // tempDisk returns a fresh directory for a disk. t.TempDir makes it 0777
@@ -64,7 +66,7 @@ func pattern(seed uint64, n int) []byte {
 	return p
 }
 
-func mustWrite(t testing.TB, s *Store, oid uint64, p []byte, offset uint32, epoch uint64, flags WriteFlags) {
+func mustWrite(t testing.TB, s *Store, oid uint64, p []byte, offset uint32, epoch uint64, flags object.Flags) {
 	t.Helper()
 	if err := s.Write(oid, p, offset, epoch, flags); err != nil {
 		t.Fatalf("Write(%016x, %d bytes at %d): %v", oid, len(p), offset, err)

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // Replace installs a whole copy at once: readers running meanwhile see
@@ -20,7 +22,7 @@ func TestReplaceIsAtomic(t *testing.T) {
 	s := openTest(t, options)
 	const oid, size = 42, 1 << 20
 	old, newer := bytes.Repeat([]byte{0xaa}, size), bytes.Repeat([]byte{0xbb}, size)
-	mustWrite(t, s, oid, old, 0, 3, Create)
+	mustWrite(t, s, oid, old, 0, 3, object.FlagCreate)
 
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -70,7 +72,7 @@ func TestReplaceIsAtomic(t *testing.T) {
 
 func TestReplaceNeverLowersAStamp(t *testing.T) {
 	s := openTest(t, Options{Disks: []Disk{{Path: tempDisk(t)}}})
-	mustWrite(t, s, 1, []byte("new"), 0, 9, Create)
+	mustWrite(t, s, 1, []byte("new"), 0, 9, object.FlagCreate)
 	wantErr(t, "replace with an older stamp", s.Replace(1, []byte("old"), 4), ErrInvalid)
 	wantErr(t, "write with an older stamp", s.Write(1, []byte("old"), 0, 4, 0), ErrInvalid)
 	got, info := mustRead(t, s, 1, 3, 0)

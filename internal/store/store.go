@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/herd-storage/herd/internal/invariants"
+	"github.com/herd-storage/herd/internal/object"
 	"golang.org/x/sys/unix"
 )
 
@@ -54,32 +55,24 @@ type Options struct {
 	OnDiskFailure func(path string, cause error)
 }
 
-// WriteFlags qualify a write, WriteZeroes or Trim.
-type WriteFlags uint8
-
-const (
-	// Create creates the object if it does not exist; without it a
-	// missing object gives ErrNotFound.
-	Create WriteFlags = 1 << iota
-	// Sync (force unit access) makes the operation durable before it
-	// returns: the data, the header and, for a new object, its directory
-	// entries.
-	Sync
-	// NoHole makes WriteZeroes allocate the range (zeros are written)
-	// instead of punching a hole. Ignored by Write and Trim.
-	NoHole
-	// Fresh (for Write, with Create) empties a copy that exists already
-	// before writing: the write starts the object, and what an earlier
-	// failed change left must not show beside it. Ignored by WriteZeroes
-	// and Trim.
-	Fresh
-
-	// Repair (Write, whole blocks): write only the blocks whose stored
-	// bytes fail their checksum (see Store.Repair).
-	Repair
-
-	writeFlagsKnown = Create | Sync | NoHole | Fresh | Repair
-)
+// A Write, WriteZeroes or Trim takes object.Flags: the change flags
+// (object.ChangeFlags) mean
+//
+//   - FlagCreate creates the object if it does not exist; without it a
+//     missing object gives ErrNotFound.
+//   - FlagSync (force unit access) makes the operation durable before it
+//     returns: the data, the header and, for a new object, its directory
+//     entries.
+//   - FlagNoHole makes WriteZeroes allocate the range (zeros are written)
+//     instead of punching a hole. Ignored by Write and Trim.
+//   - FlagFresh (for Write, with FlagCreate) empties a copy that exists
+//     already before writing: the write starts the object, and what an
+//     earlier failed change left must not show beside it. Ignored by
+//     WriteZeroes and Trim.
+//   - FlagRepair (Write, whole blocks): write only the blocks whose stored
+//     bytes fail their checksum (see Store.Repair).
+//
+// Any other flag is refused (ErrInvalid). Flags are never stored.
 
 // Info describes an object's copy.
 type Info struct {
@@ -290,9 +283,9 @@ func checkRange(op string, oid uint64, offset, length uint64) error {
 	return nil
 }
 
-func checkFlags(op string, oid uint64, flags WriteFlags) error {
-	if unknown := flags &^ writeFlagsKnown; unknown != 0 {
-		return &ObjectError{Op: op, OID: oid, Kind: ErrInvalid, Err: fmt.Errorf("unknown flags %#x", uint8(unknown))}
+func checkFlags(op string, oid uint64, flags object.Flags) error {
+	if unknown := flags &^ object.ChangeFlags; unknown != 0 {
+		return &ObjectError{Op: op, OID: oid, Kind: ErrInvalid, Err: fmt.Errorf("unknown flags %#x", uint16(unknown))}
 	}
 	return nil
 }
@@ -390,15 +383,15 @@ func (s *Store) Read(oid uint64, p []byte, offset uint32) (Info, error) {
 //
 // With Repair (whole blocks only), each block of p is written only where
 // the copy's block fails its checksum; the stamp is not changed.
-func (s *Store) Write(oid uint64, p []byte, offset uint32, epoch uint64, flags WriteFlags) error {
+func (s *Store) Write(oid uint64, p []byte, offset uint32, epoch uint64, flags object.Flags) error {
 	if err := checkRange("write", oid, uint64(offset), uint64(len(p))); err != nil {
 		return err
 	}
 	if err := checkFlags("write", oid, flags); err != nil {
 		return err
 	}
-	if flags&Repair != 0 {
-		if _, err := s.Repair(oid, p, offset); err != nil || flags&Sync == 0 {
+	if flags&object.FlagRepair != 0 {
+		if _, err := s.Repair(oid, p, offset); err != nil || flags&object.FlagSync == 0 {
 			return err
 		}
 		return s.Sync(oid)
@@ -407,11 +400,11 @@ func (s *Store) Write(oid uint64, p []byte, offset uint32, epoch uint64, flags W
 		if err := s.stamp("write", h, epoch); err != nil {
 			return err
 		}
-		if flags&Fresh == 0 && len(p) == 0 {
+		if flags&object.FlagFresh == 0 && len(p) == 0 {
 			return s.syncIf(flags, "write", h)
 		}
 		err := s.change(h, func() error {
-			if flags&Fresh != 0 {
+			if flags&object.FlagFresh != 0 {
 				// The table goes with the data: holes, entries 0.
 				if err := h.file.Truncate(headerSize); err != nil {
 					return objectError("write", oid, h.path, err)
@@ -459,8 +452,8 @@ func (s *Store) change(h *handle, fn func() error) error {
 	return err
 }
 
-func (s *Store) syncIf(flags WriteFlags, op string, h *handle) error {
-	if flags&Sync != 0 {
+func (s *Store) syncIf(flags object.Flags, op string, h *handle) error {
+	if flags&object.FlagSync != 0 {
 		return s.syncObject(op, h)
 	}
 	return nil
@@ -489,8 +482,8 @@ func (s *Store) Repair(oid uint64, p []byte, offset uint32) (int, error) {
 	return repaired, err
 }
 
-func modeFor(flags WriteFlags) access {
-	if flags&Create != 0 {
+func modeFor(flags object.Flags) access {
+	if flags&object.FlagCreate != 0 {
 		return accessCreate
 	}
 	return accessExisting
@@ -500,17 +493,17 @@ func modeFor(flags WriteFlags) access {
 // hole (the range frees its blocks), or with NoHole writes zeros (the range
 // stays allocated, so a later write there cannot fail for lack of space).
 // Stamps, flags and durability are as for Write.
-func (s *Store) WriteZeroes(oid uint64, offset, length uint32, epoch uint64, flags WriteFlags) error {
-	return s.zero("write zeroes", oid, offset, length, epoch, flags, flags&NoHole != 0)
+func (s *Store) WriteZeroes(oid uint64, offset, length uint32, epoch uint64, flags object.Flags) error {
+	return s.zero("write zeroes", oid, offset, length, epoch, flags, flags&object.FlagNoHole != 0)
 }
 
 // Trim discards length bytes at offset: it punches a hole, so the range
 // reads as zeros afterwards. Stamps, flags and durability are as for Write.
-func (s *Store) Trim(oid uint64, offset, length uint32, epoch uint64, flags WriteFlags) error {
+func (s *Store) Trim(oid uint64, offset, length uint32, epoch uint64, flags object.Flags) error {
 	return s.zero("trim", oid, offset, length, epoch, flags, false)
 }
 
-func (s *Store) zero(op string, oid uint64, offset, length uint32, epoch uint64, flags WriteFlags, allocate bool) error {
+func (s *Store) zero(op string, oid uint64, offset, length uint32, epoch uint64, flags object.Flags, allocate bool) error {
 	if err := checkRange(op, oid, uint64(offset), uint64(length)); err != nil {
 		return err
 	}
