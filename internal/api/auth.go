@@ -378,7 +378,7 @@ func (s *Server) safeToRemove(ctx context.Context, id string) error {
 			return fmt.Errorf("%w: cannot tell whether node %s holds the only copy of anything: node %s did not answer (%s); try again", cluster.ErrBusy, id, e.Node, e.Error)
 		case e.Status.Unavailable > 0:
 			return fmt.Errorf("%w: node %s may hold the only current copy of %d objects (node %s cannot recover them); bring it back, or wait until those objects are written again", cluster.ErrBusy, id, e.Status.Unavailable, e.Node)
-		case e.Status.Epoch != epoch || (e.Status.State != "done" && e.Status.State != "idle"):
+		case uint64(e.Status.Epoch) != epoch || (e.Status.State != "done" && e.Status.State != "idle"):
 			return fmt.Errorf("%w: node %s's copies are still being re-created on node %s (recovery of epoch %d: %s); wait for herd node recovery to finish", cluster.ErrBusy, id, e.Node, e.Status.Epoch, e.Status.State)
 		}
 	}

@@ -181,20 +181,22 @@ func (c *fakeCluster) counts() (lookups, locking int) {
 // exports, they do not move data.
 type noReplicas struct{}
 
-func (noReplicas) Read(context.Context, cluster.Node, uint64, uint64, []byte, uint32) (uint64, error) {
+func (noReplicas) Read(context.Context, cluster.Node, object.Epoch, object.OID, []byte, uint32) (object.Epoch, error) {
 	return 0, object.ErrUnavailable
 }
-func (noReplicas) Write(context.Context, cluster.Node, uint64, uint64, []byte, uint32, object.Flags) error {
+func (noReplicas) Write(context.Context, cluster.Node, object.Epoch, object.OID, []byte, uint32, object.Flags) error {
 	return object.ErrUnavailable
 }
-func (noReplicas) Zero(context.Context, cluster.Node, uint64, uint64, uint32, uint32, object.Flags) error {
+func (noReplicas) Zero(context.Context, cluster.Node, object.Epoch, object.OID, uint32, uint32, object.Flags) error {
 	return object.ErrUnavailable
 }
-func (noReplicas) Remove(context.Context, cluster.Node, uint64, uint64) error {
+func (noReplicas) Remove(context.Context, cluster.Node, object.Epoch, object.OID) error {
 	return object.ErrUnavailable
 }
-func (noReplicas) Flush(context.Context, cluster.Node, uint64) error { return object.ErrUnavailable }
-func (noReplicas) Recover(context.Context, cluster.Node, uint64, uint64) error {
+func (noReplicas) Flush(context.Context, cluster.Node, object.Epoch) error {
+	return object.ErrUnavailable
+}
+func (noReplicas) Recover(context.Context, cluster.Node, object.Epoch, object.OID) error {
 	return object.ErrUnavailable
 }
 

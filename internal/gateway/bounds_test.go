@@ -26,7 +26,7 @@ import (
 // gate holds the replica operations match selects until released, and
 // counts the objects that have one held.
 type gate struct {
-	match func(op string, oid uint64) bool
+	match func(op string, oid object.OID) bool
 
 	mu       sync.Mutex // guards the fields below
 	held     map[uint64][]chan struct{}
@@ -35,9 +35,9 @@ type gate struct {
 	stopped  bool // holds nothing more: the test ended
 }
 
-func newGate(t *testing.T, w *fakeWorld, match func(op string, oid uint64) bool) *gate {
+func newGate(t *testing.T, w *fakeWorld, match func(op string, oid object.OID) bool) *gate {
 	g := &gate{match: match, held: map[uint64][]chan struct{}{}}
-	w.replicas.before = func(op, node string, oid uint64, p []byte) {
+	w.replicas.before = func(op, node string, oid object.OID, p []byte) {
 		if !g.match(op, oid) {
 			return
 		}
@@ -47,7 +47,7 @@ func newGate(t *testing.T, w *fakeWorld, match func(op string, oid uint64) bool)
 			g.mu.Unlock()
 			return
 		}
-		g.held[oid] = append(g.held[oid], release)
+		g.held[uint64(oid)] = append(g.held[uint64(oid)], release)
 		g.peak = max(g.peak, len(g.held))
 		g.mu.Unlock()
 		<-release
@@ -119,9 +119,9 @@ func (g *gate) drain(t *testing.T, done <-chan error, limit, want int) {
 }
 
 // dataOf matches operations on the data objects of VDI id.
-func dataOf(id uint32, ops ...string) func(op string, oid uint64) bool {
-	return func(op string, oid uint64) bool {
-		if object.Type(oid) != object.Type(object.DataOID(0, 0)) || object.VDI(oid) != id {
+func dataOf(id uint32, ops ...string) func(op string, oid object.OID) bool {
+	return func(op string, oid object.OID) bool {
+		if object.Type(oid) != object.Type(object.DataOID(0, 0)) || object.VDI(oid) != object.VDIID(id) {
 			return false
 		}
 		for _, o := range ops {
@@ -320,8 +320,8 @@ func TestWholeObjectZerosShareOneBuffer(t *testing.T) {
 	shared := &zeros(smallObject)[0]
 	var mu sync.Mutex
 	creates, other := 0, 0
-	w.replicas.before = func(op, node string, oid uint64, p []byte) {
-		if op != "write" || object.VDI(oid) != child || object.Type(oid) != object.Type(object.DataOID(0, 0)) {
+	w.replicas.before = func(op, node string, oid object.OID, p []byte) {
+		if op != "write" || object.VDI(oid) != object.VDIID(child) || object.Type(oid) != object.Type(object.DataOID(0, 0)) {
 			return
 		}
 		mu.Lock()

@@ -52,7 +52,7 @@ func (g *Gateway) ChecksumStats() ChecksumStats {
 // offset+length) that fail their checksum there, with the same blocks
 // read from another replica of rv (whose read verifies them), or with
 // good (already verified, whole blocks from start) when given.
-func (h *healer) healBlocks(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, copies int, offset uint32, length int, good []byte) error {
+func (h *healer) healBlocks(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid object.OID, copies int, offset uint32, length int, good []byte) error {
 	start, size := blockRange(offset, length)
 	if good == nil {
 		buffer := make([]byte, size)
@@ -84,7 +84,7 @@ func (h *healer) healBlocks(ctx context.Context, node cluster.Node, rv *layout.E
 // changeHealing runs change on node; if it meets blocks that fail their
 // checksum there, it repairs them from another replica and runs change
 // once more.
-func (h *healer) changeHealing(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, copies int, offset uint32, length int, change func() error) error {
+func (h *healer) changeHealing(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid object.OID, copies int, offset uint32, length int, change func() error) error {
 	err := change()
 	if !errors.Is(err, object.ErrChecksum) {
 		return err
@@ -100,7 +100,7 @@ func (h *healer) changeHealing(ctx context.Context, node cluster.Node, rv *layou
 // piece that failed its checksum somewhere on every replica. The
 // replicas whose blocks failed are repaired. A block bad on all of them
 // fails the read with object.ErrChecksum.
-func (h *healer) readBlockwise(ctx context.Context, rv *layout.Epoch, oid uint64, copies int, p []byte, offset uint32) error {
+func (h *healer) readBlockwise(ctx context.Context, rv *layout.Epoch, oid object.OID, copies int, p []byte, offset uint32) error {
 	start, size := blockRange(offset, len(p))
 	whole := make([]byte, size)
 	candidates := rv.ReplicasOf(oid, copies)
@@ -147,7 +147,7 @@ func (h *healer) readBlockwise(ctx context.Context, rv *layout.Epoch, oid uint64
 // repairDamaged replaces a replica's damaged copy of oid, after another
 // replica served the read: the bad copy is removed and the replica
 // recovers the object from a proven current copy.
-func (h *healer) repairDamaged(node cluster.Node, epoch, oid uint64) {
+func (h *healer) repairDamaged(node cluster.Node, epoch object.Epoch, oid object.OID) {
 	ctx, cancel := context.WithTimeout(context.Background(), roundTimeout)
 	defer cancel()
 	rv, err := h.layouts.Current()

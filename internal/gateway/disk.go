@@ -139,7 +139,7 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 			clear(buffer)
 			return nil
 		}
-		err = g.read(ctx, object.DataOID(owner, pc.index), vdi.Copies, buffer, pc.within)
+		err = g.read(ctx, object.DataOID(object.VDIID(owner), pc.index), vdi.Copies, buffer, pc.within)
 		if err != nil && owner != vdi.ID && isGone(err) {
 			// An ancestor's object freed after a merge or flatten took
 			// its layer out of the chain (merge.go): read through the
@@ -156,7 +156,7 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 				clear(buffer)
 				return nil
 			}
-			err = g.read(ctx, object.DataOID(owner, pc.index), vdi.Copies, buffer, pc.within)
+			err = g.read(ctx, object.DataOID(object.VDIID(owner), pc.index), vdi.Copies, buffer, pc.within)
 		}
 		return err
 	})
@@ -216,7 +216,7 @@ func (d *Disk) writePiece(ctx context.Context, vdi cluster.VDI, chain []uint32, 
 	if err != nil {
 		return err
 	}
-	oid := object.DataOID(vdi.ID, index)
+	oid := object.DataOID(object.VDIID(vdi.ID), index)
 	// Zone mode (lag.go): without FUA, acknowledged once this zone's
 	// replicas have it.
 	near := !fua && state.limiter.ackZone.Load()
@@ -280,11 +280,11 @@ func (g *Gateway) copyObject(ctx context.Context, vdi cluster.VDI, owner, index 
 	// A pooled buffer holds another copy's data: clear it, so that a
 	// read that filled less than all of it can never leak that data.
 	clear(data)
-	if err := g.read(ctx, object.DataOID(owner, index), vdi.Copies, data, 0); err != nil {
+	if err := g.read(ctx, object.DataOID(object.VDIID(owner), index), vdi.Copies, data, 0); err != nil {
 		return fmt.Errorf("copy-on-write of object %d from vdi %d: %w", index, owner, err)
 	}
 	change(data)
-	return g.write(ctx, object.DataOID(vdi.ID, index), vdi.Copies, data, 0, object.FlagCreate.With(object.FlagSync, fua))
+	return g.write(ctx, object.DataOID(object.VDIID(vdi.ID), index), vdi.Copies, data, 0, object.FlagCreate.With(object.FlagSync, fua))
 }
 
 // Flush makes every write acknowledged before it durable on every replica.
@@ -356,7 +356,7 @@ func (d *Disk) zeroPiece(ctx context.Context, vdi cluster.VDI, chain []uint32, p
 		return err // already zeros
 	}
 	whole := pc.within == 0 && pc.length == vdi.ObjectSize
-	oid := object.DataOID(vdi.ID, pc.index)
+	oid := object.DataOID(object.VDIID(vdi.ID), pc.index)
 	if whole && !noHole {
 		value := uint32(0)
 		if len(chain) > 1 {

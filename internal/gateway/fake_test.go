@@ -451,34 +451,34 @@ type memoryReplicas struct {
 	cluster *fakeCluster
 
 	mu          sync.Mutex
-	objects     map[string]map[uint64][]byte
-	stamps      map[string]map[uint64]uint64
+	objects     map[string]map[object.OID][]byte
+	stamps      map[string]map[object.OID]object.Epoch
 	unavailable map[string]bool
 	damaged     map[string]bool // reads of these nodes' copies fail as corrupt, until removed
 	flushes     map[string]int
 	// beforeWrite, when set, runs before every write (fault injection).
-	beforeWrite func(node string, oid uint64)
+	beforeWrite func(node string, oid object.OID)
 	// before, when set, runs first in every Read, Write, Zero and Remove
 	// ("read", "write", "zero", "remove"), without the fake's lock held:
 	// tests hold operations there to count what is in flight.
-	before func(op, node string, oid uint64, p []byte)
+	before func(op, node string, oid object.OID, p []byte)
 }
 
 func newMemoryReplicas(c *fakeCluster) *memoryReplicas {
-	return &memoryReplicas{cluster: c, objects: map[string]map[uint64][]byte{}, stamps: map[string]map[uint64]uint64{}, unavailable: map[string]bool{}, damaged: map[string]bool{}, flushes: map[string]int{}}
+	return &memoryReplicas{cluster: c, objects: map[string]map[object.OID][]byte{}, stamps: map[string]map[object.OID]object.Epoch{}, unavailable: map[string]bool{}, damaged: map[string]bool{}, flushes: map[string]int{}}
 }
 
-func (m *memoryReplicas) check(node cluster.Node, epoch uint64) error {
+func (m *memoryReplicas) check(node cluster.Node, epoch object.Epoch) error {
 	if m.unavailable[node.ID] {
 		return fmt.Errorf("%w: %s", object.ErrUnavailable, node.ID)
 	}
-	if current := m.cluster.epoch(); current != epoch {
+	if current := object.Epoch(m.cluster.epoch()); current != epoch {
 		return &object.StaleEpochError{Current: current}
 	}
 	return nil
 }
 
-func (m *memoryReplicas) Read(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
+func (m *memoryReplicas) Read(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32) (object.Epoch, error) {
 	if m.before != nil {
 		m.before("read", node.ID, oid, p)
 	}
@@ -501,7 +501,7 @@ func (m *memoryReplicas) Read(ctx context.Context, node cluster.Node, epoch, oid
 	return m.stamps[node.ID][oid], nil
 }
 
-func (m *memoryReplicas) Write(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error {
+func (m *memoryReplicas) Write(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32, flags object.Flags) error {
 	if m.before != nil {
 		m.before("write", node.ID, oid, p)
 	}
@@ -511,7 +511,7 @@ func (m *memoryReplicas) Write(ctx context.Context, node cluster.Node, epoch, oi
 // StartWrite implements Starter as the peer client does: the write
 // is on its way (here, in a goroutine) when it returns, so every test
 // that writes goes through the gateway's started path.
-func (m *memoryReplicas) StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, p *object.Payload, offset uint32, flags object.Flags) func() error {
+func (m *memoryReplicas) StartWrite(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p *object.Payload, offset uint32, flags object.Flags) func() error {
 	done := make(chan error, 1)
 	go func() {
 		if p.Checksum() != object.Checksum(p.Data) {
@@ -526,7 +526,7 @@ func (m *memoryReplicas) StartWrite(ctx context.Context, node cluster.Node, epoc
 // StartFlush implements Starter. It starts a flush to every node but the
 // gateway's own, which it leaves to Flush as the peer client does, so that
 // both of the gateway's paths are taken.
-func (m *memoryReplicas) StartFlush(ctx context.Context, node cluster.Node, epoch uint64) func() error {
+func (m *memoryReplicas) StartFlush(ctx context.Context, node cluster.Node, epoch object.Epoch) func() error {
 	if node.ID == m.cluster.self {
 		return nil
 	}
@@ -535,7 +535,7 @@ func (m *memoryReplicas) StartFlush(ctx context.Context, node cluster.Node, epoc
 	return func() error { return <-done }
 }
 
-func (m *memoryReplicas) write(node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error {
+func (m *memoryReplicas) write(node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32, flags object.Flags) error {
 	if m.beforeWrite != nil {
 		m.beforeWrite(node.ID, oid)
 	}
@@ -545,8 +545,8 @@ func (m *memoryReplicas) write(node cluster.Node, epoch, oid uint64, p []byte, o
 		return err
 	}
 	if m.objects[node.ID] == nil {
-		m.objects[node.ID] = map[uint64][]byte{}
-		m.stamps[node.ID] = map[uint64]uint64{}
+		m.objects[node.ID] = map[object.OID][]byte{}
+		m.stamps[node.ID] = map[object.OID]object.Epoch{}
 	}
 	data, ok := m.objects[node.ID][oid]
 	if !ok && !flags.Has(object.FlagCreate) {
@@ -564,14 +564,14 @@ func (m *memoryReplicas) write(node cluster.Node, epoch, oid uint64, p []byte, o
 	return nil
 }
 
-func (m *memoryReplicas) Zero(ctx context.Context, node cluster.Node, epoch, oid uint64, offset, length uint32, flags object.Flags) error {
+func (m *memoryReplicas) Zero(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, offset, length uint32, flags object.Flags) error {
 	if m.before != nil {
 		m.before("zero", node.ID, oid, nil)
 	}
 	return m.write(node, epoch, oid, make([]byte, length), offset, flags&object.FlagSync)
 }
 
-func (m *memoryReplicas) Remove(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
+func (m *memoryReplicas) Remove(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error {
 	if m.before != nil {
 		m.before("remove", node.ID, oid, nil)
 	}
@@ -580,12 +580,12 @@ func (m *memoryReplicas) Remove(ctx context.Context, node cluster.Node, epoch, o
 	if err := m.check(node, epoch); err != nil {
 		return err
 	}
-	delete(m.objects[node.ID], oid)
+	delete(m.objects[node.ID], object.OID(uint64(oid)))
 	delete(m.damaged, node.ID)
 	return nil
 }
 
-func (m *memoryReplicas) Flush(ctx context.Context, node cluster.Node, epoch uint64) error {
+func (m *memoryReplicas) Flush(ctx context.Context, node cluster.Node, epoch object.Epoch) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.check(node, epoch); err != nil {
@@ -596,7 +596,7 @@ func (m *memoryReplicas) Flush(ctx context.Context, node cluster.Node, epoch uin
 }
 
 // Stat returns the copy's stamp; no digest (unknown).
-func (m *memoryReplicas) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, uint64, error) {
+func (m *memoryReplicas) Stat(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) (object.Epoch, uint64, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.check(node, epoch); err != nil {
@@ -609,7 +609,7 @@ func (m *memoryReplicas) Stat(ctx context.Context, node cluster.Node, epoch, oid
 }
 
 // holders returns the nodes holding oid.
-func (m *memoryReplicas) holders(oid uint64) []string {
+func (m *memoryReplicas) holders(oid object.OID) []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []string
@@ -622,21 +622,21 @@ func (m *memoryReplicas) holders(oid uint64) []string {
 	return out
 }
 
-func (m *memoryReplicas) Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte) (uint64, error) {
+func (m *memoryReplicas) Fetch(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte) (object.Epoch, error) {
 	return m.Read(ctx, node, epoch, oid, p, 0)
 }
 
 // Recover gives node the copy with the newest stamp, restamped: the fake
 // keeps no history, so there is no proof to make (fence.go's proof has
 // its own tests and the end-to-end Fig. 4 test).
-func (m *memoryReplicas) Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
+func (m *memoryReplicas) Recover(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err := m.check(node, epoch); err != nil {
 		return err
 	}
 	var best []byte
-	var bestStamp uint64
+	var bestStamp object.Epoch
 	found := false
 	for id, objects := range m.objects {
 		if m.unavailable[id] {
@@ -650,8 +650,8 @@ func (m *memoryReplicas) Recover(ctx context.Context, node cluster.Node, epoch, 
 		return object.ErrNotFound
 	}
 	if m.objects[node.ID] == nil {
-		m.objects[node.ID] = map[uint64][]byte{}
-		m.stamps[node.ID] = map[uint64]uint64{}
+		m.objects[node.ID] = map[object.OID][]byte{}
+		m.stamps[node.ID] = map[object.OID]object.Epoch{}
 	}
 	m.objects[node.ID][oid] = append([]byte(nil), best...)
 	m.stamps[node.ID][oid] = epoch

@@ -86,15 +86,15 @@ type Cluster interface {
 // are safe for concurrent use and report conditions with internal/object's
 // errors.
 type Replicas interface {
-	Read(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32) (stamp uint64, err error)
-	Write(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error
-	Zero(ctx context.Context, node cluster.Node, epoch, oid uint64, offset, length uint32, flags object.Flags) error
-	Remove(ctx context.Context, node cluster.Node, epoch, oid uint64) error
-	Flush(ctx context.Context, node cluster.Node, epoch uint64) error
+	Read(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32) (stamp object.Epoch, err error)
+	Write(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32, flags object.Flags) error
+	Zero(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, offset, length uint32, flags object.Flags) error
+	Remove(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error
+	Flush(ctx context.Context, node cluster.Node, epoch object.Epoch) error
 	// Recover has node make its copy of oid current in epoch:
 	// object.ErrNoCopy if no reachable copy is provably current,
 	// object.ErrNotFound if no reachable node holds the object.
-	Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error
+	Recover(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error
 }
 
 // Starter is what Replicas may also do: send a write or a flush to another
@@ -103,8 +103,8 @@ type Replicas interface {
 // one). With it, one goroutine has a write or a FLUSH on its way to every
 // node at once, instead of a goroutine per node.
 type Starter interface {
-	StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, p *object.Payload, offset uint32, flags object.Flags) func() error
-	StartFlush(ctx context.Context, node cluster.Node, epoch uint64) func() error
+	StartWrite(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p *object.Payload, offset uint32, flags object.Flags) func() error
+	StartFlush(ctx context.Context, node cluster.Node, epoch object.Epoch) func() error
 }
 
 // replicaOp is a change to one replica of an object. run applies it and
@@ -272,7 +272,7 @@ func (g *Gateway) Close() { g.cancel() }
 // file system remounted read-only; one that waits is only slow.
 type retryBudget struct {
 	started, deadline time.Time
-	epoch             uint64
+	epoch             object.Epoch
 }
 
 // maxRetryFactor caps a request's whole wait at this many RetryTimeouts.
@@ -280,11 +280,11 @@ const maxRetryFactor = 4
 
 func (g *Gateway) newBudget() *retryBudget {
 	now := time.Now()
-	return &retryBudget{started: now, deadline: now.Add(g.options.RetryTimeout), epoch: g.cluster.Epoch()}
+	return &retryBudget{started: now, deadline: now.Add(g.options.RetryTimeout), epoch: object.Epoch(g.cluster.Epoch())}
 }
 
 // expired reports whether the wait is over, given the current epoch.
-func (g *Gateway) expired(b *retryBudget, epoch uint64) bool {
+func (g *Gateway) expired(b *retryBudget, epoch object.Epoch) bool {
 	now := time.Now()
 	if epoch > b.epoch {
 		b.epoch = epoch
@@ -300,8 +300,8 @@ func (g *Gateway) expired(b *retryBudget, epoch uint64) bool {
 // waitNextEpoch waits for an epoch after epoch, or at most a second:
 // some conditions clear without a new epoch (a leader election, a peer
 // connection re-established). It fails only once the budget is spent.
-func (g *Gateway) waitNextEpoch(ctx context.Context, epoch uint64, budget *retryBudget, why error) error {
-	if g.expired(budget, g.cluster.Epoch()) {
+func (g *Gateway) waitNextEpoch(ctx context.Context, epoch object.Epoch, budget *retryBudget, why error) error {
+	if g.expired(budget, object.Epoch(g.cluster.Epoch())) {
 		return fmt.Errorf("%w after %v (epoch %d, %v without a new one): %v", ErrTimeout, time.Since(budget.started).Round(time.Second), epoch, g.options.RetryTimeout, why)
 	}
 	until := time.Now().Add(time.Second)
@@ -310,7 +310,7 @@ func (g *Gateway) waitNextEpoch(ctx context.Context, epoch uint64, budget *retry
 	}
 	wait, cancel := context.WithDeadline(ctx, until)
 	defer cancel()
-	g.cluster.WaitEpoch(wait, epoch)
+	g.cluster.WaitEpoch(wait, uint64(epoch))
 	return ctx.Err()
 }
 
@@ -335,7 +335,7 @@ func unanswered(ctx, scope context.Context, err error) error {
 // replicate runs op on every replica of oid in parallel, retrying on the
 // new placement when the epoch changes or a replica is unreachable, and
 // returns nil only when every replica of one epoch succeeded.
-func (g *Gateway) replicate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
+func (g *Gateway) replicate(ctx context.Context, oid object.OID, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
 	return g.replicateOn(ctx, oid, copies, nil, replicaOp{run: op})
 }
 
@@ -348,7 +348,7 @@ type pickFunc func(rv *layout.Epoch, targets []cluster.Node) []cluster.Node
 // The changes op can start are sent first, from this goroutine; then the
 // others run, each but the last in a goroutine of its own; then the
 // started ones are waited for.
-func (g *Gateway) replicateOn(ctx context.Context, oid uint64, copies int, pick pickFunc, op replicaOp) error {
+func (g *Gateway) replicateOn(ctx context.Context, oid object.OID, copies int, pick pickFunc, op replicaOp) error {
 	budget := g.newBudget()
 	for attempt := 0; ; attempt++ {
 		// Every attempt, the first too: a node that lost the writer lock
@@ -432,18 +432,18 @@ func (g *Gateway) replicateOn(ctx context.Context, oid uint64, copies int, pick 
 }
 
 // write writes a piece to every replica.
-func (g *Gateway) write(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags object.Flags) error {
+func (g *Gateway) write(ctx context.Context, oid object.OID, copies int, p []byte, offset uint32, flags object.Flags) error {
 	return g.mutateOp(ctx, oid, copies, g.writeOp(oid, copies, p, offset, flags))
 }
 
 // writeOn writes a piece to the replicas pick chooses (lag.go).
-func (g *Gateway) writeOn(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags object.Flags, pick pickFunc) error {
+func (g *Gateway) writeOn(ctx context.Context, oid object.OID, copies int, p []byte, offset uint32, flags object.Flags, pick pickFunc) error {
 	return g.mutateOn(ctx, oid, copies, pick, g.writeOp(oid, copies, p, offset, flags))
 }
 
 // writeOp writes a piece to one replica, started (sent without waiting)
 // where the replicas allow it.
-func (g *Gateway) writeOp(oid uint64, copies int, p []byte, offset uint32, flags object.Flags) replicaOp {
+func (g *Gateway) writeOp(oid object.OID, copies int, p []byte, offset uint32, flags object.Flags) replicaOp {
 	op := replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
 		return g.writeTo(ctx, node, rv, oid, copies, p, offset, flags)
 	}, change: &failedChange{offset: offset, data: p, fresh: flags.Has(object.FlagCreate | object.FlagFresh)}}
@@ -473,7 +473,7 @@ func (g *Gateway) writeOp(oid uint64, copies int, p []byte, offset uint32, flags
 }
 
 // writeTo writes a piece to one replica.
-func (g *Gateway) writeTo(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, copies int, p []byte, offset uint32, flags object.Flags) error {
+func (g *Gateway) writeTo(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid object.OID, copies int, p []byte, offset uint32, flags object.Flags) error {
 	err := g.heal.changeHealing(ctx, node, rv, oid, copies, offset, len(p), func() error {
 		return g.replicas.Write(ctx, node, rv.Number, oid, p, offset, flags)
 	})
@@ -488,8 +488,8 @@ func writeError(flags object.Flags, err error) error {
 	return err
 }
 
-func (g *Gateway) objectLock(oid uint64) *waitlock.RWLock {
-	return &g.objectLocks[(oid^oid>>32)%uint64(len(g.objectLocks))]
+func (g *Gateway) objectLock(oid object.OID) *waitlock.RWLock {
+	return &g.objectLocks[uint64(oid^oid>>32)%uint64(len(g.objectLocks))]
 }
 
 // mutate runs a change on every replica of oid. A replica that should
@@ -501,12 +501,12 @@ func (g *Gateway) objectLock(oid uint64) *waitlock.RWLock {
 //
 // A change to every replica first waits for the writes to oid still on
 // their way to other zones (lag.go, rule 3).
-func (g *Gateway) mutate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
+func (g *Gateway) mutate(ctx context.Context, oid object.OID, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error {
 	return g.mutateOp(ctx, oid, copies, replicaOp{run: op})
 }
 
 // mutateOp is mutate for a change that may be started (replicaOp).
-func (g *Gateway) mutateOp(ctx context.Context, oid uint64, copies int, op replicaOp) error {
+func (g *Gateway) mutateOp(ctx context.Context, oid object.OID, copies int, op replicaOp) error {
 	if err := g.lag.wait(ctx, oid); err != nil {
 		return err
 	}
@@ -515,7 +515,7 @@ func (g *Gateway) mutateOp(ctx context.Context, oid uint64, copies int, op repli
 
 // mutateOn is mutate on the replicas pick chooses, without waiting for
 // the writes on their way to other zones.
-func (g *Gateway) mutateOn(ctx context.Context, oid uint64, copies int, pick pickFunc, op replicaOp) error {
+func (g *Gateway) mutateOn(ctx context.Context, oid object.OID, copies int, pick pickFunc, op replicaOp) error {
 	if err := g.heal.repairSuspect(ctx, oid, copies); err != nil {
 		return err
 	}
@@ -540,7 +540,7 @@ func reachedNoReplica(err error) bool {
 	return errors.Is(err, object.ErrNoObject)
 }
 
-func (g *Gateway) mutateReplicas(ctx context.Context, oid uint64, copies int, pick pickFunc, op replicaOp) error {
+func (g *Gateway) mutateReplicas(ctx context.Context, oid object.OID, copies int, pick pickFunc, op replicaOp) error {
 	lock := g.objectLock(oid)
 	budget := g.newBudget()
 	for {
@@ -574,7 +574,7 @@ func (g *Gateway) mutateReplicas(ctx context.Context, oid uint64, copies int, pi
 			return err
 		}
 		if err != nil {
-			if err := g.waitNextEpoch(ctx, g.cluster.Epoch(), budget, err); err != nil {
+			if err := g.waitNextEpoch(ctx, object.Epoch(g.cluster.Epoch()), budget, err); err != nil {
 				return err
 			}
 		}
@@ -588,7 +588,7 @@ func (g *Gateway) mutateReplicas(ctx context.Context, oid uint64, copies int, pi
 // while the exclusive lock was awaited (writes stuck on a node that
 // stopped answering hold it until the epoch change drops that node), and
 // a node that left the placement must not be waited for.
-func (g *Gateway) recoverMissing(ctx context.Context, oid uint64, copies int, nodes []cluster.Node) error {
+func (g *Gateway) recoverMissing(ctx context.Context, oid object.OID, copies int, nodes []cluster.Node) error {
 	rv, err := g.layouts.Current()
 	if err != nil {
 		return err
@@ -611,7 +611,7 @@ func (g *Gateway) recoverMissing(ctx context.Context, oid uint64, copies int, no
 // found" from RECOVER means no node holds the object and none that is
 // down can (object.ErrNoObject): a map object never written reads as zeros, a
 // data object the map says exists is lost.
-func (g *Gateway) recoverOn(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64) error {
+func (g *Gateway) recoverOn(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid object.OID) error {
 	err := g.replicas.Recover(ctx, node, rv.Number, oid)
 	if errors.Is(err, object.ErrNotFound) {
 		return &object.ReplicaError{Node: node.ID, OID: oid, Err: fmt.Errorf("%w: %v", object.ErrNoObject, err)}
@@ -629,7 +629,7 @@ func (g *Gateway) recoverOn(ctx context.Context, node cluster.Node, rv *layout.E
 // demand, ahead of background recovery); if no copy is provably current
 // (the newest may be on nodes that are down) the read fails rather than
 // return older data.
-func (g *Gateway) read(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error {
+func (g *Gateway) read(ctx context.Context, oid object.OID, copies int, p []byte, offset uint32) error {
 	// A suspect object is repaired first, even with far parts pending:
 	// the near copies that acknowledged them may lack an earlier one
 	// that failed (lag.go, rule 6).
@@ -667,7 +667,7 @@ func preferNear(candidates []cluster.Node, self, zone string) {
 	})
 }
 
-func (g *Gateway) readReplicas(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error {
+func (g *Gateway) readReplicas(ctx context.Context, oid object.OID, copies int, p []byte, offset uint32) error {
 	budget := g.newBudget()
 	self := g.cluster.ID()
 	for {
@@ -733,7 +733,7 @@ func (g *Gateway) readReplicas(ctx context.Context, oid uint64, copies int, p []
 }
 
 // readFrom reads from one replica, recovering its copy first if needed.
-func (g *Gateway) readFrom(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, p []byte, offset uint32) error {
+func (g *Gateway) readFrom(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid object.OID, p []byte, offset uint32) error {
 	scope, cancel := layout.Scoped(ctx, g.cluster, rv.Number, readTimeout)
 	defer cancel()
 	_, err := g.replicas.Read(scope, node, rv.Number, oid, p, offset)

@@ -67,13 +67,13 @@ func replicasIdentical(t *testing.T, w *fakeWorld, g *Gateway, copies int) int {
 	all := map[uint64]bool{}
 	for _, objects := range w.replicas.objects {
 		for oid := range objects {
-			all[oid] = true
+			all[uint64(oid)] = true
 		}
 	}
 	for oid := range all {
 		var first []byte
-		for i, n := range rv.ReplicasOf(oid, copies) {
-			data, ok := w.replicas.objects[n.ID][oid]
+		for i, n := range rv.ReplicasOf(object.OID(oid), copies) {
+			data, ok := w.replicas.objects[n.ID][object.OID(oid)]
 			if !ok {
 				t.Fatalf("object %016x missing on replica %s", oid, n.ID)
 			}
@@ -174,7 +174,7 @@ func TestStaleEpochIsRetriedNotLost(t *testing.T) {
 	e := open(t, g, "disk")
 	// The first write meets an epoch change: the replica has moved on.
 	var change sync.Once
-	w.replicas.beforeWrite = func(node string, oid uint64) {
+	w.replicas.beforeWrite = func(node string, oid object.OID) {
 		change.Do(func() { w.cluster.setNodes("node00", "node01", "node02", "node03") })
 	}
 	p := pattern(3, 8192)
@@ -281,12 +281,12 @@ func TestFlushReachesEveryWrittenReplica(t *testing.T) {
 	}
 	rv, _ := g.layouts.Current()
 	written := map[string]bool{}
-	oids := []uint64{object.MapOID(1, 0)} // first writes also write the object map
+	oids := []uint64{uint64(object.MapOID(1, 0))} // first writes also write the object map
 	for i := uint32(0); i < 4; i++ {
-		oids = append(oids, object.DataOID(1, i))
+		oids = append(oids, uint64(object.DataOID(1, i)))
 	}
 	for _, oid := range oids {
-		for _, n := range rv.ReplicasOf(oid, 2) {
+		for _, n := range rv.ReplicasOf(object.OID(oid), 2) {
 			written[n.ID] = true
 		}
 	}
@@ -499,7 +499,7 @@ func TestConcurrentWritesDuringCopy(t *testing.T) {
 	w.replicas.mu.Lock()
 	defer w.replicas.mu.Unlock()
 	for _, n := range rv.ReplicasOf(object.DataOID(1, 0), 3) {
-		data, ok := w.replicas.objects[n.ID][object.DataOID(1, 0)]
+		data, ok := w.replicas.objects[n.ID][object.OID(uint64(object.DataOID(1, 0)))]
 		if !ok || !bytes.Equal(data, m) {
 			t.Fatalf("replica %s of the data object differs from the model (present %v)", n.ID, ok)
 		}
@@ -523,7 +523,7 @@ func TestCopyMissingSkipsNodesThatLeftThePlacement(t *testing.T) {
 	rv, _ := g.layouts.Current()
 	victim := rv.ReplicasOf(oid, 3)[0]
 	w.replicas.mu.Lock()
-	delete(w.replicas.objects[victim.ID], oid)
+	delete(w.replicas.objects[victim.ID], object.OID(uint64(oid)))
 	w.replicas.mu.Unlock()
 	var alive []string
 	for i := 0; i < 5; i++ {
@@ -568,7 +568,7 @@ func TestDamagedCopyServedElsewhereAndReplaced(t *testing.T) {
 	for {
 		w.replicas.mu.Lock()
 		damaged := w.replicas.damaged["node00"]
-		copy := w.replicas.objects["node00"][object.DataOID(1, 0)]
+		copy := w.replicas.objects["node00"][object.OID(uint64(object.DataOID(1, 0)))]
 		copyOK := len(copy) >= len(data) && bytes.Equal(copy[:len(data)], data)
 		w.replicas.mu.Unlock()
 		if !damaged && copyOK {

@@ -88,7 +88,7 @@ func inFlightWriteReadOldAfterNew(t *testing.T, path string) {
 	if err := writer.WriteAt(ctx, oldData, 0, false); err != nil {
 		t.Fatal(err)
 	}
-	e1 := w.cluster.epoch()
+	e1 := object.Epoch(w.cluster.epoch())
 
 	// The failpoints. In E1 node02 never applies the write (its round
 	// ends with the epoch, as a dead node's does). In E2 no round
@@ -103,18 +103,18 @@ func inFlightWriteReadOldAfterNew(t *testing.T, path string) {
 	heldE1, heldE2, heldE3 := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	var onceE1, onceE2, onceE3 sync.Once
 	release := make(chan struct{})
-	replicas.setHook(func(node string, epoch, hookOID uint64) error {
+	replicas.setHook(func(node string, epoch object.Epoch, hookOID object.OID) error {
 		if hookOID != oid {
 			return nil
 		}
 		switch {
 		case epoch == e1 && node == "node02":
 			onceE1.Do(func() { close(heldE1) })
-			w.cluster.WaitEpoch(ctx, e1) // node02 is dead: no answer in E1
+			w.cluster.WaitEpoch(ctx, uint64(e1)) // node02 is dead: no answer in E1
 			return fmt.Errorf("%w: node02 killed", object.ErrUnavailable)
 		case epoch == e1+1:
 			onceE2.Do(func() { close(heldE2) })
-			w.cluster.WaitEpoch(ctx, e1+1) // a silent replica holds every round of E2
+			w.cluster.WaitEpoch(ctx, uint64(e1+1)) // a silent replica holds every round of E2
 			return fmt.Errorf("%w: no answer in epoch %d", object.ErrUnavailable, epoch)
 		case epoch == e1+2:
 			onceE3.Do(func() { close(heldE3) })
@@ -150,11 +150,11 @@ func inFlightWriteReadOldAfterNew(t *testing.T, path string) {
 	<-heldE2
 	w.cluster.setNodes("node00", "node01", "node02") // E3: node02 back
 	<-heldE3
-	e3 := w.cluster.epoch()
+	e3 := object.Epoch(w.cluster.epoch())
 	// node02's recovery, as a RECOVER or its background pass does.
 	switch path {
 	case "on demand":
-		if err := recoveries["node02"].RecoverObject(ctx, e3, oid); err != nil {
+		if err := recoveries["node02"].RecoverObject(ctx, object.Epoch(e3), oid); err != nil {
 			t.Fatalf("node02 recovering the object in epoch %d: %v", e3, err)
 		}
 	case "background pass":
@@ -225,13 +225,13 @@ func inflightWait(t *testing.T, what string, ok func() bool) {
 type digestPeers struct {
 	recoveryPeers
 	noDigests bool
-	oid       uint64
+	oid       object.OID
 	fetches   *atomic.Int64
 	// beforeStat, if set, runs before a STAT of object oid.
 	beforeStat func(node string)
 }
 
-func (p digestPeers) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, uint64, error) {
+func (p digestPeers) Stat(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) (object.Epoch, uint64, error) {
 	if p.beforeStat != nil && oid == p.oid {
 		p.beforeStat(node.ID)
 	}
@@ -242,7 +242,7 @@ func (p digestPeers) Stat(ctx context.Context, node cluster.Node, epoch, oid uin
 	return stamp, digest, err
 }
 
-func (p digestPeers) Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, data []byte) (uint64, error) {
+func (p digestPeers) Fetch(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, data []byte) (object.Epoch, error) {
 	if oid == p.oid {
 		p.fetches.Add(1)
 	}
@@ -287,7 +287,7 @@ func returningNodeTiedCopy(t *testing.T, path string, digests bool) {
 	if path == "holder restamped first" {
 		peers.beforeStat = func(node string) {
 			if node == "node00" && restamped.CompareAndSwap(false, true) {
-				if err := real.stores["node00"].SetEpoch(oid, w.cluster.epoch()); err != nil {
+				if err := real.stores["node00"].SetEpoch(oid, object.Epoch(w.cluster.epoch())); err != nil {
 					t.Error(err)
 				}
 			}
@@ -307,10 +307,10 @@ func returningNodeTiedCopy(t *testing.T, path string, digests bool) {
 	}
 	w.cluster.setNodes("node00", "node01")           // E2: node02 away
 	w.cluster.setNodes("node00", "node01", "node02") // E3: back
-	e3 := w.cluster.epoch()
+	e3 := object.Epoch(w.cluster.epoch())
 	switch path {
 	case "on demand":
-		if err := rec.RecoverObject(ctx, e3, oid); err != nil {
+		if err := rec.RecoverObject(ctx, object.Epoch(e3), oid); err != nil {
 			t.Fatal(err)
 		}
 	case "background pass", "holder restamped first":

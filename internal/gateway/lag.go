@@ -90,11 +90,11 @@ const DefaultLagBytes = 64 << 20
 
 // lagOp is one write's far part.
 type lagOp struct {
-	oid        uint64
-	start, end uint32   // the bytes of the object it changes
-	offset     uint32   // where data goes
-	epoch      uint64   // the epoch its near part was applied in
-	near       []string // the nodes that acknowledged its near part
+	oid        object.OID
+	start, end uint32       // the bytes of the object it changes
+	offset     uint32       // where data goes
+	epoch      object.Epoch // the epoch its near part was applied in
+	near       []string     // the nodes that acknowledged its near part
 	data       []byte
 	flags      object.Flags
 	copies     int
@@ -124,15 +124,15 @@ type lagTable struct {
 	// mu guards pending, failed and every part's settled; it is taken
 	// before healer.suspectMu (settle clears a suspect under it).
 	mu      sync.Mutex
-	pending map[uint64][]*lagOp // by object, in the order acknowledged
+	pending map[object.OID][]*lagOp // by object, in the order acknowledged
 	// failed are objects whose far part failed, with the parts kept for
 	// their repair (rule 6): the next FLUSH repairs them, if nothing
 	// did before.
-	failed map[uint64]*lagFailure
+	failed map[object.OID]*lagFailure
 }
 
 func newLagTable(limit int64) *lagTable {
-	return &lagTable{bytes: newSemaphore("zone lag", "bytes", limit), pending: map[uint64][]*lagOp{}, failed: map[uint64]*lagFailure{}}
+	return &lagTable{bytes: newSemaphore("zone lag", "bytes", limit), pending: map[object.OID][]*lagOp{}, failed: map[object.OID]*lagFailure{}}
 }
 
 func overlaps(a, b *lagOp) bool { return a.start < b.end && b.start < a.end }
@@ -160,7 +160,7 @@ func (t *lagTable) add(op *lagOp, after *lagOp) {
 // overlaps a part kept before (rule 6). A part kept marks its object
 // suspect (suspect, if not nil) before done closes: a repair that waited
 // for it then finds the object to repair.
-func (t *lagTable) finish(op *lagOp, suspect func(oid uint64, err error)) {
+func (t *lagTable) finish(op *lagOp, suspect func(oid object.OID, err error)) {
 	t.mu.Lock()
 	ops := t.pending[op.oid]
 	if i := slices.Index(ops, op); i >= 0 {
@@ -196,7 +196,7 @@ func (t *lagTable) finish(op *lagOp, suspect func(oid uint64, err error)) {
 }
 
 // hasFailed says whether parts of oid are kept for its repair.
-func (t *lagTable) hasFailed(oid uint64) bool {
+func (t *lagTable) hasFailed(oid object.OID) bool {
 	if t.kept.Load() == 0 {
 		return false
 	}
@@ -210,7 +210,7 @@ func (t *lagTable) hasFailed(oid uint64) bool {
 // the order acknowledged). Called under the object's exclusive lock, so
 // no part of oid lands meanwhile: every part that is in neither landed
 // before, and is in the copy read.
-func (t *lagTable) repairOps(oid uint64) []*lagOp {
+func (t *lagTable) repairOps(oid object.OID) []*lagOp {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var ops []*lagOp
@@ -224,7 +224,7 @@ func (t *lagTable) repairOps(oid uint64) []*lagOp {
 // replica: they are no longer kept, nor kept when they finish. If no
 // part of oid is kept any more, clear runs, under t.mu, so that a part
 // kept concurrently always leaves its object suspect.
-func (t *lagTable) settle(oid uint64, ops []*lagOp, clear func()) {
+func (t *lagTable) settle(oid object.OID, ops []*lagOp, clear func()) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for _, op := range ops {
@@ -248,7 +248,7 @@ func (t *lagTable) settle(oid uint64, ops []*lagOp, clear func()) {
 
 // forget drops the parts of oid kept for its repair: the object was
 // removed from every replica, after all of them (remove waits for them).
-func (t *lagTable) forget(oid uint64) {
+func (t *lagTable) forget(oid object.OID) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if f := t.failed[oid]; f != nil {
@@ -261,7 +261,7 @@ func (t *lagTable) forget(oid uint64) {
 }
 
 // of returns the parts of oid pending now (nil: none).
-func (t *lagTable) of(oid uint64) []*lagOp {
+func (t *lagTable) of(oid object.OID) []*lagOp {
 	if t.count.Load() == 0 {
 		return nil
 	}
@@ -306,16 +306,16 @@ type zoneLag struct {
 // lagPath is what zone lag needs of the data path.
 type lagPath interface {
 	// write writes a piece to every replica of its object.
-	write(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags object.Flags) error
+	write(ctx context.Context, oid object.OID, copies int, p []byte, offset uint32, flags object.Flags) error
 	// writeOn writes a piece to the replicas pick chooses.
-	writeOn(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags object.Flags, pick pickFunc) error
+	writeOn(ctx context.Context, oid object.OID, copies int, p []byte, offset uint32, flags object.Flags, pick pickFunc) error
 	// writeTo writes a piece to one replica.
-	writeTo(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, copies int, p []byte, offset uint32, flags object.Flags) error
+	writeTo(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid object.OID, copies int, p []byte, offset uint32, flags object.Flags) error
 	// mutateReplicas runs a change on the replicas pick chooses,
 	// recovering those that lack the object.
-	mutateReplicas(ctx context.Context, oid uint64, copies int, pick pickFunc, op replicaOp) error
+	mutateReplicas(ctx context.Context, oid object.OID, copies int, pick pickFunc, op replicaOp) error
 	// readFrom reads from one replica.
-	readFrom(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, p []byte, offset uint32) error
+	readFrom(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid object.OID, p []byte, offset uint32) error
 }
 
 // fenceChecker fails a change whose writer lock is no longer held
@@ -326,8 +326,8 @@ type fenceChecker interface {
 
 // lagHealer is what zone lag needs of suspect-object repair (suspect.go).
 type lagHealer interface {
-	suspect(oid uint64, err error)
-	repairSuspect(ctx context.Context, oid uint64, copies int) error
+	suspect(oid object.OID, err error)
+	repairSuspect(ctx context.Context, oid object.OID, copies int) error
 }
 
 func newZoneLag(limit int64, c interface{ ID() string }, layouts *layout.History, logger *slog.Logger, ctx context.Context, path lagPath, writer fenceChecker, heal lagHealer) *zoneLag {
@@ -352,7 +352,7 @@ func await(ctx context.Context, ops []*lagOp) error {
 
 // wait waits for the far parts of oid pending now: a change that goes
 // to every replica follows them (rule 3).
-func (z *zoneLag) wait(ctx context.Context, oid uint64) error {
+func (z *zoneLag) wait(ctx context.Context, oid object.OID) error {
 	return await(ctx, z.of(oid))
 }
 
@@ -364,7 +364,7 @@ func (z *zoneLag) drain(ctx context.Context) error {
 		return err
 	}
 	z.mu.Lock()
-	failed := make(map[uint64]int, len(z.failed))
+	failed := make(map[object.OID]int, len(z.failed))
 	for oid, f := range z.failed {
 		failed[oid] = f.copies
 	}
@@ -384,7 +384,7 @@ func (z *zoneLag) drain(ctx context.Context) error {
 // acknowledged under a writer lock this node no longer holds, dropped
 // (their VDI is unclean; its next writer repairs it). Called under the
 // object's exclusive lock.
-func (z *zoneLag) repairParts(ctx context.Context, oid uint64) (apply, settle []*lagOp) {
+func (z *zoneLag) repairParts(ctx context.Context, oid object.OID) (apply, settle []*lagOp) {
 	settle = z.repairOps(oid)
 	for _, op := range settle {
 		if op.fence != nil && z.writer.checkFence(context.WithValue(ctx, fenceKey{}, *op.fence)) != nil {
@@ -428,7 +428,7 @@ func (z *zoneLag) nearPick(rv *layout.Epoch, targets []cluster.Node) (near []clu
 // this node's zone has it, the far part pending (nil when the object's
 // replicas are not split between zones: then every replica has it). The
 // far part lands after after, if not nil.
-func (z *zoneLag) writeNear(ctx context.Context, oid uint64, copies int, p []byte, offset uint32, flags object.Flags, objectSize uint64, after *lagOp) (*lagOp, error) {
+func (z *zoneLag) writeNear(ctx context.Context, oid object.OID, copies int, p []byte, offset uint32, flags object.Flags, objectSize uint64, after *lagOp) (*lagOp, error) {
 	rv, err := z.layouts.Current()
 	if err != nil {
 		return nil, err
@@ -525,7 +525,7 @@ func (z *zoneLag) landFar(ctx context.Context, op *lagOp) {
 // part of it pending now, if they are all of the current epoch and one of
 // them answers; otherwise it waits for those parts to land (rule 3).
 // served says whether p was filled.
-func (z *zoneLag) readLagging(ctx context.Context, oid uint64, p []byte, offset uint32) (served bool, err error) {
+func (z *zoneLag) readLagging(ctx context.Context, oid object.OID, p []byte, offset uint32) (served bool, err error) {
 	ops := z.of(oid)
 	if len(ops) == 0 {
 		return false, nil

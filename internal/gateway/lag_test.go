@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // TestLagOrder: a far part follows the pending parts of its object whose
@@ -16,7 +18,7 @@ import (
 // are counted.
 func TestLagOrder(t *testing.T) {
 	table := newLagTable(64 << 20)
-	op := func(oid uint64, start, end uint32) *lagOp {
+	op := func(oid object.OID, start, end uint32) *lagOp {
 		if _, err := table.bytes.acquire(context.Background(), int64(end-start)); err != nil {
 			t.Fatal(err)
 		}
@@ -62,7 +64,7 @@ func TestLagOrder(t *testing.T) {
 	}
 
 	var suspects []uint64
-	suspect := func(oid uint64, err error) { suspects = append(suspects, oid) }
+	suspect := func(oid object.OID, err error) { suspects = append(suspects, uint64(oid)) }
 	table.finish(a, suspect) // landed before anything failed: not kept
 	b.err = errors.New("far zone unreachable")
 	table.finish(b, suspect)

@@ -21,16 +21,16 @@ import (
 type failpointReplicas struct {
 	*realReplicas
 	mu   sync.Mutex
-	hook func(node string, epoch, oid uint64) error
+	hook func(node string, epoch object.Epoch, oid object.OID) error
 }
 
-func (f *failpointReplicas) setHook(hook func(node string, epoch, oid uint64) error) {
+func (f *failpointReplicas) setHook(hook func(node string, epoch object.Epoch, oid object.OID) error) {
 	f.mu.Lock()
 	f.hook = hook
 	f.mu.Unlock()
 }
 
-func (f *failpointReplicas) Write(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error {
+func (f *failpointReplicas) Write(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32, flags object.Flags) error {
 	f.mu.Lock()
 	hook := f.hook
 	f.mu.Unlock()
@@ -57,22 +57,22 @@ func (v recoveryView) VDICopies(id uint32) (int, bool) {
 // recoveryPeers reach the real replicas as recovery does (replica.Client).
 type recoveryPeers struct{ real *realReplicas }
 
-func (p recoveryPeers) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, uint64, error) {
+func (p recoveryPeers) Stat(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) (object.Epoch, uint64, error) {
 	return p.real.nodes[node.ID].Stat(ctx, epoch, oid)
 }
 
-func (p recoveryPeers) Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, data []byte) (uint64, error) {
+func (p recoveryPeers) Fetch(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, data []byte) (object.Epoch, error) {
 	return p.real.nodes[node.ID].Fetch(ctx, epoch, oid, data)
 }
 
-func (p recoveryPeers) Flush(ctx context.Context, node cluster.Node, epoch uint64) error {
+func (p recoveryPeers) Flush(ctx context.Context, node cluster.Node, epoch object.Epoch) error {
 	return p.real.nodes[node.ID].Flush(ctx, epoch)
 }
 
-func (p recoveryPeers) List(ctx context.Context, node cluster.Node, epoch uint64) (map[uint64]uint64, error) {
-	out := map[uint64]uint64{}
-	err := p.real.nodes[node.ID].List(func(oid, stamp uint64) error {
-		out[oid] = stamp
+func (p recoveryPeers) List(ctx context.Context, node cluster.Node, epoch object.Epoch) (map[object.OID]object.Epoch, error) {
+	out := map[object.OID]object.Epoch{}
+	err := p.real.nodes[node.ID].List(func(oid object.OID, stamp object.Epoch) error {
+		out[oid] = object.Epoch(uint64(stamp))
 		return nil
 	})
 	return out, err
@@ -119,7 +119,7 @@ type zoneWorld struct {
 	recoveries map[string]*recovery.Recovery
 	g          *Gateway
 	e          *Disk
-	oid        uint64 // the object written, data object 0
+	oid        object.OID // the object written, data object 0
 	m          model
 	old        []byte // what both zones hold, flushed, at the start
 }
@@ -193,7 +193,7 @@ func (z *zoneWorld) stores(t *testing.T, what string) {
 // its background pass does.
 func (z *zoneWorld) recover(t *testing.T, node string) {
 	t.Helper()
-	if err := z.recoveries[node].RecoverObject(context.Background(), z.w.cluster.epoch(), z.oid); err != nil {
+	if err := z.recoveries[node].RecoverObject(context.Background(), object.Epoch(z.w.cluster.epoch()), z.oid); err != nil {
 		t.Fatalf("%s recovering the object: %v", node, err)
 	}
 }
@@ -259,14 +259,14 @@ func (z *zoneWorld) check(t *testing.T, first string) {
 func zoneAckStaleRecovery(t *testing.T, order, first string) {
 	z := newZoneWorld(t)
 	ctx := context.Background()
-	before := z.w.cluster.epoch()
+	before := object.Epoch(z.w.cluster.epoch())
 	// The failpoint: node01's part of the next write is held (the other
 	// cases) or fails at once (a far zone unreachable for the whole
 	// retry budget ends the same way, later).
 	held, release := make(chan struct{}), make(chan struct{})
 	var holdOnce, fired sync.Once
 	failed := make(chan struct{})
-	z.replicas.setHook(func(node string, epoch, oid uint64) error {
+	z.replicas.setHook(func(node string, epoch object.Epoch, oid object.OID) error {
 		if node != "node01" || oid != z.oid {
 			return nil
 		}
@@ -299,7 +299,7 @@ func zoneAckStaleRecovery(t *testing.T, order, first string) {
 		}
 	}
 	z.replicas.setHook(nil) // node01 answers again
-	if now := z.w.cluster.epoch(); now != before+1 {
+	if now := object.Epoch(z.w.cluster.epoch()); now != before+1 {
 		t.Fatalf("epoch %d, want %d", now, before+1)
 	}
 	z.check(t, first)
@@ -318,7 +318,7 @@ func TestZoneAckRepairKeepsLaterWritesOver(t *testing.T) {
 			ctx := context.Background()
 			held, release := make(chan struct{}), make(chan struct{})
 			var once sync.Once
-			z.replicas.setHook(func(node string, epoch, oid uint64) error {
+			z.replicas.setHook(func(node string, epoch object.Epoch, oid object.OID) error {
 				if node != "node01" || oid != z.oid {
 					return nil
 				}
@@ -358,7 +358,7 @@ func TestZoneAckRepairKeepsLaterWritesOver(t *testing.T) {
 
 // readStore reads the first n bytes of node's copy of oid, whatever its
 // stamp.
-func readStore(t *testing.T, real *realReplicas, node string, oid uint64, n int) []byte {
+func readStore(t *testing.T, real *realReplicas, node string, oid object.OID, n int) []byte {
 	t.Helper()
 	data := make([]byte, n)
 	if _, err := real.stores[node].Read(oid, data, 0); err != nil {

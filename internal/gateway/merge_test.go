@@ -53,11 +53,11 @@ func (l fakeMergeLog) LayerFlattened(ctx context.Context, child, parent uint32) 
 func freeLayer(t *testing.T, g *Gateway, id uint32, objects int) {
 	ctx := context.Background()
 	for i := range objects {
-		if err := g.RemoveObject(ctx, object.DataOID(id, uint32(i)), 3); err != nil {
+		if err := g.RemoveObject(ctx, object.DataOID(object.VDIID(id), uint32(i)), 3); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := g.RemoveObject(ctx, object.MapOID(id, 0), 3); err != nil {
+	if err := g.RemoveObject(ctx, object.MapOID(object.VDIID(id), 0), 3); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -23,7 +23,7 @@ type realReplicas struct {
 	stores map[string]*store.Store
 	// recoverers serve each node's RECOVER (replica.Served): a node's
 	// recovery.Recovery where a test makes one.
-	recoverers map[string]func(ctx context.Context, epoch, oid uint64) error
+	recoverers map[string]func(ctx context.Context, epoch object.Epoch, oid object.OID) error
 	// stale counts the requests refused as from a stale epoch.
 	stale atomic.Int64
 	// onStale, if set, runs after each such refusal.
@@ -41,7 +41,7 @@ func (replicaView) WaitActive(ctx context.Context, epoch uint64) error { return 
 
 func newRealReplicas(t *testing.T, w *fakeWorld) *realReplicas {
 	t.Helper()
-	r := &realReplicas{nodes: map[string]*replica.Replica{}, stores: map[string]*store.Store{}, recoverers: map[string]func(ctx context.Context, epoch, oid uint64) error{}}
+	r := &realReplicas{nodes: map[string]*replica.Replica{}, stores: map[string]*store.Store{}, recoverers: map[string]func(ctx context.Context, epoch object.Epoch, oid object.OID) error{}}
 	for id := range w.cluster.nodes {
 		s, err := store.Open(store.Options{Disks: []store.Disk{{Path: t.TempDir(), Weight: 1}}, ReserveBytes: -1, OpenFiles: 16})
 		if err != nil {
@@ -50,8 +50,8 @@ func newRealReplicas(t *testing.T, w *fakeWorld) *realReplicas {
 		side := replica.New(replicaView{w.cluster}, replica.LocalStore{Store: s})
 		// Recovery without a proof (the fake keeps no history): every
 		// node holds every object here, so a node restamps its own copy.
-		r.recoverers[id] = func(ctx context.Context, epoch, oid uint64) error {
-			return side.Exclusive(oid, func(stamp uint64, found bool) error {
+		r.recoverers[id] = func(ctx context.Context, epoch object.Epoch, oid object.OID) error {
+			return side.Exclusive(oid, func(stamp object.Epoch, found bool) error {
 				if !found {
 					return object.ErrNotFound
 				}
@@ -73,28 +73,28 @@ func (r *realReplicas) answer(err error) error {
 	return err
 }
 
-func (r *realReplicas) Read(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
+func (r *realReplicas) Read(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32) (object.Epoch, error) {
 	stamp, err := r.nodes[node.ID].Read(ctx, epoch, oid, p, offset)
 	return stamp, r.answer(err)
 }
 
-func (r *realReplicas) Write(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error {
+func (r *realReplicas) Write(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32, flags object.Flags) error {
 	return r.answer(r.nodes[node.ID].Write(ctx, epoch, oid, p, offset, flags))
 }
 
-func (r *realReplicas) Zero(ctx context.Context, node cluster.Node, epoch, oid uint64, offset, length uint32, flags object.Flags) error {
+func (r *realReplicas) Zero(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, offset, length uint32, flags object.Flags) error {
 	return r.answer(r.nodes[node.ID].Zero(ctx, epoch, oid, offset, length, flags))
 }
 
-func (r *realReplicas) Remove(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
+func (r *realReplicas) Remove(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error {
 	return r.answer(r.nodes[node.ID].Remove(ctx, epoch, oid))
 }
 
-func (r *realReplicas) Flush(ctx context.Context, node cluster.Node, epoch uint64) error {
+func (r *realReplicas) Flush(ctx context.Context, node cluster.Node, epoch object.Epoch) error {
 	return r.answer(r.nodes[node.ID].Flush(ctx, epoch))
 }
 
-func (r *realReplicas) Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
+func (r *realReplicas) Recover(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error {
 	served := replica.Served{Replica: r.nodes[node.ID], Recoverer: r.recoverers[node.ID]}
 	return r.answer(served.Recover(ctx, epoch, oid))
 }
@@ -122,9 +122,9 @@ func TestCopyStampedAheadIsRetriedInItsEpoch(t *testing.T) {
 	}
 	m.write(first, 0)
 
-	epoch := w.cluster.epoch()
+	epoch := object.Epoch(w.cluster.epoch())
 	oid := object.DataOID(1, 0)
-	if err := real.stores["node02"].SetEpoch(oid, epoch+3); err != nil {
+	if err := real.stores["node02"].SetEpoch(oid, object.Epoch(epoch+3)); err != nil {
 		t.Fatal(err)
 	}
 	var advance sync.Once
@@ -143,7 +143,7 @@ func TestCopyStampedAheadIsRetriedInItsEpoch(t *testing.T) {
 	if real.stale.Load() == 0 {
 		t.Fatal("no replica refused the write as from a stale epoch: the test set up nothing")
 	}
-	if now := w.cluster.epoch(); now != epoch+3 {
+	if now := object.Epoch(w.cluster.epoch()); now != epoch+3 {
 		t.Fatalf("epoch %d, want %d", now, epoch+3)
 	}
 	verify(t, e, m)

@@ -69,37 +69,37 @@ type healer struct {
 	checksumLost    atomic.Uint64
 
 	suspectMu    sync.Mutex // guards suspects and failed
-	suspects     map[uint64]bool
+	suspects     map[object.OID]bool
 	suspectCount atomic.Int64
 	// failed are the changes that made objects suspect, in order, for
 	// their repair to re-apply (nil for an object whose failed change is
 	// not known: then none is).
-	failed map[uint64][]*failedChange
+	failed map[object.OID][]*failedChange
 }
 
 // healPath is what healing needs of the data path.
 type healPath interface {
 	// objectLock is oid's lock: shared by changes, exclusive by a
 	// repair.
-	objectLock(oid uint64) *waitlock.RWLock
+	objectLock(oid object.OID) *waitlock.RWLock
 	// replicate runs op on every replica of oid.
-	replicate(ctx context.Context, oid uint64, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error
+	replicate(ctx context.Context, oid object.OID, copies int, op func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error) error
 	// readReplicas reads a piece from one replica, with failover.
-	readReplicas(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error
+	readReplicas(ctx context.Context, oid object.OID, copies int, p []byte, offset uint32) error
 	// readFrom reads a piece from one replica, recovering its copy first
 	// if needed.
-	readFrom(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64, p []byte, offset uint32) error
+	readFrom(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid object.OID, p []byte, offset uint32) error
 	// recoverOn has node make its copy of oid current in rv's epoch.
-	recoverOn(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid uint64) error
+	recoverOn(ctx context.Context, node cluster.Node, rv *layout.Epoch, oid object.OID) error
 }
 
 // suspect marks oid: a change to it failed, perhaps after reaching some
 // of its replicas.
-func (h *healer) suspect(oid uint64, err error) {
+func (h *healer) suspect(oid object.OID, err error) {
 	h.suspectMu.Lock()
 	defer h.suspectMu.Unlock()
 	if h.suspects == nil {
-		h.suspects = map[uint64]bool{}
+		h.suspects = map[object.OID]bool{}
 	}
 	if !h.suspects[oid] {
 		h.suspects[oid] = true
@@ -109,7 +109,7 @@ func (h *healer) suspect(oid uint64, err error) {
 	}
 }
 
-func (h *healer) isSuspect(oid uint64) bool {
+func (h *healer) isSuspect(oid object.OID) bool {
 	if h.suspectCount.Load() == 0 {
 		return false
 	}
@@ -118,7 +118,7 @@ func (h *healer) isSuspect(oid uint64) bool {
 	return h.suspects[oid]
 }
 
-func (h *healer) clearSuspect(oid uint64) {
+func (h *healer) clearSuspect(oid object.OID) {
 	h.suspectMu.Lock()
 	defer h.suspectMu.Unlock()
 	if h.suspects[oid] {
@@ -155,11 +155,11 @@ func (c *failedChange) apply(data []byte) {
 // repair to apply (a copy: the caller's buffer is reused). An unknown
 // change (nil) voids those kept before it: applied over its effects,
 // they could undo them.
-func (h *healer) keepFailed(oid uint64, change *failedChange) {
+func (h *healer) keepFailed(oid object.OID, change *failedChange) {
 	h.suspectMu.Lock()
 	defer h.suspectMu.Unlock()
 	if h.failed == nil {
-		h.failed = map[uint64][]*failedChange{}
+		h.failed = map[object.OID][]*failedChange{}
 	}
 	if change == nil {
 		h.failed[oid] = nil
@@ -171,7 +171,7 @@ func (h *healer) keepFailed(oid uint64, change *failedChange) {
 }
 
 // failedChanges returns the failed changes kept for oid, oldest first.
-func (h *healer) failedChanges(oid uint64) []*failedChange {
+func (h *healer) failedChanges(oid object.OID) []*failedChange {
 	h.suspectMu.Lock()
 	defer h.suspectMu.Unlock()
 	return slices.Clone(h.failed[oid])
@@ -181,7 +181,7 @@ func (h *healer) failedChanges(oid uint64) []*failedChange {
 // wrote them to every replica. (The object may stay suspect for far
 // parts still on their way, lag.go; re-applied after a later change,
 // they would undo it.)
-func (h *healer) dropFailed(oid uint64, n int) {
+func (h *healer) dropFailed(oid object.OID, n int) {
 	h.suspectMu.Lock()
 	defer h.suspectMu.Unlock()
 	if kept := h.failed[oid]; len(kept) <= n {
@@ -192,15 +192,15 @@ func (h *healer) dropFailed(oid uint64, n int) {
 }
 
 // suspectsOf returns the suspect objects of the VDIs in ids.
-func (h *healer) suspectsOf(ids []uint32) []uint64 {
+func (h *healer) suspectsOf(ids []uint32) []object.OID {
 	if h.suspectCount.Load() == 0 {
 		return nil
 	}
 	h.suspectMu.Lock()
 	defer h.suspectMu.Unlock()
-	var out []uint64
+	var out []object.OID
 	for oid := range h.suspects {
-		if slices.Contains(ids, object.VDI(oid)) {
+		if slices.Contains(ids, uint32(object.VDI(oid))) {
 			out = append(out, oid)
 		}
 	}
@@ -209,10 +209,10 @@ func (h *healer) suspectsOf(ids []uint32) []uint64 {
 
 // objectSizeIn is the size of oid's VDI's objects in c's tree (map
 // objects have the same size as data objects).
-func objectSizeIn(c interface{ Tree() []cluster.VDI }, oid uint64) (uint64, error) {
+func objectSizeIn(c interface{ Tree() []cluster.VDI }, oid object.OID) (uint64, error) {
 	id := object.VDI(oid)
 	for _, v := range c.Tree() {
-		if v.ID == id {
+		if object.VDIID(v.ID) == id {
 			return v.ObjectSize, nil
 		}
 	}
@@ -222,14 +222,14 @@ func objectSizeIn(c interface{ Tree() []cluster.VDI }, oid uint64) (uint64, erro
 // needsRepair says whether oid is suspect or has far parts kept for its
 // repair (lag.go, rule 6; a kept part leaves its object suspect, so this
 // is the same, checked twice); otherwise it costs two atomic loads.
-func (h *healer) needsRepair(oid uint64) bool {
+func (h *healer) needsRepair(oid object.OID) bool {
 	return h.isSuspect(oid) || h.lag.hasFailed(oid)
 }
 
 // repairSuspect makes the replicas of oid identical if a failed change
 // left it suspect (see above), with every write acknowledged in this
 // zone that the copy it reads may lack; otherwise it costs atomic loads.
-func (h *healer) repairSuspect(ctx context.Context, oid uint64, copies int) error {
+func (h *healer) repairSuspect(ctx context.Context, oid object.OID, copies int) error {
 	if !h.needsRepair(oid) {
 		return nil
 	}

@@ -448,7 +448,7 @@ func (g *Gateway) loadPage(ctx context.Context, vdi cluster.VDI, id, page uint32
 	first := page * pageEntries
 	k, offset := objmap.Location(first, vdi.ObjectSize)
 	raw := make([]byte, pageEntries*objmap.EntryBytes)
-	err := g.read(ctx, object.MapOID(id, k), vdi.Copies, raw, offset)
+	err := g.read(ctx, object.MapOID(object.VDIID(id), k), vdi.Copies, raw, offset)
 	if errors.Is(err, object.ErrNoObject) {
 		err = nil // never written
 		clear(raw)
@@ -465,7 +465,7 @@ func (g *Gateway) loadPage(ctx context.Context, vdi cluster.VDI, id, page uint32
 
 // setEntry records object index's entry in VDI id's own map.
 func (g *Gateway) setEntry(ctx context.Context, state *vdiState, vdi cluster.VDI, id, index, value uint32, sync bool) error {
-	return g.putEntry(ctx, state, vdi, id, index, value, func(oid uint64, raw []byte, offset uint32, flags object.Flags) error {
+	return g.putEntry(ctx, state, vdi, id, index, value, func(oid object.OID, raw []byte, offset uint32, flags object.Flags) error {
 		flags = flags.With(object.FlagSync, sync)
 		return g.write(ctx, oid, vdi.Copies, raw, offset, flags)
 	})
@@ -475,21 +475,21 @@ func (g *Gateway) setEntry(ctx context.Context, state *vdiState, vdi cluster.VDI
 // zone's replicas have it, landing in the other zones after data (the
 // far part of the object's data, if any).
 func (g *Gateway) setEntryNear(ctx context.Context, state *vdiState, vdi cluster.VDI, id, index, value uint32, data *lagOp) error {
-	return g.putEntry(ctx, state, vdi, id, index, value, func(oid uint64, raw []byte, offset uint32, flags object.Flags) error {
+	return g.putEntry(ctx, state, vdi, id, index, value, func(oid object.OID, raw []byte, offset uint32, flags object.Flags) error {
 		_, err := g.lag.writeNear(ctx, oid, vdi.Copies, raw, offset, flags, vdi.ObjectSize, data)
 		return err
 	})
 }
 
-func (g *Gateway) putEntry(ctx context.Context, state *vdiState, vdi cluster.VDI, id, index, value uint32, write func(oid uint64, raw []byte, offset uint32, flags object.Flags) error) error {
+func (g *Gateway) putEntry(ctx context.Context, state *vdiState, vdi cluster.VDI, id, index, value uint32, write func(oid object.OID, raw []byte, offset uint32, flags object.Flags) error) error {
 	k, offset := objmap.Location(index, vdi.ObjectSize)
 	raw := binary.BigEndian.AppendUint32(nil, value)
 	// Without CREATE first: a replica new to the placement must receive a
 	// whole copy of the map object, not start an empty one holding only
 	// this entry. Only a map object that exists nowhere is created.
-	err := write(object.MapOID(id, k), raw, offset, 0)
+	err := write(object.MapOID(object.VDIID(id), k), raw, offset, 0)
 	if errors.Is(err, object.ErrNoObject) {
-		err = write(object.MapOID(id, k), raw, offset, object.FlagCreate)
+		err = write(object.MapOID(object.VDIID(id), k), raw, offset, object.FlagCreate)
 	}
 	if err != nil {
 		return err
@@ -503,7 +503,7 @@ func (g *Gateway) putEntry(ctx context.Context, state *vdiState, vdi cluster.VDI
 }
 
 // remove deletes an object from every replica (absent copies are fine).
-func (g *Gateway) remove(ctx context.Context, oid uint64, copies int) error {
+func (g *Gateway) remove(ctx context.Context, oid object.OID, copies int) error {
 	if err := g.lag.wait(ctx, oid); err != nil {
 		return err
 	}
@@ -534,7 +534,7 @@ func (g *Gateway) Map(ctx context.Context, v cluster.VDI) ([]uint32, error) {
 	for k := uint64(0); k*perMap < objects; k++ {
 		count := min(perMap, objects-k*perMap)
 		raw := make([]byte, count*objmap.EntryBytes)
-		err := g.read(ctx, object.MapOID(v.ID, uint32(k)), v.Copies, raw, 0)
+		err := g.read(ctx, object.MapOID(object.VDIID(v.ID), uint32(k)), v.Copies, raw, 0)
 		if errors.Is(err, object.ErrNoObject) {
 			continue
 		}
@@ -549,11 +549,11 @@ func (g *Gateway) Map(ctx context.Context, v cluster.VDI) ([]uint32, error) {
 }
 
 // ReadObject reads a piece of an object from one replica (see read).
-func (g *Gateway) ReadObject(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error {
+func (g *Gateway) ReadObject(ctx context.Context, oid object.OID, copies int, p []byte, offset uint32) error {
 	return g.read(ctx, oid, copies, p, offset)
 }
 
 // RemoveObject deletes an object from every replica.
-func (g *Gateway) RemoveObject(ctx context.Context, oid uint64, copies int) error {
+func (g *Gateway) RemoveObject(ctx context.Context, oid object.OID, copies int) error {
 	return g.remove(ctx, oid, copies)
 }

@@ -28,7 +28,7 @@ var ErrNotFormatted = errors.New("cluster is not formatted")
 
 // Epoch is one epoch's layout.
 type Epoch struct {
-	Number uint64
+	Number object.Epoch
 	// Nodes are the epoch's nodes by id (every member, full ones too),
 	// with their addresses from the node table.
 	Nodes  map[string]cluster.Node
@@ -40,9 +40,9 @@ type Epoch struct {
 // them, or all there are when fewer nodes (or zones) are alive, so that a
 // cluster that lost nodes keeps serving with reduced redundancy until
 // they return.
-func (e *Epoch) ReplicasOf(oid uint64, copies int) []cluster.Node {
+func (e *Epoch) ReplicasOf(oid object.OID, copies int) []cluster.Node {
 	copies = max(1, min(copies, e.ring.MaxCopies()))
-	ids := e.ring.Replicas(oid, copies)
+	ids := e.ring.Replicas(uint64(oid), copies)
 	out := make([]cluster.Node, 0, len(ids))
 	for i, id := range ids {
 		// Checked in every build (copies is at most cluster.MaxCopies):
@@ -80,12 +80,12 @@ type History struct {
 
 	mu      sync.Mutex // guards current and past
 	current *Epoch
-	past    map[uint64]*Epoch
+	past    map[object.Epoch]*Epoch
 }
 
 // NewHistory returns the layouts of source's epochs.
 func NewHistory(source Source, logger *slog.Logger) *History {
-	return &History{source: source, logger: logger, past: map[uint64]*Epoch{}}
+	return &History{source: source, logger: logger, past: map[object.Epoch]*Epoch{}}
 }
 
 // ringFor is the placement of an epoch's placed members: a function of
@@ -110,7 +110,7 @@ func (h *History) Current() (*Epoch, error) {
 	// list, so build the layout only when the epoch changed.
 	number := h.source.Epoch()
 	h.mu.Lock()
-	if h.current != nil && h.current.Number == number {
+	if h.current != nil && h.current.Number == object.Epoch(number) {
 		e := h.current
 		h.mu.Unlock()
 		return e, nil
@@ -119,7 +119,7 @@ func (h *History) Current() (*Epoch, error) {
 	view := h.source.View()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.current != nil && h.current.Number == view.Number {
+	if h.current != nil && h.current.Number == object.Epoch(view.Number) {
 		return h.current, nil
 	}
 	if view.Format == nil {
@@ -132,7 +132,7 @@ func (h *History) Current() (*Epoch, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Epoch{Number: view.Number, ring: ring, Nodes: map[string]cluster.Node{}, Format: *view.Format}
+	e := &Epoch{Number: object.Epoch(view.Number), ring: ring, Nodes: map[string]cluster.Node{}, Format: *view.Format}
 	for _, n := range view.Nodes {
 		e.Nodes[n.ID] = n
 	}
@@ -153,7 +153,7 @@ func (h *History) Current() (*Epoch, error) {
 // epoch has no nodes that hold objects.
 func (h *History) At(epoch cluster.Epoch) *Epoch {
 	h.mu.Lock()
-	if e, ok := h.past[epoch.Number]; ok {
+	if e, ok := h.past[object.Epoch(epoch.Number)]; ok {
 		h.mu.Unlock()
 		return e
 	}
@@ -167,7 +167,7 @@ func (h *History) At(epoch cluster.Epoch) *Epoch {
 	})
 	var e *Epoch
 	if ring, err := ringFor(members); err == nil && len(members) > 0 {
-		e = &Epoch{Number: epoch.Number, ring: ring, Nodes: map[string]cluster.Node{}}
+		e = &Epoch{Number: object.Epoch(epoch.Number), ring: ring, Nodes: map[string]cluster.Node{}}
 		for _, id := range epoch.Nodes {
 			n, _ := h.source.Node(id)
 			n.ID = id
@@ -178,7 +178,7 @@ func (h *History) At(epoch cluster.Epoch) *Epoch {
 	if len(h.past) >= 1024 {
 		clear(h.past)
 	}
-	h.past[epoch.Number] = e
+	h.past[object.Epoch(epoch.Number)] = e
 	h.mu.Unlock()
 	return e
 }
@@ -205,15 +205,15 @@ type EpochContexter interface {
 // the epoch's context (no goroutine, no view of the log built per
 // round); only a round for an epoch the node has not signalled yet, or
 // a Waiter without EpochContext, waits on a goroutine of its own.
-func Scoped(ctx context.Context, c Waiter, epoch uint64, limit time.Duration) (context.Context, context.CancelFunc) {
+func Scoped(ctx context.Context, c Waiter, epoch object.Epoch, limit time.Duration) (context.Context, context.CancelFunc) {
 	scope, cancel := context.WithTimeout(ctx, limit)
 	if e, ok := c.(EpochContexter); ok {
 		epochCtx, current := e.EpochContext()
 		switch {
-		case current > epoch:
+		case object.Epoch(current) > epoch:
 			cancel() // already over
 			return scope, cancel
-		case current == epoch:
+		case object.Epoch(current) == epoch:
 			stop := context.AfterFunc(epochCtx, cancel)
 			return scope, func() {
 				stop()
@@ -222,7 +222,7 @@ func Scoped(ctx context.Context, c Waiter, epoch uint64, limit time.Duration) (c
 		}
 	}
 	go func() {
-		c.WaitEpoch(scope, epoch)
+		c.WaitEpoch(scope, uint64(epoch))
 		cancel()
 	}()
 	return scope, cancel

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // A round's scope ends when the node applies a newer epoch, through the
@@ -37,8 +38,8 @@ func TestScopedEndsWithItsEpoch(t *testing.T) {
 
 		epochCtx, _ := m.EpochContext()
 		ctx := context.Background()
-		round, endRound := Scoped(ctx, m, epoch, time.Hour)
-		finished, endFinished := Scoped(ctx, m, epoch, time.Hour)
+		round, endRound := Scoped(ctx, m, object.Epoch(epoch), time.Hour)
+		finished, endFinished := Scoped(ctx, m, object.Epoch(epoch), time.Hour)
 		endFinished() // a round that is over before the epoch changes
 		if _, err := log.SetMaintenance("b", time.Minute); err != nil {
 			t.Fatal(err)
@@ -68,12 +69,12 @@ func TestScopedEndsWithItsEpoch(t *testing.T) {
 
 		// A round for an epoch already past ends at once; one for the
 		// current epoch stays open, and ends at its time limit.
-		late, endLate := Scoped(ctx, m, epoch, time.Hour)
+		late, endLate := Scoped(ctx, m, object.Epoch(epoch), time.Hour)
 		defer endLate()
 		if late.Err() == nil {
 			t.Fatal("a round for a past epoch was not ended")
 		}
-		current, endCurrent := Scoped(ctx, m, m.Epoch(), time.Minute)
+		current, endCurrent := Scoped(ctx, m, object.Epoch(m.Epoch()), time.Minute)
 		defer endCurrent()
 		synctest.Wait()
 		if current.Err() != nil {

@@ -68,14 +68,14 @@ func (m *Maintenance) checkVDI(ctx context.Context, data Data, vdi cluster.VDI, 
 	if err != nil {
 		return report, err
 	}
-	var oids []uint64
+	var oids []object.OID
 	perMap := objmap.PerObject(vdi.ObjectSize)
 	for k := uint64(0); k*perMap < uint64(len(entries)); k++ {
-		oids = append(oids, object.MapOID(vdi.ID, uint32(k)))
+		oids = append(oids, object.MapOID(object.VDIID(vdi.ID), uint32(k)))
 	}
 	for i, e := range entries {
 		if e == vdi.ID {
-			oids = append(oids, object.DataOID(vdi.ID, uint32(i)))
+			oids = append(oids, object.DataOID(object.VDIID(vdi.ID), uint32(i)))
 		}
 	}
 	for _, oid := range oids {
@@ -100,7 +100,7 @@ func (m *Maintenance) lockHolder(name string) (string, bool) {
 
 type replicaCopy struct {
 	node   cluster.Node
-	stamp  uint64
+	stamp  object.Epoch
 	data   []byte
 	sum    [32]byte
 	found  bool
@@ -113,7 +113,7 @@ const checkBlock = 4096
 
 // fetchBlockwise reads a copy that fails its checksum somewhere block by
 // block, marking the bad blocks.
-func (m *Maintenance) fetchBlockwise(ctx context.Context, c *replicaCopy, epoch, oid uint64) error {
+func (m *Maintenance) fetchBlockwise(ctx context.Context, c *replicaCopy, epoch object.Epoch, oid object.OID) error {
 	c.bad = make([]bool, (len(c.data)+checkBlock-1)/checkBlock)
 	for b := range c.bad {
 		block := c.data[b*checkBlock : min((b+1)*checkBlock, len(c.data))]
@@ -140,7 +140,7 @@ func (m *Maintenance) fetchBlockwise(ctx context.Context, c *replicaCopy, epoch,
 // not on its replicas as not recovered yet.
 // Never the reverse: a placed copy of an older stamp missed writes, and
 // writing it over the others would lose them.
-func (m *Maintenance) checkObject(ctx context.Context, oid uint64, vdi cluster.VDI, repair, refreshed bool, report *CheckReport) error {
+func (m *Maintenance) checkObject(ctx context.Context, oid object.OID, vdi cluster.VDI, repair, refreshed bool, report *CheckReport) error {
 	rv, err := m.layouts.Current()
 	if err != nil {
 		return err
@@ -170,11 +170,11 @@ func (m *Maintenance) checkObject(ctx context.Context, oid uint64, vdi cluster.V
 		}
 	}
 	stamps, _, answered := m.proof.Survey(ctx, rv, oid)
-	var newest uint64
+	var newest object.Epoch
 	for _, stamp := range stamps {
 		newest = max(newest, stamp)
 	}
-	placedNewest := uint64(0)
+	placedNewest := object.Epoch(0)
 	for _, c := range present {
 		placedNewest = max(placedNewest, c.stamp)
 	}
@@ -195,7 +195,7 @@ func (m *Maintenance) checkObject(ctx context.Context, oid uint64, vdi cluster.V
 	// (seen by the simulator, seed 367: a placed replica stamped 5 kept the
 	// old data, an unplaced one stamped 5 the dead writer's last write, and
 	// recovery spread that one to the other replicas).
-	if repair && !refreshed && newest > 0 && m.proof.Current(oid, vdi.Copies, rv, newest, answered) == nil {
+	if repair && !refreshed && newest > 0 && m.proof.Current(oid, vdi.Copies, rv, object.Epoch(newest), answered) == nil {
 		stale := false
 		for _, c := range copies {
 			stale = stale || !c.found || c.stamp < rv.Number
@@ -227,7 +227,7 @@ func (m *Maintenance) checkObject(ctx context.Context, oid uint64, vdi cluster.V
 		return nil
 	}
 	report.Objects++
-	if err := m.proof.Current(oid, vdi.Copies, rv, newest, answered); err != nil {
+	if err := m.proof.Current(oid, vdi.Copies, rv, object.Epoch(newest), answered); err != nil {
 		report.Unavailable++
 		report.Problems = append(report.Problems, err.Error())
 		return nil
@@ -372,7 +372,7 @@ func (m *Maintenance) checkObject(ctx context.Context, oid uint64, vdi cluster.V
 // ones, in runs of contiguous blocks: with onlyBad, the blocks bad there,
 // with the REPAIR flag (rewritten only if they still fail); else every
 // block. It returns the runs sent.
-func (m *Maintenance) repairBlocks(ctx context.Context, c replicaCopy, epoch, oid uint64, reference []byte, lost []bool, onlyBad bool) (int, error) {
+func (m *Maintenance) repairBlocks(ctx context.Context, c replicaCopy, epoch object.Epoch, oid object.OID, reference []byte, lost []bool, onlyBad bool) (int, error) {
 	blocks := len(reference) / checkBlock
 	wanted := func(b int) bool {
 		return !(lost != nil && lost[b]) && (!onlyBad || (c.bad != nil && c.bad[b]))

@@ -105,7 +105,7 @@ func (l *fakeLog) Tree() []cluster.VDI                                    { retu
 func (l *fakeLog) Chain(id uint32) []uint32                               { return nil }
 
 type fakeCopy struct {
-	stamp uint64
+	stamp object.Epoch
 	data  []byte
 }
 
@@ -118,24 +118,24 @@ type fakeReplicas struct {
 	nodes map[string]map[uint64]fakeCopy
 }
 
-func (f *fakeReplicas) get(node string, oid uint64) (fakeCopy, bool) {
+func (f *fakeReplicas) get(node string, oid object.OID) (fakeCopy, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	c, ok := f.nodes[node][oid]
+	c, ok := f.nodes[node][uint64(oid)]
 	return c, ok
 }
 
-func (f *fakeReplicas) put(node string, oid uint64, c fakeCopy) {
+func (f *fakeReplicas) put(node string, oid object.OID, c fakeCopy) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.nodes[node] == nil {
 		f.nodes[node] = map[uint64]fakeCopy{}
 	}
-	f.nodes[node][oid] = c
+	f.nodes[node][uint64(oid)] = c
 }
 
 // Stat returns the copy's stamp; no digest (unknown).
-func (f *fakeReplicas) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, uint64, error) {
+func (f *fakeReplicas) Stat(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) (object.Epoch, uint64, error) {
 	c, ok := f.get(node.ID, oid)
 	if !ok {
 		return 0, 0, object.ErrNotFound
@@ -143,7 +143,7 @@ func (f *fakeReplicas) Stat(ctx context.Context, node cluster.Node, epoch, oid u
 	return c.stamp, 0, nil
 }
 
-func (f *fakeReplicas) Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte) (uint64, error) {
+func (f *fakeReplicas) Fetch(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte) (object.Epoch, error) {
 	c, ok := f.get(node.ID, oid)
 	if !ok {
 		return 0, object.ErrNotFound
@@ -152,7 +152,7 @@ func (f *fakeReplicas) Fetch(ctx context.Context, node cluster.Node, epoch, oid 
 	return c.stamp, nil
 }
 
-func (f *fakeReplicas) FetchAt(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
+func (f *fakeReplicas) FetchAt(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32) (object.Epoch, error) {
 	c, ok := f.get(node.ID, oid)
 	if !ok {
 		return 0, object.ErrNotFound
@@ -161,20 +161,22 @@ func (f *fakeReplicas) FetchAt(ctx context.Context, node cluster.Node, epoch, oi
 	return c.stamp, nil
 }
 
-func (f *fakeReplicas) Flush(ctx context.Context, node cluster.Node, epoch uint64) error { return nil }
-
-func (f *fakeReplicas) List(ctx context.Context, node cluster.Node, epoch uint64) (map[uint64]uint64, error) {
-	panic("not used")
-}
-
-func (f *fakeReplicas) Remove(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.nodes[node.ID], oid)
+func (f *fakeReplicas) Flush(ctx context.Context, node cluster.Node, epoch object.Epoch) error {
 	return nil
 }
 
-func (f *fakeReplicas) Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
+func (f *fakeReplicas) List(ctx context.Context, node cluster.Node, epoch object.Epoch) (map[object.OID]object.Epoch, error) {
+	panic("not used")
+}
+
+func (f *fakeReplicas) Remove(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.nodes[node.ID], uint64(oid))
+	return nil
+}
+
+func (f *fakeReplicas) Recover(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error {
 	own, found := f.get(node.ID, oid)
 	if found && own.stamp >= epoch {
 		return nil
@@ -186,11 +188,11 @@ func (f *fakeReplicas) Recover(ctx context.Context, node cluster.Node, epoch, oi
 	}
 	f.mu.Unlock()
 	sort.Strings(ids)
-	var newest uint64
+	var newest object.Epoch
 	var holder string
 	for _, id := range ids {
 		if c, ok := f.get(id, oid); ok && c.stamp > newest {
-			newest, holder = c.stamp, id
+			newest, holder = object.Epoch(uint64(c.stamp)), id
 		}
 	}
 	if holder == "" {
@@ -206,7 +208,7 @@ func (f *fakeReplicas) Recover(ctx context.Context, node cluster.Node, epoch, oi
 	return nil
 }
 
-func (f *fakeReplicas) Write(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error {
+func (f *fakeReplicas) Write(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32, flags object.Flags) error {
 	c, _ := f.get(node.ID, oid)
 	data := make([]byte, max(len(c.data), int(offset)+len(p)))
 	copy(data, c.data)
@@ -218,7 +220,7 @@ func (f *fakeReplicas) Write(ctx context.Context, node cluster.Node, epoch, oid 
 // pass is the background recovery of epoch on nodes, each from a listing
 // of every node taken before any of them changed a copy: the newest
 // stamp and its first holder in node order.
-func (f *fakeReplicas) pass(nodes []cluster.Node, epoch, oid uint64) {
+func (f *fakeReplicas) pass(nodes []cluster.Node, epoch object.Epoch, oid object.OID) {
 	f.mu.Lock()
 	var ids []string
 	for id := range f.nodes {
@@ -226,11 +228,11 @@ func (f *fakeReplicas) pass(nodes []cluster.Node, epoch, oid uint64) {
 	}
 	f.mu.Unlock()
 	sort.Strings(ids)
-	var newest uint64
+	var newest object.Epoch
 	var holder string
 	for _, id := range ids {
 		if c, ok := f.get(id, oid); ok && c.stamp > newest {
-			newest, holder = c.stamp, id
+			newest, holder = object.Epoch(uint64(c.stamp)), id
 		}
 	}
 	src, _ := f.get(holder, oid)
@@ -269,7 +271,7 @@ func TestRepairUncleanSameStampOffPlacement(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An object whose replicas in epoch 3 exclude n0.
-	var oid uint64
+	var oid object.OID
 	var placed []cluster.Node
 	for i := uint32(0); ; i++ {
 		oid = object.DataOID(vdiID, i)

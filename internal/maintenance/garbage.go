@@ -18,7 +18,7 @@ func (m *Maintenance) CollectGarbage(ctx context.Context, data Data, garbage clu
 	objects := (garbage.Size + garbage.ObjectSize - 1) / garbage.ObjectSize
 	perMap := objmap.PerObject(garbage.ObjectSize)
 	vdi := cluster.VDI{ID: garbage.ID, Size: garbage.Size, ObjectSize: garbage.ObjectSize, Copies: garbage.Copies}
-	work := make(chan uint64)
+	work := make(chan object.OID)
 	errs := make(chan error, 16)
 	var wg sync.WaitGroup
 	for w := 0; w < 16; w++ {
@@ -39,7 +39,7 @@ func (m *Maintenance) CollectGarbage(ctx context.Context, data Data, garbage clu
 	for k := uint64(0); k*perMap < objects && failed == nil; k++ {
 		count := min(perMap, objects-k*perMap)
 		raw := make([]byte, count*objmap.EntryBytes)
-		err := data.ReadObject(ctx, object.MapOID(vdi.ID, uint32(k)), vdi.Copies, raw, 0)
+		err := data.ReadObject(ctx, object.MapOID(object.VDIID(vdi.ID), uint32(k)), vdi.Copies, raw, 0)
 		if errors.Is(err, object.ErrNoObject) {
 			continue
 		}
@@ -49,7 +49,7 @@ func (m *Maintenance) CollectGarbage(ctx context.Context, data Data, garbage clu
 		}
 		for i := uint64(0); i < count; i++ {
 			if objmap.Entry(raw, int(i)) == vdi.ID {
-				work <- object.DataOID(vdi.ID, uint32(k*perMap+i))
+				work <- object.DataOID(object.VDIID(vdi.ID), uint32(k*perMap+i))
 			}
 		}
 	}
@@ -64,7 +64,7 @@ func (m *Maintenance) CollectGarbage(ctx context.Context, data Data, garbage clu
 		return failed
 	}
 	for k := uint64(0); k*perMap < objects; k++ {
-		if err := data.RemoveObject(ctx, object.MapOID(vdi.ID, uint32(k)), vdi.Copies); err != nil {
+		if err := data.RemoveObject(ctx, object.MapOID(object.VDIID(vdi.ID), uint32(k)), vdi.Copies); err != nil {
 			return err
 		}
 	}

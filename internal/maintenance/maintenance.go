@@ -48,10 +48,10 @@ type GarbageLog interface {
 // Replicas reaches every node's replica (replica.Client).
 type Replicas interface {
 	recovery.Replicas
-	Remove(ctx context.Context, node cluster.Node, epoch, oid uint64) error
-	Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error
-	Write(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error
-	FetchAt(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32) (uint64, error)
+	Remove(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error
+	Recover(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error
+	Write(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32, flags object.Flags) error
+	FetchAt(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32) (object.Epoch, error)
 }
 
 // Data is the data path maintenance reads object maps and objects
@@ -62,8 +62,8 @@ type Replicas interface {
 type Data interface {
 	// Map returns the VDI's object map entries (internal/objmap).
 	Map(ctx context.Context, vdi cluster.VDI) ([]uint32, error)
-	ReadObject(ctx context.Context, oid uint64, copies int, p []byte, offset uint32) error
-	RemoveObject(ctx context.Context, oid uint64, copies int) error
+	ReadObject(ctx context.Context, oid object.OID, copies int, p []byte, offset uint32) error
+	RemoveObject(ctx context.Context, oid object.OID, copies int) error
 }
 
 // Maintenance is one node's maintenance.

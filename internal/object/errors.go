@@ -45,7 +45,7 @@ var (
 )
 
 // StaleEpochError says the node is at epoch Current, not the request's.
-type StaleEpochError struct{ Current uint64 }
+type StaleEpochError struct{ Current Epoch }
 
 func (e *StaleEpochError) Error() string {
 	return fmt.Sprintf("%s: the node is at epoch %d", ErrStaleEpoch, e.Current)
@@ -55,12 +55,12 @@ func (e *StaleEpochError) Error() string {
 func (e *StaleEpochError) Is(target error) bool { return target == ErrStaleEpoch }
 
 // CurrentEpoch is the node's epoch.
-func (e *StaleEpochError) CurrentEpoch() uint64 { return e.Current }
+func (e *StaleEpochError) CurrentEpoch() Epoch { return e.Current }
 
 // ReplicaError names the node and object an operation failed on.
 type ReplicaError struct {
 	Node string
-	OID  uint64
+	OID  OID
 	Err  error
 }
 

@@ -275,13 +275,13 @@ type ObjectRequest struct {
 	Flags  object.Flags
 	// Epoch is the requester's epoch. A replica answers STALE_EPOCH to a
 	// request from another epoch (DESIGN.md, "Gateway and replication").
-	Epoch uint64
+	Epoch object.Epoch
 	// ID identifies the request on its connection. ObjectClient.Do
 	// assigns it; callers leave it zero.
 	ID uint64
 	// OID is the object id (DESIGN.md, "Objects and VDIs"). For LIST it is
 	// the smallest object id to list.
-	OID uint64
+	OID object.OID
 	// Offset is the byte offset in the object. For LIST it is the cursor:
 	// the number of entries (from OID on) to skip.
 	Offset uint32
@@ -306,11 +306,11 @@ type ObjectResponse struct {
 	ID uint64
 	// Epoch is the responder's current epoch, so that a requester with a
 	// stale epoch learns the new one.
-	Epoch uint64
+	Epoch object.Epoch
 	// ObjectEpoch is the epoch stamp of the object's copy: the epoch at
 	// which it was last written or recovered (DESIGN.md, "Consistency and
 	// durability promises"). Zero when the opcode has no object.
-	ObjectEpoch uint64
+	ObjectEpoch object.Epoch
 	// Length is the payload size. The server sets it from the body.
 	Length uint32
 	// Checksum is the CRC32C of the payload. The server sets it.
@@ -338,8 +338,8 @@ type ObjectStatEntry struct {
 
 // ObjectListEntry is one entry of the body of an OK response to LIST.
 type ObjectListEntry struct {
-	OID   uint64
-	Epoch uint64 // the copy's epoch stamp
+	OID   object.OID
+	Epoch object.Epoch // the copy's epoch stamp
 }
 
 // objectFramingError is returned by the decoders when a header cannot be
@@ -358,9 +358,9 @@ func EncodeObjectRequest(header *[ObjectRequestHeaderSize]byte, r *ObjectRequest
 	header[3] = byte(r.Opcode)
 	binary.BigEndian.PutUint16(header[4:], uint16(r.Flags))
 	binary.BigEndian.PutUint16(header[6:], r.reserved)
-	binary.BigEndian.PutUint64(header[8:], r.Epoch)
+	binary.BigEndian.PutUint64(header[8:], uint64(r.Epoch))
 	binary.BigEndian.PutUint64(header[16:], r.ID)
-	binary.BigEndian.PutUint64(header[24:], r.OID)
+	binary.BigEndian.PutUint64(header[24:], uint64(r.OID))
 	binary.BigEndian.PutUint32(header[32:], r.Offset)
 	binary.BigEndian.PutUint32(header[36:], r.Length)
 	binary.BigEndian.PutUint32(header[40:], r.Checksum)
@@ -385,9 +385,9 @@ func DecodeObjectRequest(header *[ObjectRequestHeaderSize]byte) (ObjectRequest, 
 		Opcode:   ObjectOpcode(header[3]),
 		Flags:    object.Flags(binary.BigEndian.Uint16(header[4:])),
 		reserved: binary.BigEndian.Uint16(header[6:]),
-		Epoch:    binary.BigEndian.Uint64(header[8:]),
+		Epoch:    object.Epoch(binary.BigEndian.Uint64(header[8:])),
 		ID:       binary.BigEndian.Uint64(header[16:]),
-		OID:      binary.BigEndian.Uint64(header[24:]),
+		OID:      object.OID(binary.BigEndian.Uint64(header[24:])),
 		Offset:   binary.BigEndian.Uint32(header[32:]),
 		Length:   binary.BigEndian.Uint32(header[36:]),
 		Checksum: binary.BigEndian.Uint32(header[40:]),
@@ -467,8 +467,8 @@ func EncodeObjectResponse(header *[ObjectResponseHeaderSize]byte, r *ObjectRespo
 	binary.BigEndian.PutUint16(header[2:], uint16(r.Status))
 	binary.BigEndian.PutUint32(header[4:], r.reserved)
 	binary.BigEndian.PutUint64(header[8:], r.ID)
-	binary.BigEndian.PutUint64(header[16:], r.Epoch)
-	binary.BigEndian.PutUint64(header[24:], r.ObjectEpoch)
+	binary.BigEndian.PutUint64(header[16:], uint64(r.Epoch))
+	binary.BigEndian.PutUint64(header[24:], uint64(r.ObjectEpoch))
 	binary.BigEndian.PutUint32(header[32:], r.Length)
 	binary.BigEndian.PutUint32(header[36:], r.Checksum)
 	binary.BigEndian.PutUint32(header[40:], crc32.Checksum(header[:40], castagnoli))
@@ -490,8 +490,8 @@ func DecodeObjectResponse(header *[ObjectResponseHeaderSize]byte) (ObjectRespons
 		Status:      ObjectStatus(binary.BigEndian.Uint16(header[2:])),
 		reserved:    binary.BigEndian.Uint32(header[4:]),
 		ID:          binary.BigEndian.Uint64(header[8:]),
-		Epoch:       binary.BigEndian.Uint64(header[16:]),
-		ObjectEpoch: binary.BigEndian.Uint64(header[24:]),
+		Epoch:       object.Epoch(binary.BigEndian.Uint64(header[16:])),
+		ObjectEpoch: object.Epoch(binary.BigEndian.Uint64(header[24:])),
 		Length:      binary.BigEndian.Uint32(header[32:]),
 		Checksum:    binary.BigEndian.Uint32(header[36:]),
 	}
@@ -556,8 +556,8 @@ func statBodyProblem(flags object.Flags, n int) string {
 
 // AppendObjectListEntry appends the wire form of one LIST entry to dst.
 func AppendObjectListEntry(dst []byte, e ObjectListEntry) []byte {
-	dst = binary.BigEndian.AppendUint64(dst, e.OID)
-	return binary.BigEndian.AppendUint64(dst, e.Epoch)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(e.OID))
+	return binary.BigEndian.AppendUint64(dst, uint64(e.Epoch))
 }
 
 // DecodeObjectList decodes a LIST body, appending its entries to dst.
@@ -566,7 +566,7 @@ func DecodeObjectList(dst []ObjectListEntry, body []byte) ([]ObjectListEntry, er
 		return dst, fmt.Errorf("%w: LIST body of %d bytes is not a whole number of %d-byte entries", ErrObjectProtocol, len(body), ObjectListEntrySize)
 	}
 	for ; len(body) > 0; body = body[ObjectListEntrySize:] {
-		dst = append(dst, ObjectListEntry{OID: binary.BigEndian.Uint64(body[0:]), Epoch: binary.BigEndian.Uint64(body[8:])})
+		dst = append(dst, ObjectListEntry{OID: object.OID(binary.BigEndian.Uint64(body[0:])), Epoch: object.Epoch(binary.BigEndian.Uint64(body[8:]))})
 	}
 	return dst, nil
 }

@@ -43,8 +43,8 @@ func TestObjectWireLayout(t *testing.T) {
 
 func randomObjectRequest(random *rand.Rand) ObjectRequest {
 	return ObjectRequest{
-		Opcode: ObjectOpcode(random.Uint32()), Flags: object.Flags(random.Uint32()), Epoch: random.Uint64(),
-		ID: random.Uint64(), OID: random.Uint64(), Offset: random.Uint32(), Length: random.Uint32(),
+		Opcode: ObjectOpcode(random.Uint32()), Flags: object.Flags(random.Uint32()), Epoch: object.Epoch(random.Uint64()),
+		ID: random.Uint64(), OID: object.OID(random.Uint64()), Offset: random.Uint32(), Length: random.Uint32(),
 		Checksum: random.Uint32(), reserved: uint16(random.Uint32()),
 	}
 }
@@ -61,8 +61,8 @@ func TestObjectHeadersRoundTrip(t *testing.T) {
 		}
 
 		response := ObjectResponse{
-			Status: ObjectStatus(random.UintN(objectStatusCount + 3)), ID: random.Uint64(), Epoch: random.Uint64(),
-			ObjectEpoch: random.Uint64(), Length: random.Uint32N(MaxObjectErrorMessage + 1), Checksum: random.Uint32(),
+			Status: ObjectStatus(random.UintN(objectStatusCount + 3)), ID: random.Uint64(), Epoch: object.Epoch(random.Uint64()),
+			ObjectEpoch: object.Epoch(random.Uint64()), Length: random.Uint32N(MaxObjectErrorMessage + 1), Checksum: random.Uint32(),
 		}
 		var responseHeader [ObjectResponseHeaderSize]byte
 		EncodeObjectResponse(&responseHeader, &response)

@@ -62,7 +62,7 @@ var (
 // epoch Current. errors.Is(err, ErrStaleEpoch) holds for it.
 type StaleEpochError struct {
 	// Current is the responder's epoch.
-	Current uint64
+	Current object.Epoch
 	// Address is the responder's (empty when a handler returns the error).
 	Address string
 	// Message is the responder's explanation, if any.
@@ -84,7 +84,7 @@ func (e *StaleEpochError) Error() string {
 func (e *StaleEpochError) Is(target error) bool { return target == ErrStaleEpoch }
 
 // CurrentEpoch is the responder's epoch.
-func (e *StaleEpochError) CurrentEpoch() uint64 { return e.Current }
+func (e *StaleEpochError) CurrentEpoch() object.Epoch { return e.Current }
 
 // objectStatusErrors maps each status but OK to its sentinel.
 var objectStatusErrors = [objectStatusCount]error{
@@ -121,12 +121,22 @@ func ObjectStatusOf(err error) ObjectStatus {
 	return ObjectStatusIO
 }
 
+// epochReporter is an error that names the node's current epoch. Found
+// by errors.As, so its method's signature is checked here: an error type
+// whose CurrentEpoch changed would otherwise no longer match, silently.
+type epochReporter interface{ CurrentEpoch() object.Epoch }
+
+var (
+	_ epochReporter = (*StaleEpochError)(nil)
+	_ epochReporter = (*object.StaleEpochError)(nil)
+)
+
 // ObjectErrorResponse builds the response and body that report err, for an
 // ObjectHandler: the status from ObjectStatusOf, err's text as the message,
 // and epoch as the responder's epoch, except that a *StaleEpochError sets
 // the epoch to its Current.
-func ObjectErrorResponse(epoch uint64, err error) (ObjectResponse, []byte) {
-	var stale interface{ CurrentEpoch() uint64 } // *StaleEpochError, *object.StaleEpochError
+func ObjectErrorResponse(epoch object.Epoch, err error) (ObjectResponse, []byte) {
+	var stale epochReporter
 	if errors.As(err, &stale) {
 		epoch = stale.CurrentEpoch()
 	}

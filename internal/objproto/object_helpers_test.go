@@ -25,20 +25,20 @@ import (
 // as DESIGN.md asks of a replica.
 type memoryObjectStore struct {
 	mu      sync.Mutex // guards the fields below
-	epoch   uint64
-	objects map[uint64]*memoryObject
+	epoch   object.Epoch
+	objects map[object.OID]*memoryObject
 	flushes int
 }
 
 type memoryObject struct {
 	pages map[uint32]*[memoryPageSize]byte // sparse: absent pages read as zeroes
 	size  uint64                           // one past the last byte written
-	epoch uint64
+	epoch object.Epoch
 }
 
 const memoryPageSize = 64 << 10
 
-func newMemoryObject(epoch uint64) *memoryObject {
+func newMemoryObject(epoch object.Epoch) *memoryObject {
 	return &memoryObject{pages: make(map[uint32]*[memoryPageSize]byte), epoch: epoch}
 }
 
@@ -86,12 +86,12 @@ func (o *memoryObject) writeAt(p []byte, offset, length uint32, deallocate bool)
 	o.size = max(o.size, uint64(offset)+uint64(length))
 }
 
-func newMemoryObjectStore(epoch uint64) *memoryObjectStore {
-	return &memoryObjectStore{epoch: epoch, objects: make(map[uint64]*memoryObject)}
+func newMemoryObjectStore(epoch object.Epoch) *memoryObjectStore {
+	return &memoryObjectStore{epoch: epoch, objects: make(map[object.OID]*memoryObject)}
 }
 
 // put stores data as object oid at the store's epoch.
-func (m *memoryObjectStore) put(oid uint64, data []byte) {
+func (m *memoryObjectStore) put(oid object.OID, data []byte) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	obj := newMemoryObject(m.epoch)
@@ -99,7 +99,7 @@ func (m *memoryObjectStore) put(oid uint64, data []byte) {
 	m.objects[oid] = obj
 }
 
-func (m *memoryObjectStore) setEpoch(epoch uint64) {
+func (m *memoryObjectStore) setEpoch(epoch object.Epoch) {
 	m.mu.Lock()
 	m.epoch = epoch
 	m.mu.Unlock()
@@ -152,7 +152,7 @@ func (m *memoryObjectStore) ServeObject(ctx context.Context, request *ObjectRequ
 		ok.ObjectEpoch = obj.epoch
 		return ok, AppendObjectStat(nil, ObjectStatEntry{Size: obj.size, Allocated: uint64(len(obj.pages)) * memoryPageSize})
 	case ObjectList:
-		var ids []uint64
+		var ids []object.OID
 		for id := range m.objects {
 			if id >= request.OID {
 				ids = append(ids, id)
@@ -163,7 +163,7 @@ func (m *memoryObjectStore) ServeObject(ctx context.Context, request *ObjectRequ
 		ids = ids[:min(int(request.Length), len(ids))]
 		var body []byte
 		for _, id := range ids {
-			body = AppendObjectListEntry(body, ObjectListEntry{OID: id, Epoch: m.objects[id].epoch})
+			body = AppendObjectListEntry(body, ObjectListEntry{OID: object.OID(id), Epoch: m.objects[id].epoch})
 		}
 		return ok, body
 	case ObjectPing:
@@ -358,10 +358,10 @@ func readRawResponse(conn net.Conn) (ObjectResponse, []byte, error) {
 
 // pattern returns n bytes that differ by object and offset, so that a piece
 // delivered to the wrong call is noticed.
-func pattern(oid uint64, offset uint32, n int) []byte {
+func pattern(oid object.OID, offset uint32, n int) []byte {
 	p := make([]byte, n)
 	var seed [12]byte
-	binary.BigEndian.PutUint64(seed[0:], oid)
+	binary.BigEndian.PutUint64(seed[0:], uint64(oid))
 	binary.BigEndian.PutUint32(seed[8:], offset)
 	for i := range p {
 		p[i] = seed[i%12] ^ byte(i/12) ^ byte(i*7)

@@ -17,6 +17,7 @@ import (
 	"github.com/herd-storage/herd/internal/bufpool"
 	"github.com/herd-storage/herd/internal/logging"
 	"github.com/herd-storage/herd/internal/netserve"
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // ObjectHandler serves the requests of the object protocol; in herd the local
@@ -138,9 +139,9 @@ func (s *ObjectServer) maxBufferedBytes() int64 {
 	return defaultObjectMaxBufferedBytes
 }
 
-func (s *ObjectServer) epoch() uint64 {
+func (s *ObjectServer) epoch() object.Epoch {
 	if s.Epoch != nil {
-		return s.Epoch()
+		return object.Epoch(s.Epoch())
 	}
 	return 0
 }

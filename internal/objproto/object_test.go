@@ -104,13 +104,13 @@ func TestObjectRoundTripEveryOpcode(t *testing.T) {
 	}
 
 	// LIST, paged by OID and by cursor index.
-	for _, id := range []uint64{7, 3, 100, 55} {
+	for _, id := range []object.OID{7, 3, 100, 55} {
 		if _, _, err = do(ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate, OID: id}, []byte{1}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var listed []ObjectListEntry
-	for next := uint64(0); ; {
+	for next := object.OID(0); ; {
 		_, body, err = do(ObjectRequest{Opcode: ObjectList, OID: next, Length: 2}, nil, nil)
 		if err != nil {
 			t.Fatalf("LIST: %v", err)
@@ -218,12 +218,12 @@ func (h *outOfOrderHandler) ServeObject(ctx context.Context, request *ObjectRequ
 	}
 	switch request.Opcode {
 	case ObjectRead:
-		return ObjectResponse{Status: ObjectStatusOK, Epoch: request.Epoch, ObjectEpoch: request.OID}, pattern(request.OID, request.Offset, int(request.Length))
+		return ObjectResponse{Status: ObjectStatusOK, Epoch: request.Epoch, ObjectEpoch: object.Epoch(request.OID)}, pattern(request.OID, request.Offset, int(request.Length))
 	case ObjectWrite:
 		if !bytes.Equal(payload, pattern(request.OID, request.Offset, len(payload))) {
 			return ObjectErrorResponse(request.Epoch, fmt.Errorf("%w: payload of object %d is not its pattern", ErrCorrupt, request.OID))
 		}
-		return ObjectResponse{Status: ObjectStatusOK, Epoch: request.Epoch, ObjectEpoch: request.OID}, nil
+		return ObjectResponse{Status: ObjectStatusOK, Epoch: request.Epoch, ObjectEpoch: object.Epoch(request.OID)}, nil
 	}
 	return ObjectErrorResponse(request.Epoch, ErrObjectInvalid)
 }
@@ -251,14 +251,14 @@ func TestObjectPipelining(t *testing.T) {
 			var err error
 			if i%2 == 0 {
 				var body []byte
-				response, body, err = client.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectRead, OID: oid, Offset: offset, Length: uint32(length)}, nil, make([]byte, 0, length))
-				if err == nil && !bytes.Equal(body, pattern(oid, offset, length)) {
+				response, body, err = client.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectRead, OID: object.OID(oid), Offset: offset, Length: uint32(length)}, nil, make([]byte, 0, length))
+				if err == nil && !bytes.Equal(body, pattern(object.OID(oid), offset, length)) {
 					err = fmt.Errorf("READ of object %d got another call's data", oid)
 				}
 			} else {
-				response, _, err = client.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectWrite, OID: oid, Offset: offset}, pattern(oid, offset, length), nil)
+				response, _, err = client.Do(t.Context(), node.address, &ObjectRequest{Opcode: ObjectWrite, OID: object.OID(oid), Offset: offset}, pattern(object.OID(oid), offset, length), nil)
 			}
-			if err == nil && response.ObjectEpoch != oid {
+			if err == nil && uint64(response.ObjectEpoch) != oid {
 				err = fmt.Errorf("call for object %d got the answer for %d", oid, response.ObjectEpoch)
 			}
 			errs <- err
@@ -532,7 +532,7 @@ func TestObjectCancelManyWrites(t *testing.T) {
 			payload := make([]byte, 512+worker%2*(64<<10))
 			for i := range 40 {
 				ctx, cancel := context.WithTimeout(t.Context(), time.Duration(i%8)*50*time.Microsecond)
-				_, _, err := client.Do(ctx, node.address, &ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate, Epoch: testEpoch, OID: uint64(worker)}, payload, nil)
+				_, _, err := client.Do(ctx, node.address, &ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate, Epoch: testEpoch, OID: object.OID(uint64(worker))}, payload, nil)
 				cancel()
 				if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 					t.Errorf("write: %v", err)
@@ -773,7 +773,7 @@ func TestObjectDirectWrite(t *testing.T) {
 	t.Cleanup(func() { near.Close(); far.Close() })
 	var addressPending atomic.Int32
 	c := newObjectClientConnection("pipe", near, &addressPending)
-	newCall := func(oid uint64) *objectCall {
+	newCall := func(oid object.OID) *objectCall {
 		call := &objectCall{payload: pattern(oid, 0, 4096), opcode: ObjectWrite, length: 4096, done: make(chan struct{}), written: make(chan struct{})}
 		id, _, err := c.register(call)
 		if err != nil {

@@ -19,7 +19,7 @@ type Proof struct {
 	cluster  Cluster
 	layouts  *layout.History
 	replicas interface {
-		Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (stamp, digest uint64, err error)
+		Stat(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) (stamp object.Epoch, digest uint64, err error)
 	}
 }
 
@@ -55,8 +55,8 @@ const surveyTimeout = 5 * time.Second
 // content digest (where the node reported one: Replicas.Stat), in
 // parallel. A node that answered "not found" is in answered without a
 // stamp; one that did not answer is in neither.
-func (p *Proof) Survey(ctx context.Context, rv *layout.Epoch, oid uint64) (stamps, digests map[string]uint64, answered func(string) bool) {
-	stamps, digests = map[string]uint64{}, map[string]uint64{}
+func (p *Proof) Survey(ctx context.Context, rv *layout.Epoch, oid object.OID) (stamps map[string]object.Epoch, digests map[string]uint64, answered func(string) bool) {
+	stamps, digests = map[string]object.Epoch{}, map[string]uint64{}
 	ok := map[string]bool{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -96,14 +96,14 @@ func (p *Proof) Survey(ctx context.Context, rv *layout.Epoch, oid uint64) (stamp
 // (paused, cut off, busy, or not yet in this epoch): that clears when
 // they answer or the epoch that drops them arrives, so it is retried,
 // never reported as data the cluster cannot serve.
-func (p *Proof) Current(oid uint64, copies int, rv *layout.Epoch, newest uint64, answered func(string) bool) error {
+func (p *Proof) Current(oid object.OID, copies int, rv *layout.Epoch, newest object.Epoch, answered func(string) bool) error {
 	epoch := rv.Number
 	if newest+1 >= epoch {
 		return nil // the common case: stamped in the previous epoch
 	}
 	from := max(newest+1, p.writableSince(oid))
 	for _, e := range p.cluster.Epochs() {
-		if e.Number < from || e.Number >= epoch {
+		if number := object.Epoch(e.Number); number < from || number >= epoch {
 			continue
 		}
 		past := p.layouts.At(e)
@@ -138,9 +138,9 @@ func (p *Proof) Current(oid uint64, copies int, rv *layout.Epoch, newest uint64,
 
 // writableSince returns the first epoch in which oid can have been
 // written: the one in which its VDI was created (0 when unknown).
-func (p *Proof) writableSince(oid uint64) uint64 {
-	if v, ok := p.cluster.VDIByID(object.VDI(oid)); ok {
-		return v.Since
+func (p *Proof) writableSince(oid object.OID) object.Epoch {
+	if v, ok := p.cluster.VDIByID(uint32(object.VDI(oid))); ok {
+		return object.Epoch(v.Since)
 	}
 	return 0
 }

@@ -24,11 +24,11 @@ func TestProveCurrentFigure4(t *testing.T) {
 	epochs := w.Epochs()
 	// An object that lives on D and E in epoch 3 and whose epoch-2
 	// replicas include one of A, B, C.
-	var oid uint64
+	var oid object.OID
 	for candidate := uint64(1); ; candidate++ {
-		r3 := g.layouts.At(epochs[2]).ReplicasOf(candidate, 2)
+		r3 := g.layouts.At(epochs[2]).ReplicasOf(object.OID(candidate), 2)
 		if (r3[0].ID == "node03" || r3[0].ID == "node04") && (r3[1].ID == "node03" || r3[1].ID == "node04") {
-			oid = candidate
+			oid = object.OID(candidate)
 			break
 		}
 		if candidate > 1<<20 {
@@ -103,7 +103,7 @@ func TestProveCurrentRetriesSilentMembers(t *testing.T) {
 	g := w.proof()
 	epochs := w.Epochs()
 	// An object whose epoch-2 replicas are node01 and node02.
-	var oid uint64
+	var oid object.OID
 	for i := uint32(0); ; i++ {
 		r := g.layouts.At(epochs[1]).ReplicasOf(object.DataOID(7, i), 2)
 		if r[0].ID != "node00" && r[1].ID != "node00" {
@@ -148,13 +148,13 @@ func TestPastPlacementIsFixedByItsEpoch(t *testing.T) {
 	epoch1 := w.Epochs()[0]
 	before := map[uint64][]string{}
 	for i := uint32(0); i < 2000; i++ {
-		before[object.DataOID(7, i)] = ids(g.layouts.At(epoch1).ReplicasOf(object.DataOID(7, i), 2))
+		before[uint64(object.DataOID(7, i))] = ids(g.layouts.At(epoch1).ReplicasOf(object.DataOID(7, i), 2))
 	}
 	w.rejoin("node03", 1<<30) // epoch 2: node03 back with 1/1024 of its weight
 	g = w.proof()             // a gateway that never cached epoch 1
 	epochs := w.Epochs()
 	for oid, want := range before {
-		if got := ids(g.layouts.At(epochs[0]).ReplicasOf(oid, 2)); !slices.Equal(got, want) {
+		if got := ids(g.layouts.At(epochs[0]).ReplicasOf(object.OID(oid), 2)); !slices.Equal(got, want) {
 			t.Fatalf("epoch 1's placement of %016x changed with the node table: %v, was %v", oid, got, want)
 		}
 	}
@@ -168,14 +168,14 @@ func TestPastPlacementIsFixedByItsEpoch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var oid uint64
+	var oid object.OID
 	var others []string
 	for i := uint32(0); oid == 0; i++ {
 		if i > 100000 {
 			t.Fatal("no object for the scenario")
 		}
 		candidate := object.DataOID(7, i)
-		real1 := before[candidate]
+		real1 := before[uint64(candidate)]
 		if real1 == nil {
 			real1 = ids(g.layouts.At(epochs[0]).ReplicasOf(candidate, 2))
 		}
@@ -188,7 +188,7 @@ func TestPastPlacementIsFixedByItsEpoch(t *testing.T) {
 				rest = append(rest, id)
 			}
 		}
-		misnamed := slices.ContainsFunc(wrong.Replicas(candidate, 2), func(id string) bool { return slices.Contains(rest, id) })
+		misnamed := slices.ContainsFunc(wrong.Replicas(uint64(candidate), 2), func(id string) bool { return slices.Contains(rest, id) })
 		epoch2 := ids(g.layouts.At(epochs[1]).ReplicasOf(candidate, 2))
 		witnessed2 := slices.ContainsFunc(epoch2, func(id string) bool { return slices.Contains(rest, id) })
 		if misnamed && witnessed2 {

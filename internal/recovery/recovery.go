@@ -68,12 +68,12 @@ type Replicas interface {
 	// Stat returns the stamp of node's copy and its content digest
 	// (store.Info.Digest), 0 when not known: a node whose herd predates
 	// digests, or a cluster below cluster.LevelCopyDigests.
-	Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (stamp, digest uint64, err error)
+	Stat(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) (stamp object.Epoch, digest uint64, err error)
 	// Fetch reads the whole copy, whatever its stamp.
-	Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte) (stamp uint64, err error)
-	Flush(ctx context.Context, node cluster.Node, epoch uint64) error
+	Fetch(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte) (stamp object.Epoch, err error)
+	Flush(ctx context.Context, node cluster.Node, epoch object.Epoch) error
 	// List returns a node's copies with their stamps.
-	List(ctx context.Context, node cluster.Node, epoch uint64) (map[uint64]uint64, error)
+	List(ctx context.Context, node cluster.Node, epoch object.Epoch) (map[object.OID]object.Epoch, error)
 }
 
 // Recovery is one node's recovery. It lists the objects of every node of
@@ -108,12 +108,12 @@ type Recovery struct {
 
 // Status is what `herd node recovery` shows for one node.
 type Status struct {
-	Epoch     uint64 `json:"epoch"`
-	State     string `json:"state"` // idle, listing, pulling, done, retrying
-	Objects   int    `json:"objects"`
-	Copied    int    `json:"copied"`
-	Remaining int    `json:"remaining"`
-	Bytes     uint64 `json:"bytes"`
+	Epoch     object.Epoch `json:"epoch"`
+	State     string       `json:"state"` // idle, listing, pulling, done, retrying
+	Objects   int          `json:"objects"`
+	Copied    int          `json:"copied"`
+	Remaining int          `json:"remaining"`
+	Bytes     uint64       `json:"bytes"`
 	// Unavailable counts objects placed here whose newest copies may be
 	// on nodes that are down: refused until one returns.
 	Unavailable int `json:"unavailable,omitempty"`
@@ -194,7 +194,7 @@ func (r *Recovery) Kick() {
 }
 
 // waitWork waits for an epoch after epoch, or for a Kick.
-func (r *Recovery) waitWork(ctx context.Context, epoch uint64) (cluster.EpochView, error) {
+func (r *Recovery) waitWork(ctx context.Context, epoch object.Epoch) (cluster.EpochView, error) {
 	wait, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -204,7 +204,7 @@ func (r *Recovery) waitWork(ctx context.Context, epoch uint64) (cluster.EpochVie
 		case <-wait.Done():
 		}
 	}()
-	view, err := r.cluster.WaitEpoch(wait, epoch)
+	view, err := r.cluster.WaitEpoch(wait, uint64(epoch))
 	if err != nil && ctx.Err() == nil {
 		return r.cluster.View(), nil // kicked
 	}
@@ -213,19 +213,19 @@ func (r *Recovery) waitWork(ctx context.Context, epoch uint64) (cluster.EpochVie
 
 // Run recovers every epoch until ctx ends.
 func (r *Recovery) Run(ctx context.Context) {
-	var epoch uint64
+	var epoch object.Epoch
 	for ctx.Err() == nil {
 		view, err := r.waitWork(ctx, epoch)
 		if err != nil {
 			return
 		}
-		epoch = view.Number
+		epoch = object.Epoch(view.Number)
 		run, cancel := context.WithCancel(ctx)
-		go func(epoch uint64) {
+		go func(epoch object.Epoch) {
 			// A newer epoch ends this run; the next one continues. (epoch
 			// is passed: the loop assigns the next one while this may
 			// not have started yet.)
-			r.cluster.WaitEpoch(run, epoch)
+			r.cluster.WaitEpoch(run, uint64(epoch))
 			cancel()
 		}(epoch)
 		for attempt := 0; run.Err() == nil; attempt++ {
@@ -289,7 +289,7 @@ const returnGrace = 5 * time.Second
 func (r *Recovery) returningFromMaintenance(rv *layout.Epoch) map[string]bool {
 	var before map[string]bool
 	for _, e := range r.cluster.Epochs() {
-		if e.Number+1 == rv.Number {
+		if object.Epoch(e.Number)+1 == rv.Number {
 			before = map[string]bool{}
 			for _, id := range e.Nodes {
 				before[id] = true
@@ -324,7 +324,7 @@ func (r *Recovery) waitHold(ctx context.Context) {
 	}
 }
 
-func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
+func (r *Recovery) recover(ctx context.Context, epoch object.Epoch) error {
 	rv, err := r.layouts.Current()
 	if errors.Is(err, layout.ErrNotFormatted) {
 		return errNotFormatted
@@ -345,10 +345,10 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 	// Every node's objects, and the newest stamp and its holders (in
 	// id order) of each.
 	type best struct {
-		stamp   uint64
+		stamp   object.Epoch
 		holders []cluster.Node
 	}
-	newest := map[uint64]best{}
+	newest := map[object.OID]best{}
 	ids := make([]string, 0, len(rv.Nodes))
 	for id := range rv.Nodes {
 		ids = append(ids, id)
@@ -377,7 +377,7 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 	}
 	// Each object's replicas are its VDI's copies of them (copiesOf).
 	copies := r.copiesOf(rv)
-	placedCopies := map[uint64]int{}
+	placedCopies := map[object.OID]int{}
 	// Objects that a node just back from a maintenance window also holds
 	// come last, after a grace: restamped here first, they would look
 	// newer than that node's unchanged copies when its own pass lists
@@ -389,8 +389,8 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 	// listing's stamps for them later is what the pass does for every
 	// object anyway.
 	returning := r.returningFromMaintenance(rv)
-	var mine []uint64
-	later := map[uint64]bool{}
+	var mine []object.OID
+	later := map[object.OID]bool{}
 	for oid := range newest {
 		n, _ := copies.of(oid) // unknown: the format's (copiesOf)
 		placedHere, shared := false, false
@@ -431,10 +431,10 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 		return &heldError{nodes: heldBy, until: heldUntil, deferred: len(mine)}
 	}
 	throttle := r.throttle.wait
-	work := make(chan uint64)
+	work := make(chan object.OID)
 	var failed error
 	var failedOnce sync.Once
-	var unavailable []uint64
+	var unavailable []object.OID
 	var mu sync.Mutex
 	var noSpace int
 	var wg sync.WaitGroup
@@ -525,7 +525,7 @@ func (r *Recovery) recover(ctx context.Context, epoch uint64) error {
 // node of the epoch for its stamp of the object and proceeds as the
 // background pass does. object.ErrNoCopy if no reachable copy is provably
 // current, object.ErrNotFound if no node holds the object.
-func (r *Recovery) RecoverObject(ctx context.Context, epoch, oid uint64) error {
+func (r *Recovery) RecoverObject(ctx context.Context, epoch object.Epoch, oid object.OID) error {
 	rv, err := r.layouts.Current()
 	if err != nil {
 		return err
@@ -538,7 +538,7 @@ func (r *Recovery) RecoverObject(ctx context.Context, epoch, oid uint64) error {
 	}
 	copies, _ := r.copiesOf(rv).of(oid)
 	stamps, digests, answered := r.proof.Survey(ctx, rv, oid)
-	var newest uint64
+	var newest object.Epoch
 	var holders []cluster.Node
 	for id, stamp := range stamps {
 		switch {
@@ -582,7 +582,7 @@ func (r *Recovery) RecoverObject(ctx context.Context, epoch, oid uint64) error {
 // if that is one with the newest content (tie), or fetches the object
 // from a holder. Under the object's exclusive lock. Reports whether it
 // copied data.
-func (r *Recovery) makeCurrent(ctx context.Context, rv *layout.Epoch, oid uint64, copies int, newest uint64, holders []cluster.Node, digests map[string]uint64, answered func(string) bool, throttle func(ctx context.Context, bytes uint64) error) (bool, error) {
+func (r *Recovery) makeCurrent(ctx context.Context, rv *layout.Epoch, oid object.OID, copies int, newest object.Epoch, holders []cluster.Node, digests map[string]uint64, answered func(string) bool, throttle func(ctx context.Context, bytes uint64) error) (bool, error) {
 	copied, err := r.makeCurrentLocked(ctx, rv, oid, copies, newest, holders, digests, answered, throttle != nil)
 	if errors.Is(err, errNeedTokens) {
 		if err := throttle(ctx, rv.Format.ObjectSize); err != nil {
@@ -597,9 +597,9 @@ func (r *Recovery) makeCurrent(ctx context.Context, rv *layout.Epoch, oid uint64
 // rate-limited.
 var errNeedTokens = errors.New("recovery: copy waits for the rate limit")
 
-func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *layout.Epoch, oid uint64, copies int, newest uint64, holders []cluster.Node, digests map[string]uint64, answered func(string) bool, throttle bool) (bool, error) {
+func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *layout.Epoch, oid object.OID, copies int, newest object.Epoch, holders []cluster.Node, digests map[string]uint64, answered func(string) bool, throttle bool) (bool, error) {
 	copied := false
-	err := r.local.Exclusive(oid, func(stamp uint64, found bool) error {
+	err := r.local.Exclusive(oid, func(stamp object.Epoch, found bool) error {
 		if found && stamp >= rv.Number {
 			return nil // written or recovered in this epoch meanwhile
 		}
@@ -697,14 +697,14 @@ func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *layout.Epoch, oid 
 
 // stayedSince returns whether a node was a member of every epoch after
 // stamp up to now. It reads the epoch history once, on first use.
-func (r *Recovery) stayedSince(stamp, now uint64) func(id string) bool {
+func (r *Recovery) stayedSince(stamp, now object.Epoch) func(id string) bool {
 	var epochs int
 	var in map[string]int // epochs of the range each node was a member of
 	return func(id string) bool {
 		if in == nil {
 			in = map[string]int{}
 			for _, e := range r.cluster.Epochs() {
-				if e.Number <= stamp || e.Number > now {
+				if number := object.Epoch(e.Number); number <= stamp || number > now {
 					continue
 				}
 				epochs++
@@ -737,7 +737,7 @@ func rankHolders(holders []cluster.Node, stayed func(string) bool) []cluster.Nod
 // ranked holders' (see "Copies with the same stamp"): keep it (restamp)
 // or fetch, from the holders that stayed members since newest, in rank
 // order. The caller holds the object's exclusive lock.
-func (r *Recovery) tie(ctx context.Context, rv *layout.Epoch, oid, newest uint64, ranked []cluster.Node, digests map[string]uint64, stayed func(string) bool) (keep bool, from []cluster.Node, err error) {
+func (r *Recovery) tie(ctx context.Context, rv *layout.Epoch, oid object.OID, newest object.Epoch, ranked []cluster.Node, digests map[string]uint64, stayed func(string) bool) (keep bool, from []cluster.Node, err error) {
 	if stayed(r.self) {
 		return true, nil, nil
 	}
@@ -785,7 +785,7 @@ func (r *Recovery) tie(ctx context.Context, rv *layout.Epoch, oid, newest uint64
 // current), made durable by a flush of that replica. Until then the copy
 // stays, so no copy is deleted before its replacement exists. Repeats,
 // backing off, until none is left or the epoch changes.
-func (r *Recovery) removeSurplus(ctx context.Context, epoch uint64) {
+func (r *Recovery) removeSurplus(ctx context.Context, epoch object.Epoch) {
 	for delay := time.Second; ctx.Err() == nil; delay = min(2*delay, 30*time.Second) {
 		left, err := r.removeSurplusOnce(ctx, epoch)
 		if errors.Is(err, layout.ErrNotFormatted) {
@@ -804,7 +804,7 @@ func (r *Recovery) removeSurplus(ctx context.Context, epoch uint64) {
 	}
 }
 
-func (r *Recovery) removeSurplusOnce(ctx context.Context, epoch uint64) (int, error) {
+func (r *Recovery) removeSurplusOnce(ctx context.Context, epoch object.Epoch) (int, error) {
 	rv, err := r.layouts.Current()
 	if err != nil {
 		return 0, err
@@ -825,10 +825,10 @@ func (r *Recovery) removeSurplusOnce(ctx context.Context, epoch uint64) (int, er
 	// of a VDI freed for good (an orphan), which nothing else deletes
 	// either; deleting it could cost data.
 	copies := r.copiesOf(rv)
-	var surplus []uint64
+	var surplus []object.OID
 	var unknown int
-	placed := map[uint64][]cluster.Node{}
-	err = r.local.List(func(oid, stamp uint64) error {
+	placed := map[object.OID][]cluster.Node{}
+	err = r.local.List(func(oid object.OID, stamp object.Epoch) error {
 		n, known := copies.of(oid)
 		if !known {
 			unknown++
@@ -852,7 +852,7 @@ func (r *Recovery) removeSurplusOnce(ctx context.Context, epoch uint64) (int, er
 		return 0, nil
 	}
 	// Which copies are replaced: every replica current in this epoch.
-	var replaced []uint64
+	var replaced []object.OID
 	flush := map[string]cluster.Node{}
 	for _, oid := range surplus {
 		targets := placed[oid]
@@ -881,8 +881,8 @@ func (r *Recovery) removeSurplusOnce(ctx context.Context, epoch uint64) (int, er
 	}
 	removed := 0
 	for _, oid := range replaced {
-		err := r.local.Exclusive(oid, func(uint64, bool) error {
-			if r.cluster.Epoch() != epoch {
+		err := r.local.Exclusive(oid, func(object.Epoch, bool) error {
+			if object.Epoch(r.cluster.Epoch()) != epoch {
 				return context.Canceled // placement may have changed
 			}
 			// Invariant: a copy the epoch places here is never surplus.
@@ -931,13 +931,13 @@ func (r *Recovery) copiesOf(rv *layout.Epoch) *vdiCopies {
 // already; one freed for good needs no copy), and the proof for it is
 // what it was before VDIs had their own copies. Surplus removal never
 // deletes such a copy (removeSurplusOnce).
-func (c *vdiCopies) of(oid uint64) (int, bool) {
+func (c *vdiCopies) of(oid object.OID) (int, bool) {
 	id := object.VDI(oid)
-	if n, ok := c.known[id]; ok {
+	if n, ok := c.known[uint32(id)]; ok {
 		return n, true
 	}
-	if n, ok := c.cluster.VDICopies(id); ok {
-		c.known[id] = n
+	if n, ok := c.cluster.VDICopies(uint32(id)); ok {
+		c.known[uint32(id)] = n
 		return n, true
 	}
 	return c.format, false

@@ -29,7 +29,7 @@ type Client struct {
 	// LocalRecover, if set, recovers this node's own copies (Served's
 	// Recover, with the node's recovery). Recovery's own client has
 	// none: it is made before recovery, and never asks for RECOVER.
-	LocalRecover func(ctx context.Context, epoch, oid uint64) error
+	LocalRecover func(ctx context.Context, epoch object.Epoch, oid object.OID) error
 }
 
 func (p *Client) do(ctx context.Context, node cluster.Node, request objproto.ObjectRequest, payload, into []byte) (objproto.ObjectResponse, []byte, error) {
@@ -45,7 +45,7 @@ func (p *Client) do(ctx context.Context, node cluster.Node, request objproto.Obj
 }
 
 // Read reads a piece of node's copy, proven current in epoch.
-func (p *Client) Read(ctx context.Context, node cluster.Node, epoch, oid uint64, buffer []byte, offset uint32) (uint64, error) {
+func (p *Client) Read(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, buffer []byte, offset uint32) (object.Epoch, error) {
 	if node.ID == p.Self {
 		return p.Local.Read(ctx, epoch, oid, buffer, offset)
 	}
@@ -53,7 +53,7 @@ func (p *Client) Read(ctx context.Context, node cluster.Node, epoch, oid uint64,
 }
 
 // read sends a READ to another node and checks the length of its answer.
-func (p *Client) read(ctx context.Context, node cluster.Node, request objproto.ObjectRequest, buffer []byte) (uint64, error) {
+func (p *Client) read(ctx context.Context, node cluster.Node, request objproto.ObjectRequest, buffer []byte) (object.Epoch, error) {
 	response, body, err := p.do(ctx, node, request, nil, buffer)
 	if err != nil {
 		return 0, err
@@ -68,7 +68,7 @@ func (p *Client) read(ctx context.Context, node cluster.Node, request objproto.O
 }
 
 // Write on node's copy (see Replica).
-func (p *Client) Write(ctx context.Context, node cluster.Node, epoch, oid uint64, data []byte, offset uint32, flags object.Flags) error {
+func (p *Client) Write(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, data []byte, offset uint32, flags object.Flags) error {
 	if node.ID == p.Self {
 		return p.Local.Write(ctx, epoch, oid, data, offset, flags)
 	}
@@ -81,7 +81,7 @@ func (p *Client) Write(ctx context.Context, node cluster.Node, epoch, oid uint64
 // goroutine write to several replicas at once. For this node's own copy it
 // returns nil: the caller writes that with Write. data must not change
 // until the returned function has returned.
-func (p *Client) StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, data *object.Payload, offset uint32, flags object.Flags) func() error {
+func (p *Client) StartWrite(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, data *object.Payload, offset uint32, flags object.Flags) func() error {
 	if node.ID == p.Self {
 		return nil
 	}
@@ -91,7 +91,7 @@ func (p *Client) StartWrite(ctx context.Context, node cluster.Node, epoch, oid u
 
 // StartFlush sends a flush to another node and returns what waits for its
 // answer (Flush's error); for this node it returns nil, as StartWrite does.
-func (p *Client) StartFlush(ctx context.Context, node cluster.Node, epoch uint64) func() error {
+func (p *Client) StartFlush(ctx context.Context, node cluster.Node, epoch object.Epoch) func() error {
 	if node.ID == p.Self {
 		return nil
 	}
@@ -124,7 +124,7 @@ func (p *Client) start(ctx context.Context, node cluster.Node, request *objproto
 }
 
 // Zero on node's copy (see Replica).
-func (p *Client) Zero(ctx context.Context, node cluster.Node, epoch, oid uint64, offset, length uint32, flags object.Flags) error {
+func (p *Client) Zero(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, offset, length uint32, flags object.Flags) error {
 	if node.ID == p.Self {
 		return p.Local.Zero(ctx, epoch, oid, offset, length, flags)
 	}
@@ -141,7 +141,7 @@ func (p *Client) Zero(ctx context.Context, node cluster.Node, epoch, oid uint64,
 }
 
 // Remove on node's copy (see Replica).
-func (p *Client) Remove(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
+func (p *Client) Remove(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error {
 	if node.ID == p.Self {
 		return p.Local.Remove(ctx, epoch, oid)
 	}
@@ -150,7 +150,7 @@ func (p *Client) Remove(ctx context.Context, node cluster.Node, epoch, oid uint6
 }
 
 // Flush on node's copy (see Replica).
-func (p *Client) Flush(ctx context.Context, node cluster.Node, epoch uint64) error {
+func (p *Client) Flush(ctx context.Context, node cluster.Node, epoch object.Epoch) error {
 	if node.ID == p.Self {
 		return p.Local.Flush(ctx, epoch)
 	}
@@ -160,7 +160,7 @@ func (p *Client) Flush(ctx context.Context, node cluster.Node, epoch uint64) err
 
 // Stat on node's copy (see Replica): its stamp and, when Digests allows
 // asking for it, its content digest (0: unknown).
-func (p *Client) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (stamp, digest uint64, err error) {
+func (p *Client) Stat(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) (stamp object.Epoch, digest uint64, err error) {
 	if node.ID == p.Self {
 		return p.Local.Stat(ctx, epoch, oid)
 	}
@@ -181,7 +181,7 @@ func (p *Client) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64)
 }
 
 // Fetch on node's copy (see Replica).
-func (p *Client) Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, buffer []byte) (uint64, error) {
+func (p *Client) Fetch(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, buffer []byte) (object.Epoch, error) {
 	if node.ID == p.Self {
 		return p.Local.Fetch(ctx, epoch, oid, buffer)
 	}
@@ -190,7 +190,7 @@ func (p *Client) Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64
 
 // FetchAt reads part of node's copy whatever its stamp (as Fetch does the
 // whole), each block checked against its checksum there.
-func (p *Client) FetchAt(ctx context.Context, node cluster.Node, epoch, oid uint64, buffer []byte, offset uint32) (uint64, error) {
+func (p *Client) FetchAt(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, buffer []byte, offset uint32) (object.Epoch, error) {
 	if node.ID == p.Self {
 		return p.Local.FetchAt(ctx, epoch, oid, buffer, offset)
 	}
@@ -198,7 +198,7 @@ func (p *Client) FetchAt(ctx context.Context, node cluster.Node, epoch, oid uint
 }
 
 // Recover on node's copy (see Served).
-func (p *Client) Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
+func (p *Client) Recover(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error {
 	if node.ID == p.Self {
 		if p.LocalRecover == nil {
 			return fmt.Errorf("%w: this client does not recover this node's own copies", object.ErrUnavailable)
@@ -210,17 +210,17 @@ func (p *Client) Recover(ctx context.Context, node cluster.Node, epoch, oid uint
 }
 
 // List returns every object copy a node holds, with its epoch stamp.
-func (p *Client) List(ctx context.Context, node cluster.Node, epoch uint64) (map[uint64]uint64, error) {
-	out := map[uint64]uint64{}
+func (p *Client) List(ctx context.Context, node cluster.Node, epoch object.Epoch) (map[object.OID]object.Epoch, error) {
+	out := map[object.OID]object.Epoch{}
 	if node.ID == p.Self {
 		if err := p.Local.Check(ctx, epoch); err != nil {
 			return nil, err
 		}
-		err := p.Local.List(func(oid, stamp uint64) error { out[oid] = stamp; return nil })
+		err := p.Local.List(func(oid object.OID, stamp object.Epoch) error { out[oid] = stamp; return nil })
 		return out, err
 	}
 	const page = 1 << 16
-	for from := uint64(0); ; {
+	for from := object.OID(0); ; {
 		_, body, err := p.do(ctx, node, objproto.ObjectRequest{Opcode: objproto.ObjectList, Epoch: epoch, OID: from, Length: page}, nil, nil)
 		if err != nil {
 			return nil, err
@@ -232,7 +232,7 @@ func (p *Client) List(ctx context.Context, node cluster.Node, epoch uint64) (map
 		for _, e := range entries {
 			out[e.OID] = e.Epoch
 		}
-		if len(entries) < page || entries[len(entries)-1].OID == ^uint64(0) {
+		if len(entries) < page || entries[len(entries)-1].OID == ^object.OID(0) {
 			return out, nil
 		}
 		from = entries[len(entries)-1].OID + 1

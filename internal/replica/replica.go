@@ -45,20 +45,20 @@ import (
 
 // ObjectStore is the local store as the replica side uses it.
 type ObjectStore interface {
-	List(fn func(oid, stamp uint64) error) error
-	Read(oid uint64, p []byte, offset uint32) (stamp uint64, err error)
-	Write(oid uint64, p []byte, offset uint32, epoch uint64, flags object.Flags) error
-	Zero(oid uint64, offset, length uint32, epoch uint64, flags object.Flags) error
-	Remove(oid uint64) error
+	List(fn func(oid object.OID, stamp object.Epoch) error) error
+	Read(oid object.OID, p []byte, offset uint32) (stamp object.Epoch, err error)
+	Write(oid object.OID, p []byte, offset uint32, epoch object.Epoch, flags object.Flags) error
+	Zero(oid object.OID, offset, length uint32, epoch object.Epoch, flags object.Flags) error
+	Remove(oid object.OID) error
 	// Stat returns the copy's stamp and content digest (store.Info.Digest;
 	// 0: unknown).
-	Stat(oid uint64) (stamp, digest uint64, err error)
-	Epoch(oid uint64) (stamp uint64, err error) // Stat without the file size: cheap
-	SetEpoch(oid, epoch uint64) error
+	Stat(oid object.OID) (stamp object.Epoch, digest uint64, err error)
+	Epoch(oid object.OID) (stamp object.Epoch, err error) // Stat without the file size: cheap
+	SetEpoch(oid object.OID, epoch object.Epoch) error
 	// Replace installs a whole copy stamped epoch at once: until then the
 	// previous copy (or none) is what the store holds, so a copy cut
 	// short never exists and a stamp never goes back.
-	Replace(oid uint64, data []byte, epoch uint64) error
+	Replace(oid object.OID, data []byte, epoch object.Epoch) error
 	Flush() error
 }
 
@@ -99,15 +99,15 @@ type Replica struct {
 	locks [1024]waitlock.RWLock
 }
 
-func (r *Replica) lock(oid uint64) *waitlock.RWLock {
-	return &r.locks[(oid^oid>>32)%uint64(len(r.locks))]
+func (r *Replica) lock(oid object.OID) *waitlock.RWLock {
+	return &r.locks[uint64(oid^oid>>32)%uint64(len(r.locks))]
 }
 
 // Exclusive runs fn with the object's exclusive lock held and its copy's
 // stamp (found false when this node has no copy): no write to the object
 // on this node interleaves with a recovery of it. A damaged copy is
 // removed first and reported as missing.
-func (r *Replica) Exclusive(oid uint64, fn func(stamp uint64, found bool) error) error {
+func (r *Replica) Exclusive(oid object.OID, fn func(stamp object.Epoch, found bool) error) error {
 	l := r.lock(oid)
 	l.Lock()
 	defer l.Unlock()
@@ -141,7 +141,7 @@ func (r *Replica) Exclusive(oid uint64, fn func(stamp uint64, found bool) error)
 // So it is refused as from a stale epoch, naming the copy's stamp as the
 // epoch to catch up to: the requester waits for a newer epoch and
 // retries there, as after any STALE_EPOCH.
-func (r *Replica) fence(oid, epoch uint64) error {
+func (r *Replica) fence(oid object.OID, epoch object.Epoch) error {
 	stamp, err := r.store.Epoch(oid)
 	if err != nil {
 		return err
@@ -154,7 +154,7 @@ func (r *Replica) fence(oid, epoch uint64) error {
 
 // behind refuses a request in epoch to a copy stamped in a later epoch
 // (see fence) with a *object.StaleEpochError naming the stamp.
-func behind(oid, stamp, epoch uint64) error {
+func behind(oid object.OID, stamp, epoch object.Epoch) error {
 	if stamp > epoch {
 		return fmt.Errorf("object %016x on this node is stamped with epoch %d, after the request's %d: %w", oid, stamp, epoch, &object.StaleEpochError{Current: stamp})
 	}
@@ -173,12 +173,12 @@ type Served struct {
 	*Replica
 	// Recoverer makes this node's copy of oid current in epoch
 	// (recovery.Recovery.RecoverObject).
-	Recoverer func(ctx context.Context, epoch, oid uint64) error
+	Recoverer func(ctx context.Context, epoch object.Epoch, oid object.OID) error
 }
 
 // Recover makes this node's copy of oid current in epoch, once the
 // request's epoch is admitted.
-func (s Served) Recover(ctx context.Context, epoch, oid uint64) error {
+func (s Served) Recover(ctx context.Context, epoch object.Epoch, oid object.OID) error {
 	if err := s.Check(ctx, epoch); err != nil {
 		return err
 	}
@@ -186,7 +186,9 @@ func (s Served) Recover(ctx context.Context, epoch, oid uint64) error {
 }
 
 // List calls fn for every object copy on this node with its epoch stamp.
-func (r *Replica) List(fn func(oid, stamp uint64) error) error { return r.store.List(fn) }
+func (r *Replica) List(fn func(oid object.OID, stamp object.Epoch) error) error {
+	return r.store.List(fn)
+}
 
 // New returns the replica side of this node.
 func New(c EpochSource, store ObjectStore) *Replica {
@@ -194,24 +196,24 @@ func New(c EpochSource, store ObjectStore) *Replica {
 }
 
 // Check admits a request stamped with epoch.
-func (r *Replica) Check(ctx context.Context, epoch uint64) error {
+func (r *Replica) Check(ctx context.Context, epoch object.Epoch) error {
 	if !r.cluster.LeaseValidMonotonic() {
 		if err := r.cluster.WaitLease(ctx); err != nil {
 			return fmt.Errorf("%w: %v", object.ErrUnavailable, err)
 		}
 	}
-	current := r.cluster.Epoch()
+	current := object.Epoch(r.cluster.Epoch())
 	if epoch == current {
 		return nil
 	}
 	if epoch > current {
 		wait, cancel := context.WithTimeout(ctx, r.catchUp)
 		defer cancel()
-		view, _ := r.cluster.WaitEpoch(wait, epoch-1)
-		if view.Number == epoch {
+		view, _ := r.cluster.WaitEpoch(wait, uint64(epoch-1))
+		if object.Epoch(view.Number) == epoch {
 			return nil
 		}
-		current = view.Number
+		current = object.Epoch(view.Number)
 	}
 	return &object.StaleEpochError{Current: current}
 }
@@ -220,18 +222,18 @@ func (r *Replica) Check(ctx context.Context, epoch uint64) error {
 // lease still holds and the node still applies epoch. A node paused
 // between its check and its read (SIGSTOP, a frozen host) may have been
 // dropped from the epoch meanwhile, and its copy overwritten elsewhere.
-func (r *Replica) stillServing(epoch uint64) error {
+func (r *Replica) stillServing(epoch object.Epoch) error {
 	if !r.cluster.LeaseValid() {
 		return fmt.Errorf("%w: this node's lease ran out while it read", object.ErrUnavailable)
 	}
-	if current := r.cluster.Epoch(); current != epoch {
+	if current := object.Epoch(r.cluster.Epoch()); current != epoch {
 		return &object.StaleEpochError{Current: current}
 	}
 	return nil
 }
 
 // Read serves a read of this node's copy.
-func (r *Replica) Read(ctx context.Context, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
+func (r *Replica) Read(ctx context.Context, epoch object.Epoch, oid object.OID, p []byte, offset uint32) (object.Epoch, error) {
 	if err := r.Check(ctx, epoch); err != nil {
 		return 0, err
 	}
@@ -257,7 +259,7 @@ func (r *Replica) Read(ctx context.Context, epoch, oid uint64, p []byte, offset 
 // served in epoch left the copy stamped at least epoch (a later change
 // may have stamped it higher meanwhile, or a remove deleted it: changes
 // share the object's lock).
-func (r *Replica) checkStamped(op string, oid, epoch uint64) {
+func (r *Replica) checkStamped(op string, oid object.OID, epoch object.Epoch) {
 	if !invariants.Enabled {
 		return
 	}
@@ -268,17 +270,17 @@ func (r *Replica) checkStamped(op string, oid, epoch uint64) {
 
 // Fetch reads the whole copy whatever its stamp: recovery reading a
 // source it proved current, and checks.
-func (r *Replica) Fetch(ctx context.Context, epoch, oid uint64, p []byte) (uint64, error) {
+func (r *Replica) Fetch(ctx context.Context, epoch object.Epoch, oid object.OID, p []byte) (object.Epoch, error) {
 	return r.readAny(ctx, epoch, oid, p, 0)
 }
 
 // FetchAt reads part of the copy whatever its stamp (checks reading a
 // damaged copy block by block).
-func (r *Replica) FetchAt(ctx context.Context, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
+func (r *Replica) FetchAt(ctx context.Context, epoch object.Epoch, oid object.OID, p []byte, offset uint32) (object.Epoch, error) {
 	return r.readAny(ctx, epoch, oid, p, offset)
 }
 
-func (r *Replica) readAny(ctx context.Context, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
+func (r *Replica) readAny(ctx context.Context, epoch object.Epoch, oid object.OID, p []byte, offset uint32) (object.Epoch, error) {
 	if err := r.Check(ctx, epoch); err != nil {
 		return 0, err
 	}
@@ -291,18 +293,18 @@ func (r *Replica) readAny(ctx context.Context, epoch, oid uint64, p []byte, offs
 
 // checkChange admits a change (write, zero) in epoch: Check, and the
 // epoch is active.
-func (r *Replica) checkChange(ctx context.Context, epoch uint64) error {
+func (r *Replica) checkChange(ctx context.Context, epoch object.Epoch) error {
 	if err := r.Check(ctx, epoch); err != nil {
 		return err
 	}
-	if err := r.cluster.WaitActive(ctx, epoch); err != nil {
+	if err := r.cluster.WaitActive(ctx, uint64(epoch)); err != nil {
 		return fmt.Errorf("%w: %v", object.ErrUnavailable, err)
 	}
 	return nil
 }
 
 // Write serves a write to this node's copy.
-func (r *Replica) Write(ctx context.Context, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error {
+func (r *Replica) Write(ctx context.Context, epoch object.Epoch, oid object.OID, p []byte, offset uint32, flags object.Flags) error {
 	if err := r.checkChange(ctx, epoch); err != nil {
 		return err
 	}
@@ -320,7 +322,7 @@ func (r *Replica) Write(ctx context.Context, epoch, oid uint64, p []byte, offset
 }
 
 // Zero serves TRIM and WRITE_ZEROES.
-func (r *Replica) Zero(ctx context.Context, epoch, oid uint64, offset, length uint32, flags object.Flags) error {
+func (r *Replica) Zero(ctx context.Context, epoch object.Epoch, oid object.OID, offset, length uint32, flags object.Flags) error {
 	if err := r.checkChange(ctx, epoch); err != nil {
 		return err
 	}
@@ -338,7 +340,7 @@ func (r *Replica) Zero(ctx context.Context, epoch, oid uint64, offset, length ui
 }
 
 // Remove deletes this node's copy.
-func (r *Replica) Remove(ctx context.Context, epoch, oid uint64) error {
+func (r *Replica) Remove(ctx context.Context, epoch object.Epoch, oid object.OID) error {
 	if err := r.Check(ctx, epoch); err != nil {
 		return err
 	}
@@ -356,7 +358,7 @@ func (r *Replica) Remove(ctx context.Context, epoch, oid uint64) error {
 
 // Stat returns the epoch stamp of this node's copy, proven current or
 // not, and its content digest (0: unknown).
-func (r *Replica) Stat(ctx context.Context, epoch, oid uint64) (stamp, digest uint64, err error) {
+func (r *Replica) Stat(ctx context.Context, epoch object.Epoch, oid object.OID) (stamp object.Epoch, digest uint64, err error) {
 	if err := r.Check(ctx, epoch); err != nil {
 		return 0, 0, err
 	}
@@ -368,7 +370,7 @@ func (r *Replica) Stat(ctx context.Context, epoch, oid uint64) (stamp, digest ui
 }
 
 // Flush makes every write this node acknowledged durable.
-func (r *Replica) Flush(ctx context.Context, epoch uint64) error {
+func (r *Replica) Flush(ctx context.Context, epoch object.Epoch) error {
 	if err := r.Check(ctx, epoch); err != nil {
 		return err
 	}

@@ -162,8 +162,8 @@ func TestServedRoutesRecoverToRecovery(t *testing.T) {
 	ctx := context.Background()
 	oid := object.DataOID(1, 0)
 	var recovered []uint64
-	served := Served{Replica: r, Recoverer: func(ctx context.Context, epoch, oid uint64) error {
-		recovered = append(recovered, epoch)
+	served := Served{Replica: r, Recoverer: func(ctx context.Context, epoch object.Epoch, oid object.OID) error {
+		recovered = append(recovered, uint64(epoch))
 		return nil
 	}}
 	request := &objproto.ObjectRequest{Opcode: objproto.ObjectRecover, Epoch: 5, OID: oid}

@@ -16,15 +16,15 @@ func (s Served) ServeObject(ctx context.Context, request *objproto.ObjectRequest
 		return s.Replica.ServeObject(ctx, request, payload)
 	}
 	if err := s.Recover(ctx, request.Epoch, request.OID); err != nil {
-		return objproto.ObjectErrorResponse(s.cluster.Epoch(), err)
+		return objproto.ObjectErrorResponse(object.Epoch(s.cluster.Epoch()), err)
 	}
-	return objproto.ObjectResponse{Epoch: s.cluster.Epoch()}, nil
+	return objproto.ObjectResponse{Epoch: object.Epoch(s.cluster.Epoch())}, nil
 }
 
 // ServeObject implements objproto.ObjectHandler for everything but RECOVER
 // (Served's).
 func (r *Replica) ServeObject(ctx context.Context, request *objproto.ObjectRequest, payload []byte) (objproto.ObjectResponse, []byte) {
-	epoch := r.cluster.Epoch()
+	epoch := object.Epoch(r.cluster.Epoch())
 	fail := func(err error) (objproto.ObjectResponse, []byte) { return objproto.ObjectErrorResponse(epoch, err) }
 	// The change flags only (the protocol's validation left no others
 	// on a change).
@@ -80,7 +80,7 @@ func (r *Replica) ServeObject(ctx context.Context, request *objproto.ObjectReque
 			return fail(err)
 		}
 		var entries []objproto.ObjectListEntry
-		err := r.List(func(oid, stamp uint64) error {
+		err := r.List(func(oid object.OID, stamp object.Epoch) error {
 			if oid >= request.OID {
 				entries = append(entries, objproto.ObjectListEntry{OID: oid, Epoch: stamp})
 			}

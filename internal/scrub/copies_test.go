@@ -49,9 +49,9 @@ func (e *oneEpoch) Node(id string) (cluster.Node, bool) {
 }
 
 // copiesHeld are every node's copies, all stamped with the epoch.
-type copiesHeld map[string]map[uint64][]byte
+type copiesHeld map[string]map[object.OID][]byte
 
-func (c copiesHeld) Read(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
+func (c copiesHeld) Read(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32) (object.Epoch, error) {
 	data, ok := c[node.ID][oid]
 	if !ok {
 		return 0, fmt.Errorf("node %s: object %016x: %w", node.ID, oid, object.ErrNotFound)
@@ -60,7 +60,7 @@ func (c copiesHeld) Read(ctx context.Context, node cluster.Node, epoch, oid uint
 	return scrubEpoch, nil
 }
 
-func (c copiesHeld) Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte) (uint64, error) {
+func (c copiesHeld) Fetch(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte) (object.Epoch, error) {
 	return c.Read(ctx, node, epoch, oid, p, 0)
 }
 
@@ -85,7 +85,7 @@ func TestDeepScrubComparesTheVDIsCopies(t *testing.T) {
 	// are among (or hold) its VDI's, so that only the count differs.
 	pick := func(vdi uint32) uint64 {
 		for index := uint32(0); index < 1<<16; index++ {
-			oid := object.DataOID(vdi, index)
+			oid := object.DataOID(object.VDIID(vdi), index)
 			own, format := ids(rv.ReplicasOf(oid, vdiCopies[vdi])), ids(rv.ReplicasOf(oid, 3))
 			if own[0] != self || format[0] != self {
 				continue
@@ -95,7 +95,7 @@ func TestDeepScrubComparesTheVDIsCopies(t *testing.T) {
 				small, large = large, small
 			}
 			if !slices.ContainsFunc(small, func(id string) bool { return !slices.Contains(large, id) }) {
-				return oid
+				return uint64(oid)
 			}
 		}
 		t.Fatalf("no object of vdi %d placed first on %s", vdi, self)
@@ -103,39 +103,39 @@ func TestDeepScrubComparesTheVDIsCopies(t *testing.T) {
 	}
 	four, two := pick(1), pick(2)
 	held := copiesHeld{}
-	put := func(node string, oid uint64, data []byte) {
+	put := func(node string, oid object.OID, data []byte) {
 		if held[node] == nil {
-			held[node] = map[uint64][]byte{}
+			held[node] = map[object.OID][]byte{}
 		}
 		held[node][oid] = data
 	}
 	same := bytes.Repeat([]byte{0xab}, size)
-	replicasOfFour := ids(rv.ReplicasOf(four, 4))
+	replicasOfFour := ids(rv.ReplicasOf(object.OID(four), 4))
 	for _, node := range replicasOfFour[:3] {
-		put(node, four, same)
+		put(node, object.OID(four), same)
 	}
-	put(replicasOfFour[3], four, bytes.Repeat([]byte{0xcd}, size)) // the fourth copy differs
-	for _, node := range ids(rv.ReplicasOf(two, 2)) {
-		put(node, two, same)
+	put(replicasOfFour[3], object.OID(four), bytes.Repeat([]byte{0xcd}, size)) // the fourth copy differs
+	for _, node := range ids(rv.ReplicasOf(object.OID(two), 2)) {
+		put(node, object.OID(two), same)
 	}
 	unknown := object.DataOID(3, 0)
 	put(self, unknown, same)
 
 	sc := New(nil, held, layouts, self, Options{
-		ObjectSize: func(uint64) (uint64, error) { return size, nil },
-		Copies: func(oid uint64) (int, bool) {
-			n, ok := vdiCopies[object.VDI(oid)]
+		ObjectSize: func(object.OID) (uint64, error) { return size, nil },
+		Copies: func(oid object.OID) (int, bool) {
+			n, ok := vdiCopies[uint32(object.VDI(oid))]
 			return n, ok
 		},
 	})
 	ctx := context.Background()
-	if err := sc.compare(ctx, four, scrubEpoch); err != nil {
+	if err := sc.compare(ctx, object.OID(four), scrubEpoch); err != nil {
 		t.Fatalf("comparing the copies of a VDI of 4: %v", err)
 	}
 	if st := sc.Status(); st.Mismatched != 1 {
 		t.Fatalf("the fourth copy of a VDI of 4 copies differs: %d mismatched, want 1 (replicas %v)", st.Mismatched, replicasOfFour)
 	}
-	if err := sc.compare(ctx, two, scrubEpoch); err != nil {
+	if err := sc.compare(ctx, object.OID(two), scrubEpoch); err != nil {
 		t.Fatalf("comparing the copies of a VDI of 2: %v", err)
 	}
 	if err := sc.compare(ctx, unknown, scrubEpoch); err != nil {

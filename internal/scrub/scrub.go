@@ -61,17 +61,17 @@ const deepEveryDefault = 4
 
 // Store is the node's object store as the scrub uses it.
 type Store interface {
-	List(fn func(oid uint64, info store.Info) error) error
-	Read(oid uint64, p []byte, offset uint32) (store.Info, error)
-	Repair(oid uint64, p []byte, offset uint32) (int, error)
-	Stat(oid uint64) (store.Info, error)
-	Upgrade(oid uint64) (bool, error)
+	List(fn func(oid object.OID, info store.Info) error) error
+	Read(oid object.OID, p []byte, offset uint32) (store.Info, error)
+	Repair(oid object.OID, p []byte, offset uint32) (int, error)
+	Stat(oid object.OID) (store.Info, error)
+	Upgrade(oid object.OID) (bool, error)
 }
 
 // Replicas reads other nodes' copies (replica.Client).
 type Replicas interface {
-	Read(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32) (uint64, error)
-	Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte) (uint64, error)
+	Read(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32) (object.Epoch, error)
+	Fetch(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte) (object.Epoch, error)
 }
 
 // Options configure New.
@@ -85,16 +85,16 @@ type Options struct {
 	StatePath string
 	// Exclusive runs fn with the replica's exclusive lock on oid
 	// (replica.Replica.Exclusive).
-	Exclusive func(oid uint64, fn func() error) error
+	Exclusive func(oid object.OID, fn func() error) error
 	// DeepEvery makes every DeepEvery-th pass deep (default 4).
 	DeepEvery int
 	// ObjectSize is the size of oid's VDI's objects (deep passes compare
 	// whole objects); nil disables deep passes.
-	ObjectSize func(oid uint64) (uint64, error)
+	ObjectSize func(oid object.OID) (uint64, error)
 	// Copies is the number of copies of oid's VDI, false when the VDI is
 	// unknown (cluster.State.CopiesOf); an object's replicas are its
 	// VDI's copies of it. nil: every VDI has the format's copies.
-	Copies func(oid uint64) (int, bool)
+	Copies func(oid object.OID) (int, bool)
 	Logger *slog.Logger
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
@@ -299,8 +299,8 @@ func (sc *Scrubber) Run(ctx context.Context) {
 
 // pass reads every copy once.
 func (sc *Scrubber) pass(ctx context.Context) error {
-	var oids []uint64
-	if err := sc.store.List(func(oid uint64, info store.Info) error {
+	var oids []object.OID
+	if err := sc.store.List(func(oid object.OID, info store.Info) error {
 		if !info.Damaged {
 			oids = append(oids, oid)
 		}
@@ -356,7 +356,7 @@ func (sc *Scrubber) waitResumed(ctx context.Context) error {
 }
 
 // object scrubs one copy.
-func (sc *Scrubber) object(ctx context.Context, oid uint64, buffer []byte) error {
+func (sc *Scrubber) object(ctx context.Context, oid object.OID, buffer []byte) error {
 	upgraded, err := sc.upgrade(oid)
 	if err != nil {
 		return err
@@ -410,7 +410,7 @@ func (sc *Scrubber) object(ctx context.Context, oid uint64, buffer []byte) error
 
 // compare reads every replica of oid, when this node is its first in
 // the current placement, and reports copies that differ under one stamp.
-func (sc *Scrubber) compare(ctx context.Context, oid, stamp uint64) error {
+func (sc *Scrubber) compare(ctx context.Context, oid object.OID, stamp object.Epoch) error {
 	rv, err := sc.layouts.Current()
 	if err != nil || rv.Format.Copies == 0 || stamp != rv.Number {
 		return err // not current: recovery's business first
@@ -467,7 +467,7 @@ func (sc *Scrubber) compare(ctx context.Context, oid, stamp uint64) error {
 
 // copies is the number of copies of oid's VDI, and whether the VDI is
 // known (Options.Copies); the format's when it is not.
-func (sc *Scrubber) copies(rv *layout.Epoch, oid uint64) (int, bool) {
+func (sc *Scrubber) copies(rv *layout.Epoch, oid object.OID) (int, bool) {
 	if sc.options.Copies == nil {
 		return rv.Format.Copies, true
 	}
@@ -478,7 +478,7 @@ func (sc *Scrubber) copies(rv *layout.Epoch, oid uint64) (int, bool) {
 }
 
 // upgrade gives a copy written before checksums its checksums.
-func (sc *Scrubber) upgrade(oid uint64) (bool, error) {
+func (sc *Scrubber) upgrade(oid object.OID) (bool, error) {
 	if sc.options.Exclusive == nil {
 		return sc.store.Upgrade(oid)
 	}
@@ -492,7 +492,7 @@ func (sc *Scrubber) upgrade(oid uint64) (bool, error) {
 }
 
 // repair rewrites the bad blocks of a chunk from another current replica.
-func (sc *Scrubber) repair(ctx context.Context, oid, stamp uint64, chunk []byte, offset uint32) error {
+func (sc *Scrubber) repair(ctx context.Context, oid object.OID, stamp object.Epoch, chunk []byte, offset uint32) error {
 	rv, err := sc.layouts.Current()
 	if err != nil {
 		return err

@@ -329,11 +329,11 @@ func Run(ctx context.Context, o Options) error {
 		Interval:  o.ScrubInterval,
 		MaxRate:   o.ScrubMaxRate,
 		StatePath: filepath.Join(o.DataDir, "scrub.json"),
-		Exclusive: func(oid uint64, fn func() error) error {
-			return replicaSide.Exclusive(oid, func(uint64, bool) error { return fn() })
+		Exclusive: func(oid object.OID, fn func() error) error {
+			return replicaSide.Exclusive(oid, func(object.Epoch, bool) error { return fn() })
 		},
 		ObjectSize: gw.ObjectSize,
-		Copies:     func(oid uint64) (int, bool) { return c.VDICopies(object.VDI(oid)) },
+		Copies:     func(oid object.OID) (int, bool) { return c.VDICopies(uint32(object.VDI(oid))) },
 		DeepEvery:  o.ScrubDeepEvery,
 		Logger:     logger,
 	})
@@ -533,7 +533,7 @@ func (d dataPath) Space(ctx context.Context) (map[uint32]maintenance.Space, erro
 // space left there.
 func (d dataPath) Usage() (api.Usage, error) {
 	var u api.Usage
-	err := d.store.List(func(oid uint64, _ store.Info) error {
+	err := d.store.List(func(oid object.OID, _ store.Info) error {
 		info, err := d.store.Stat(oid)
 		if err != nil {
 			return nil // removed meanwhile

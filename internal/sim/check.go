@@ -78,7 +78,7 @@ func (w *World) checkAcknowledged() []string {
 				}
 				mapped[index] = true // ownerOf read the owner's entry
 			}
-			oid := object.DataOID(owner, index)
+			oid := object.DataOID(object.VDIID(owner), index)
 			var seen []string
 			found := false
 			for _, n := range w.nodes {
@@ -103,7 +103,7 @@ func (w *World) checkAcknowledged() []string {
 			if mapped[index] {
 				continue
 			}
-			mapOID := object.MapOID(c.vdiID, uint32(uint64(index)/perMap))
+			mapOID := object.MapOID(object.VDIID(c.vdiID), uint32(uint64(index)/perMap))
 			for _, n := range w.nodes {
 				if _, err := n.proc.store.Read(mapOID, entry, uint32(uint64(index)%perMap*4)); err == nil && binary.BigEndian.Uint32(entry) == c.vdiID {
 					mapped[index] = true
@@ -148,7 +148,7 @@ func (w *World) checkStamps() []string {
 
 // objects returns every object the clients' VDIs can have (those that
 // exist: a VDI created after the upgrade once it is).
-func (w *World) objects() []uint64 {
+func (w *World) objects() []object.OID {
 	if w.oids == nil {
 		count := w.cfg.VDISize / w.cfg.ObjectSize
 		perMap := w.cfg.ObjectSize / 4
@@ -158,10 +158,10 @@ func (w *World) objects() []uint64 {
 			}
 			for _, id := range w.chainOf(c) {
 				for i := uint64(0); i < count; i++ {
-					w.oids = append(w.oids, object.DataOID(id, uint32(i)))
+					w.oids = append(w.oids, object.DataOID(object.VDIID(id), uint32(i)))
 				}
 				for k := uint64(0); k*perMap < count; k++ {
-					w.oids = append(w.oids, object.MapOID(id, uint32(k)))
+					w.oids = append(w.oids, object.MapOID(object.VDIID(id), uint32(k)))
 				}
 			}
 		}
@@ -186,11 +186,11 @@ func (w *World) converged() (problems []string) {
 	p := w.nodes[0].proc
 	type holder struct {
 		node  int
-		stamp uint64
+		stamp object.Epoch
 	}
-	holders := map[uint64][]holder{}
+	holders := map[object.OID][]holder{}
 	for _, n := range w.nodes {
-		err := n.proc.store.List(func(oid uint64, info store.Info) error {
+		err := n.proc.store.List(func(oid object.OID, info store.Info) error {
 			holders[oid] = append(holders[oid], holder{node: n.index, stamp: info.Epoch})
 			return nil
 		})
@@ -198,13 +198,13 @@ func (w *World) converged() (problems []string) {
 			return []string{fmt.Sprintf("%s: listing its store: %v", n.id, err)}
 		}
 	}
-	oids := make([]uint64, 0, len(holders))
+	oids := make([]object.OID, 0, len(holders))
 	for oid := range holders {
 		oids = append(oids, oid)
 	}
 	sort.Slice(oids, func(i, j int) bool { return oids[i] < oids[j] })
 	for _, oid := range oids {
-		copies, ok := w.log.VDICopies(object.VDI(oid))
+		copies, ok := w.log.VDICopies(uint32(object.VDI(oid)))
 		if !ok {
 			problems = append(problems, fmt.Sprintf("object %016x: its vdi %d is not in the log", oid, object.VDI(oid)))
 			continue
@@ -261,13 +261,13 @@ func (w *World) converged() (problems []string) {
 // object differ and the writes each holds there, with what the client's
 // model says of them; allowed says whether each copy holds, in every such
 // block, a write a read may return.
-func (w *World) describeDifference(oid uint64, a, b []byte) (detail string, allowed bool) {
+func (w *World) describeDifference(oid object.OID, a, b []byte) (detail string, allowed bool) {
 	if object.Type(oid) != object.TypeData {
 		return "", false
 	}
 	var c *client
 	for _, x := range w.clients {
-		if slices.Contains(w.chainOf(x), object.VDI(oid)) {
+		if slices.Contains(w.chainOf(x), uint32(object.VDI(oid))) {
 			c = x
 		}
 	}

@@ -143,7 +143,7 @@ func (w *World) ownerOf(chain []uint32, index uint32) uint32 {
 	entry := make([]byte, 4)
 	perMap := w.cfg.ObjectSize / 4
 	for _, id := range chain {
-		mapOID := object.MapOID(id, uint32(uint64(index)/perMap))
+		mapOID := object.MapOID(object.VDIID(id), uint32(uint64(index)/perMap))
 		for _, n := range w.nodes {
 			if _, err := n.proc.store.Read(mapOID, entry, uint32(uint64(index)%perMap*4)); err == nil && binary.BigEndian.Uint32(entry) == id {
 				return id

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing/synctest"
 	"time"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // Bounds of the phase after the faults, in fake time. Past them the run
@@ -29,7 +31,7 @@ type Result struct {
 	Config   Config
 	Steps    int
 	FakeTime time.Duration
-	Epoch    uint64         // the final epoch
+	Epoch    object.Epoch   // the final epoch
 	Faults   map[string]int // events applied, by kind
 	Ops      int64          // client operations (reads, writes, flushes)
 	Reads    int64
@@ -175,7 +177,7 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 		w.readers = append(w.readers, newReader(w, i))
 	}
 	defer func() {
-		r.Steps, r.FakeTime, r.Epoch, r.Faults = step, w.elapsed(), w.log.Epoch(), w.counts
+		r.Steps, r.FakeTime, r.Epoch, r.Faults = step, w.elapsed(), object.Epoch(w.log.Epoch()), w.counts
 		r.Finalized, r.FinalizeRefused = w.finalized, w.refused
 		w.layerResult(&r)
 		for _, c := range w.clients {

@@ -57,7 +57,7 @@ type fate struct {
 	delayRequest, delayAnswer time.Duration
 }
 
-func (w *World) fate(from, to, op string, oid uint64, offset uint32, epoch uint64) fate {
+func (w *World) fate(from, to, op string, oid object.OID, offset uint32, epoch object.Epoch) fate {
 	w.mu.Lock()
 	drop, delay := w.dropPerMille, w.delayMax
 	w.mu.Unlock()
@@ -130,13 +130,13 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 // call sends one request to node and runs handler on its replica side.
-func (t *transport) call(ctx context.Context, node cluster.Node, op string, oid uint64, offset uint32, epoch uint64, handler func(ctx context.Context, r *replica.Replica) error) error {
+func (t *transport) call(ctx context.Context, node cluster.Node, op string, oid object.OID, offset uint32, epoch object.Epoch, handler func(ctx context.Context, r *replica.Replica) error) error {
 	return t.callServed(ctx, node, op, oid, offset, epoch, func(ctx context.Context, s replica.Served) error { return handler(ctx, s.Replica) })
 }
 
 // callServed is call with the node's whole side of the object protocol:
 // its replica and its recovery (RECOVER).
-func (t *transport) callServed(ctx context.Context, node cluster.Node, op string, oid uint64, offset uint32, epoch uint64, handler func(ctx context.Context, s replica.Served) error) error {
+func (t *transport) callServed(ctx context.Context, node cluster.Node, op string, oid object.OID, offset uint32, epoch object.Epoch, handler func(ctx context.Context, s replica.Served) error) error {
 	w := t.w
 	to := w.index(node.ID)
 	if to < 0 {
@@ -222,8 +222,8 @@ func (w *World) index(id string) int {
 // Read implements gateway.Replicas. The target reads into a buffer of
 // its own, copied to p only when the answer arrives (as the peer
 // client does), so a request its caller gave up on never writes into p.
-func (t *transport) Read(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
-	var stamp uint64
+func (t *transport) Read(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32) (object.Epoch, error) {
+	var stamp object.Epoch
 	buffer := make([]byte, len(p))
 	err := t.call(ctx, node, "read", oid, offset, epoch, func(ctx context.Context, r *replica.Replica) error {
 		var err error
@@ -239,7 +239,7 @@ func (t *transport) Read(ctx context.Context, node cluster.Node, epoch, oid uint
 
 // Write implements gateway.Replicas. The payload is copied, as it is
 // when it is sent: the caller may reuse p once it returns.
-func (t *transport) Write(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32, flags object.Flags) error {
+func (t *transport) Write(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32, flags object.Flags) error {
 	data := bytes.Clone(p)
 	return t.call(ctx, node, "write", oid, offset, epoch, func(ctx context.Context, r *replica.Replica) error {
 		return r.Write(ctx, epoch, oid, data, offset, flags)
@@ -249,7 +249,7 @@ func (t *transport) Write(ctx context.Context, node cluster.Node, epoch, oid uin
 // StartWrite implements gateway.Starter, as the peer client does:
 // a write to another node is on its way when it returns; this node's
 // own copy is left to Write.
-func (t *transport) StartWrite(ctx context.Context, node cluster.Node, epoch, oid uint64, p *object.Payload, offset uint32, flags object.Flags) func() error {
+func (t *transport) StartWrite(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p *object.Payload, offset uint32, flags object.Flags) func() error {
 	if t.w.index(node.ID) == t.from.node.index {
 		return nil
 	}
@@ -263,7 +263,7 @@ func (t *transport) StartWrite(ctx context.Context, node cluster.Node, epoch, oi
 }
 
 // StartFlush implements gateway.Starter, as StartWrite does.
-func (t *transport) StartFlush(ctx context.Context, node cluster.Node, epoch uint64) func() error {
+func (t *transport) StartFlush(ctx context.Context, node cluster.Node, epoch object.Epoch) func() error {
 	if t.w.index(node.ID) == t.from.node.index {
 		return nil
 	}
@@ -273,21 +273,21 @@ func (t *transport) StartFlush(ctx context.Context, node cluster.Node, epoch uin
 }
 
 // Zero implements gateway.Replicas.
-func (t *transport) Zero(ctx context.Context, node cluster.Node, epoch, oid uint64, offset, length uint32, flags object.Flags) error {
+func (t *transport) Zero(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, offset, length uint32, flags object.Flags) error {
 	return t.call(ctx, node, "zero", oid, offset, epoch, func(ctx context.Context, r *replica.Replica) error {
 		return r.Zero(ctx, epoch, oid, offset, length, flags)
 	})
 }
 
 // Remove implements gateway.Replicas.
-func (t *transport) Remove(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
+func (t *transport) Remove(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error {
 	return t.call(ctx, node, "remove", oid, 0, epoch, func(ctx context.Context, r *replica.Replica) error {
 		return r.Remove(ctx, epoch, oid)
 	})
 }
 
 // Flush implements gateway.Replicas.
-func (t *transport) Flush(ctx context.Context, node cluster.Node, epoch uint64) error {
+func (t *transport) Flush(ctx context.Context, node cluster.Node, epoch object.Epoch) error {
 	return t.call(ctx, node, "flush", 0, 0, epoch, func(ctx context.Context, r *replica.Replica) error {
 		return r.Flush(ctx, epoch)
 	})
@@ -296,8 +296,9 @@ func (t *transport) Flush(ctx context.Context, node cluster.Node, epoch uint64) 
 // Stat implements recovery.Replicas: the stamp and the content digest,
 // which every simulated node reports (the runtime asks for it only from
 // cluster.LevelCopyDigests on: replica.Client.Digests).
-func (t *transport) Stat(ctx context.Context, node cluster.Node, epoch, oid uint64) (uint64, uint64, error) {
-	var stamp, digest uint64
+func (t *transport) Stat(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) (object.Epoch, uint64, error) {
+	var stamp object.Epoch
+	var digest uint64
 	err := t.call(ctx, node, "stat", oid, 0, epoch, func(ctx context.Context, r *replica.Replica) error {
 		var err error
 		stamp, digest, err = r.Stat(ctx, epoch, oid)
@@ -310,8 +311,8 @@ func (t *transport) Stat(ctx context.Context, node cluster.Node, epoch, oid uint
 }
 
 // Fetch implements gateway.Replicas.
-func (t *transport) Fetch(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte) (uint64, error) {
-	var stamp uint64
+func (t *transport) Fetch(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte) (object.Epoch, error) {
+	var stamp object.Epoch
 	buffer := make([]byte, len(p))
 	err := t.call(ctx, node, "fetch", oid, 0, epoch, func(ctx context.Context, r *replica.Replica) error {
 		var err error
@@ -326,8 +327,8 @@ func (t *transport) Fetch(ctx context.Context, node cluster.Node, epoch, oid uin
 }
 
 // FetchAt implements maintenance.Replicas.
-func (t *transport) FetchAt(ctx context.Context, node cluster.Node, epoch, oid uint64, p []byte, offset uint32) (uint64, error) {
-	var stamp uint64
+func (t *transport) FetchAt(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32) (object.Epoch, error) {
+	var stamp object.Epoch
 	buffer := make([]byte, len(p))
 	err := t.call(ctx, node, "fetch", oid, 0, epoch, func(ctx context.Context, r *replica.Replica) error {
 		var err error
@@ -342,7 +343,7 @@ func (t *transport) FetchAt(ctx context.Context, node cluster.Node, epoch, oid u
 }
 
 // Recover implements gateway.Replicas.
-func (t *transport) Recover(ctx context.Context, node cluster.Node, epoch, oid uint64) error {
+func (t *transport) Recover(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error {
 	return t.callServed(ctx, node, "recover", oid, 0, epoch, func(ctx context.Context, s replica.Served) error {
 		return s.Recover(ctx, epoch, oid)
 	})
@@ -350,14 +351,14 @@ func (t *transport) Recover(ctx context.Context, node cluster.Node, epoch, oid u
 
 // List implements gateway.Lister, as PeerReplicas.List: the epoch is
 // checked, then every copy listed with its stamp.
-func (t *transport) List(ctx context.Context, node cluster.Node, epoch uint64) (map[uint64]uint64, error) {
-	var out map[uint64]uint64
+func (t *transport) List(ctx context.Context, node cluster.Node, epoch object.Epoch) (map[object.OID]object.Epoch, error) {
+	var out map[object.OID]object.Epoch
 	err := t.call(ctx, node, "list", 0, 0, epoch, func(ctx context.Context, r *replica.Replica) error {
 		if err := r.Check(ctx, epoch); err != nil {
 			return err
 		}
-		objects := map[uint64]uint64{}
-		err := r.List(func(oid, stamp uint64) error { objects[oid] = stamp; return nil })
+		objects := map[object.OID]object.Epoch{}
+		err := r.List(func(oid object.OID, stamp object.Epoch) error { objects[oid] = stamp; return nil })
 		out = objects
 		return err
 	})

@@ -16,6 +16,7 @@ import (
 	"github.com/herd-storage/herd/internal/gateway"
 	"github.com/herd-storage/herd/internal/layout"
 	"github.com/herd-storage/herd/internal/maintenance"
+	"github.com/herd-storage/herd/internal/object"
 	"github.com/herd-storage/herd/internal/recovery"
 	"github.com/herd-storage/herd/internal/replica"
 	"github.com/herd-storage/herd/internal/store"
@@ -64,9 +65,9 @@ type World struct {
 
 	clients []*client
 	readers []*reader
-	stamps  map[stampKey]uint64 // invariant (c); only the step loop uses it
-	oids    []uint64            // every object the clients' VDIs can have
-	counts  map[string]int      // faults injected, by kind
+	stamps  map[stampKey]object.Epoch // invariant (c); only the step loop uses it
+	oids    []object.OID              // every object the clients' VDIs can have
+	counts  map[string]int            // faults injected, by kind
 	// trust is the model of every node's trust (trust.go; nil: none):
 	// every request between two nodes is a handshake of it. Guarded by
 	// mu.
@@ -91,7 +92,7 @@ type World struct {
 
 type stampKey struct {
 	node int
-	oid  uint64
+	oid  object.OID
 }
 
 // node is one machine: its disk outlives its processes.
@@ -132,7 +133,7 @@ type process struct {
 }
 
 func newWorld(ctx context.Context, seed uint64, cfg Config, dir string) *World {
-	w := &World{seed: seed, cfg: cfg, dir: dir, log: cluster.NewLocal(), logs: newRing(400), changed: make(chan struct{}), cut: map[int]bool{}, stamps: map[stampKey]uint64{}, counts: map[string]int{}}
+	w := &World{seed: seed, cfg: cfg, dir: dir, log: cluster.NewLocal(), logs: newRing(400), changed: make(chan struct{}), cut: map[int]bool{}, stamps: map[stampKey]object.Epoch{}, counts: map[string]int{}}
 	w.ctx, w.cancel = context.WithCancel(ctx)
 	w.started = w.logs.start
 	return w

@@ -18,7 +18,7 @@ func BenchmarkWrite(b *testing.B) {
 			p := pattern(1, size)
 			const objects = 64
 			for oid := uint64(0); oid < objects; oid++ {
-				mustWrite(b, s, oid, nil, 0, 1, object.FlagCreate)
+				mustWrite(b, s, object.OID(oid), nil, 0, 1, object.FlagCreate)
 			}
 			var next atomic.Uint64
 			b.SetBytes(int64(size))
@@ -27,7 +27,7 @@ func BenchmarkWrite(b *testing.B) {
 				for pb.Next() {
 					n := next.Add(1)
 					offset := uint32(n*uint64(size)) % (4 << 20)
-					if err := s.Write(n%objects, p, offset, 1, 0); err != nil {
+					if err := s.Write(object.OID(n%objects), p, offset, 1, 0); err != nil {
 						b.Error(err)
 						return
 					}
@@ -43,7 +43,7 @@ func BenchmarkRead(b *testing.B) {
 			s := openTest(b, Options{})
 			const objects = 8
 			for oid := uint64(0); oid < objects; oid++ {
-				mustWrite(b, s, oid, pattern(oid, 4<<20), 0, 1, object.FlagCreate)
+				mustWrite(b, s, object.OID(oid), pattern(oid, 4<<20), 0, 1, object.FlagCreate)
 			}
 			var next atomic.Uint64
 			b.SetBytes(int64(size))
@@ -53,7 +53,7 @@ func BenchmarkRead(b *testing.B) {
 				for pb.Next() {
 					n := next.Add(1)
 					offset := uint32(n*uint64(size)) % (4 << 20)
-					if _, err := s.Read(n%objects, p, offset); err != nil {
+					if _, err := s.Read(object.OID(n%objects), p, offset); err != nil {
 						b.Error(err)
 						return
 					}

@@ -7,6 +7,8 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // handle is an open object file, shared by every request for that object
@@ -22,7 +24,7 @@ import (
 // left the cache and refs drops to 0, so no fd is ever closed under a
 // goroutine that uses it.
 type handle struct {
-	oid   uint64
+	oid   object.OID
 	ready chan struct{} // closed when the opener has set the fields below
 
 	// Set by the opener before ready is closed, read-only afterwards.
@@ -101,8 +103,8 @@ func (h *handle) evictable() bool {
 // across I/O.
 type cacheShard struct {
 	mu       sync.Mutex
-	handles  map[uint64]*handle // mu guards handles and lru
-	lru      list.List          // open handles, most recently used first
+	handles  map[object.OID]*handle // mu guards handles and lru
+	lru      list.List              // open handles, most recently used first
 	capacity int
 	_        [64]byte // keep shards on separate cache lines
 }
@@ -126,15 +128,15 @@ func shardCounts(openFiles int) (shards, capacity int) {
 	return shards, openFiles / shards
 }
 
-func (s *Store) shard(oid uint64) *cacheShard {
-	return &s.shards[mix64(oid)&uint64(len(s.shards)-1)]
+func (s *Store) shard(oid object.OID) *cacheShard {
+	return &s.shards[mix64(uint64(oid))&uint64(len(s.shards)-1)]
 }
 
 // acquire returns the handle of object oid with a reference, opening or
 // (with accessCreate) creating the file if it is not in the cache. epoch
 // stamps a created object. The caller must release the handle and must
 // check usable() unless it is Remove.
-func (s *Store) acquire(op string, oid uint64, mode access, epoch uint64) (*handle, error) {
+func (s *Store) acquire(op string, oid object.OID, mode access, epoch object.Epoch) (*handle, error) {
 	shard := s.shard(oid)
 	for {
 		shard.mu.Lock()
@@ -275,7 +277,7 @@ func (s *Store) closeHandles(handles []*handle) {
 
 // open finds object oid on the disks, or creates it with mode accessCreate,
 // and fills h.
-func (s *Store) open(h *handle, mode access, epoch uint64) error {
+func (s *Store) open(h *handle, mode access, epoch object.Epoch) error {
 	var orderArray [8]*diskState
 	order := probeOrder(s.disks, h.oid, orderArray[:0])
 	var create *diskState // the first disk in service, in probe order
@@ -337,7 +339,7 @@ func (s *Store) attach(h *handle, d *diskState, path string, f *os.File) error {
 	// directory. Files from before Open are durable (Open calls syncfs).
 	h.createGen = d.fanout[h.fanout].changed.Load()
 	h.objectsGen = d.objectsDir.changed.Load()
-	h.epoch.Store(hdr.epoch)
+	h.epoch.Store(uint64(hdr.epoch))
 	h.hdrFlags = hdr.flags
 	s.openFiles.Add(1)
 	return nil
@@ -355,7 +357,7 @@ var createLegacy bool
 func BenchmarkWithoutChecksums() { createLegacy = true }
 
 // create makes a new object file on disk d with its header stamped epoch.
-func (s *Store) create(h *handle, d *diskState, epoch uint64) error {
+func (s *Store) create(h *handle, d *diskState, epoch object.Epoch) error {
 	if err := s.checkReserve(d, h.oid); err != nil {
 		return err
 	}
@@ -403,7 +405,7 @@ func (s *Store) create(h *handle, d *diskState, epoch uint64) error {
 	h.dataStart, h.legacy = hdr.dataStart(), hdr.legacy
 	h.createGen = d.fanout[fanout].changed.Add(1)
 	h.objectsGen = d.objectsDir.changed.Load()
-	h.epoch.Store(epoch)
+	h.epoch.Store(uint64(epoch))
 	s.openFiles.Add(1)
 	s.markDirty(h) // the header is not durable yet
 	return nil

@@ -11,6 +11,7 @@ import (
 	"sync"
 
 	"github.com/herd-storage/herd/internal/invariants"
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // Data checksums.
@@ -375,9 +376,9 @@ func tableFor(data []byte) []byte {
 // a current copy is left alone. The caller orders it against changes to
 // the object (the replica's exclusive lock): a write racing with it could
 // be lost with the old file.
-func (s *Store) Upgrade(oid uint64) (bool, error) {
+func (s *Store) Upgrade(oid object.OID) (bool, error) {
 	var data []byte
-	var stamp uint64
+	var stamp object.Epoch
 	legacy := false
 	err := s.with("upgrade", oid, accessExisting, 0, func(h *handle) error {
 		if !h.legacy {
@@ -392,7 +393,7 @@ func (s *Store) Upgrade(oid uint64) (bool, error) {
 			return &ObjectError{Op: "upgrade", OID: oid, Path: h.path, Kind: ErrCorrupt, Err: fmt.Errorf("length %d beyond the maximum object size", info.LengthBytes)}
 		}
 		data = make([]byte, info.LengthBytes)
-		stamp = h.epoch.Load()
+		stamp = object.Epoch(h.epoch.Load())
 		return s.readFile(h, data, h.dataStart)
 	})
 	if err != nil || !legacy {

@@ -11,7 +11,7 @@ import (
 
 // flipBit flips one bit of the object's data byte at offset in its file,
 // behind the store's back (rot).
-func flipBit(t testing.TB, s *Store, oid uint64, offset int64) {
+func flipBit(t testing.TB, s *Store, oid object.OID, offset int64) {
 	t.Helper()
 	path := s.disks[0].objectPath(oid)
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
@@ -187,8 +187,8 @@ func TestJournalCompaction(t *testing.T) {
 	s := openTest(t, Options{})
 	j := s.disks[0].journal
 	for oid := uint64(1); oid <= 6; oid++ {
-		mustWrite(t, s, oid, []byte("a"), 0, 1, object.FlagCreate)
-		mustWrite(t, s, oid, []byte("b"), 1, 1, 0)
+		mustWrite(t, s, object.OID(oid), []byte("a"), 0, 1, object.FlagCreate)
+		mustWrite(t, s, object.OID(oid), []byte("b"), 1, 1, 0)
 	}
 	if got := j.size(); got != 6 {
 		t.Fatalf("journal lists %d objects, want 6", got)

@@ -26,7 +26,7 @@ func TestConcurrentWriters(t *testing.T) {
 			oid := uint64(w + 1)
 			for n := range 40 {
 				p := pattern(uint64(w*1000+n), 5000)
-				if err := s.Write(oid, p, uint32(n*3000), uint64(1+n/2), object.FlagCreate); err != nil { // stamps rise, never go back
+				if err := s.Write(object.OID(oid), p, uint32(n*3000), object.Epoch(uint64(1+n/2)), object.FlagCreate); err != nil { // stamps rise, never go back
 					errs <- err
 					return
 				}
@@ -65,7 +65,7 @@ func TestConcurrentWriters(t *testing.T) {
 			for n := range 40 {
 				copy(want[n*3000:], pattern(uint64(w*1000+n), 5000))
 			}
-			got, _ := mustRead(t, s, uint64(w+1), len(want), 0)
+			got, _ := mustRead(t, s, object.OID(uint64(w+1)), len(want), 0)
 			checkBytes(t, fmt.Sprintf("object %d", w+1), got, want)
 		}
 		got, info := mustRead(t, s, shared, writers*blocks*4096, 0)
@@ -104,13 +104,13 @@ func TestFDCacheEvictionUnderConcurrency(t *testing.T) {
 				switch op := random.IntN(10); {
 				case op < 4:
 					versions[k] = uint64(n + 1)
-					if err := s.Write(oid, pattern(oid<<32|versions[k], 1000), 100, 1, object.FlagCreate); err != nil {
+					if err := s.Write(object.OID(oid), pattern(oid<<32|versions[k], 1000), 100, 1, object.FlagCreate); err != nil {
 						errs <- err
 						return
 					}
 				case op < 7:
 					p := make([]byte, 1000)
-					_, err := s.Read(oid, p, 100)
+					_, err := s.Read(object.OID(oid), p, 100)
 					if versions[k] == 0 {
 						if !errors.Is(err, ErrNotFound) {
 							errs <- fmt.Errorf("read of unwritten object %d: %v", oid, err)
@@ -128,13 +128,13 @@ func TestFDCacheEvictionUnderConcurrency(t *testing.T) {
 					}
 				case op < 8:
 					other := uint64(random.IntN(workers * objectsPerWorker))
-					if _, err := s.Stat(other); err != nil && !errors.Is(err, ErrNotFound) {
+					if _, err := s.Stat(object.OID(other)); err != nil && !errors.Is(err, ErrNotFound) {
 						errs <- err
 						return
 					}
 				case op < 9:
 					if versions[k] != 0 {
-						if err := s.Remove(oid); err != nil {
+						if err := s.Remove(object.OID(oid)); err != nil {
 							errs <- err
 							return
 						}
@@ -235,7 +235,7 @@ func TestListWhileRestamping(t *testing.T) {
 	s := openTest(t, Options{OpenFiles: 2})
 	const objects = 20
 	for oid := uint64(0); oid < objects; oid++ {
-		mustWrite(t, s, oid, []byte("a"), 0, 1, object.FlagCreate)
+		mustWrite(t, s, object.OID(oid), []byte("a"), 0, 1, object.FlagCreate)
 	}
 	stop := make(chan struct{})
 	var wait sync.WaitGroup
@@ -248,7 +248,7 @@ func TestListWhileRestamping(t *testing.T) {
 					return
 				default:
 				}
-				if err := s.SetEpoch((n*2+uint64(w))%objects, n+2); err != nil {
+				if err := s.SetEpoch(object.OID((n*2+uint64(w))%objects), object.Epoch(n+2)); err != nil {
 					errs <- err
 					return
 				}
@@ -256,7 +256,7 @@ func TestListWhileRestamping(t *testing.T) {
 		})
 	}
 	for range 20 {
-		err := s.List(func(oid uint64, info Info) error {
+		err := s.List(func(oid object.OID, info Info) error {
 			if info.Damaged {
 				return fmt.Errorf("object %d reported damaged", oid)
 			}

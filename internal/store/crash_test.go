@@ -104,7 +104,7 @@ func crashRun(t testing.TB, root string, random *rand.Rand) error {
 	current := make([][]byte, objects)
 	for oid := range current {
 		current[oid] = pattern(random.Uint64(), size)
-		mustWrite(t, s, uint64(oid+1), current[oid], 0, 1, object.FlagCreate)
+		mustWrite(t, s, object.OID(uint64(oid+1)), current[oid], 0, 1, object.FlagCreate)
 	}
 	if err := s.Flush(); err != nil {
 		t.Fatal(err)
@@ -124,14 +124,14 @@ func crashRun(t testing.TB, root string, random *rand.Rand) error {
 		switch k := random.IntN(10); {
 		case k < 6:
 			p := pattern(random.Uint64(), length)
-			mustWrite(t, s, uint64(oid+1), p, uint32(offset), 1, 0)
+			mustWrite(t, s, object.OID(uint64(oid+1)), p, uint32(offset), 1, 0)
 			copy(current[oid][offset:], p)
 		case k < 8:
 			var err error
 			if k == 6 {
-				err = s.Trim(uint64(oid+1), uint32(offset), uint32(length), 1, 0)
+				err = s.Trim(object.OID(uint64(oid+1)), uint32(offset), uint32(length), 1, 0)
 			} else {
-				err = s.WriteZeroes(uint64(oid+1), uint32(offset), uint32(length), 1, object.FlagNoHole)
+				err = s.WriteZeroes(object.OID(uint64(oid+1)), uint32(offset), uint32(length), 1, object.FlagNoHole)
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -161,7 +161,7 @@ func crashRun(t testing.TB, root string, random *rand.Rand) error {
 	}()
 	for oid := range current {
 		got := make([]byte, size)
-		if _, err := s.Read(uint64(oid+1), got, 0); err != nil {
+		if _, err := s.Read(object.OID(uint64(oid+1)), got, 0); err != nil {
 			return fmt.Errorf("object %d after the restart: %w", oid+1, err)
 		}
 		for b := 0; b < size/blockSize; b++ {

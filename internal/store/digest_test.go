@@ -13,7 +13,7 @@ import (
 // copying it, and fetches a copy that missed a change.
 func TestDigestFollowsContent(t *testing.T) {
 	s := openTest(t, Options{})
-	digest := func(oid uint64) uint64 {
+	digest := func(oid object.OID) uint64 {
 		t.Helper()
 		info, err := s.Stat(oid)
 		if err != nil {
@@ -48,7 +48,7 @@ func TestDigestFollowsContent(t *testing.T) {
 	}
 	want := digest(1)
 	for _, oid := range []uint64{2, 3, 4} {
-		if got := digest(oid); got != want {
+		if got := digest(object.OID(oid)); got != want {
 			t.Errorf("object %d reads the same as object 1 but its digest is %016x, not %016x", oid, got, want)
 		}
 	}

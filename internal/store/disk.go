@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // Modes of what the store creates: object data is the VMs' disks, for
@@ -271,13 +273,13 @@ func mix64(x uint64) uint64 {
 // fanoutIndex is the fan-out directory of an object: the top byte of a hash
 // of its id. Not a byte of the id itself, because ids are structured (type |
 // VDI | index, DESIGN.md): all inode objects have index 0, for example.
-func fanoutIndex(oid uint64) int {
-	return int(mix64(oid^0x6865726473746f72) >> 56) // "herdstor"
+func fanoutIndex(oid object.OID) int {
+	return int(mix64(uint64(oid)^0x6865726473746f72) >> 56) // "herdstor"
 }
 
 // objectPath is the file of object oid on disk d:
 // objects/<fan-out, 2 hex>/<oid, 16 hex>.
-func (d *diskState) objectPath(oid uint64) string {
+func (d *diskState) objectPath(oid object.OID) string {
 	var name [2 + 1 + 16]byte
 	const digits = "0123456789abcdef"
 	fanout := fanoutIndex(oid)
@@ -295,7 +297,7 @@ func (d *diskState) fanoutPath(i int) string {
 
 // parseObjectName returns the object id of a file name in a fan-out
 // directory, or false if the name is not one the store writes.
-func parseObjectName(name string) (uint64, bool) {
+func parseObjectName(name string) (object.OID, bool) {
 	if len(name) != 16 {
 		return 0, false
 	}
@@ -306,7 +308,7 @@ func parseObjectName(name string) (uint64, bool) {
 		}
 	}
 	oid, err := strconv.ParseUint(name, 16, 64)
-	return oid, err == nil
+	return object.OID(oid), err == nil
 }
 
 // score is disk d's rendezvous score for oid: -ln(u)/weight with u uniform
@@ -315,8 +317,8 @@ func parseObjectName(name string) (uint64, bool) {
 // minimum falls on each disk with probability weight/Σweight (Ceph calls
 // this straw2). Floating point is fine here: the choice is local to one
 // node and only needs to be the same after a restart of the same binary.
-func (d *diskState) score(oid uint64) float64 {
-	u := (float64(mix64(oid^d.seed)>>11) + 0.5) / (1 << 53)
+func (d *diskState) score(oid object.OID) float64 {
+	u := (float64(mix64(uint64(oid)^d.seed)>>11) + 0.5) / (1 << 53)
 	return -math.Log(u) / float64(d.weight)
 }
 
@@ -324,7 +326,7 @@ func (d *diskState) score(oid uint64) float64 {
 // for: the disk rendezvous hashing chooses first (where it is created),
 // then the others by increasing score, which is the order they would be
 // chosen if the better ones were removed.
-func probeOrder(disks []*diskState, oid uint64, order []*diskState) []*diskState {
+func probeOrder(disks []*diskState, oid object.OID, order []*diskState) []*diskState {
 	order = append(order[:0], disks...)
 	if len(order) == 1 {
 		return order

@@ -36,7 +36,7 @@ func TestMultipleDisks(t *testing.T) {
 	s := openTest(t, options)
 	const objects = 600
 	for oid := uint64(0); oid < objects; oid++ {
-		mustWrite(t, s, oid<<8, pattern(oid, 64), 0, oid%3+1, object.FlagCreate)
+		mustWrite(t, s, object.OID(oid<<8), pattern(oid, 64), 0, object.Epoch(oid%3+1), object.FlagCreate)
 	}
 	counts := countFiles(t, roots)
 	for i, count := range counts {
@@ -51,9 +51,9 @@ func TestMultipleDisks(t *testing.T) {
 	check := func(s *Store, what string) {
 		t.Helper()
 		for oid := uint64(0); oid < objects; oid++ {
-			got, info := mustRead(t, s, oid<<8, 64, 0)
+			got, info := mustRead(t, s, object.OID(oid<<8), 64, 0)
 			checkBytes(t, what, got, pattern(oid, 64))
-			if info.Epoch != oid%3+1 {
+			if info.Epoch != object.Epoch(oid%3+1) {
 				t.Fatalf("%s: object %d epoch %d", what, oid, info.Epoch)
 			}
 		}
@@ -75,12 +75,12 @@ func TestMultipleDisks(t *testing.T) {
 	options.Disks = []Disk{disks[0], disks[1], {Path: extra, Weight: 4000}}
 	s = reopen(t, s, options)
 	for oid := uint64(0); oid < objects; oid++ {
-		if _, err := s.Stat(oid << 8); err != nil && !errors.Is(err, ErrNotFound) {
+		if _, err := s.Stat(object.OID(oid << 8)); err != nil && !errors.Is(err, ErrNotFound) {
 			t.Fatal(err)
 		}
 	}
 	for oid := uint64(objects); oid < objects+200; oid++ {
-		mustWrite(t, s, oid<<8, pattern(oid, 64), 0, 1, object.FlagCreate)
+		mustWrite(t, s, object.OID(oid<<8), pattern(oid, 64), 0, 1, object.FlagCreate)
 	}
 	if n := countFiles(t, []string{extra})[0]; n < 50 {
 		t.Errorf("the new disk of half the weight received %d of 200 new objects", n)
@@ -88,7 +88,7 @@ func TestMultipleDisks(t *testing.T) {
 	// Objects that were on the removed disk are missing; writing them
 	// with Create makes new copies on the current disks.
 	for oid := uint64(0); oid < 100; oid++ {
-		mustWrite(t, s, oid<<8, []byte("x"), 0, 9, object.FlagCreate)
+		mustWrite(t, s, object.OID(oid<<8), []byte("x"), 0, 9, object.FlagCreate)
 	}
 
 	// All four disks: objects with a copy on two disks are read from,
@@ -100,7 +100,7 @@ func TestMultipleDisks(t *testing.T) {
 		t.Fatalf("List reports %d objects, want %d", len(listed), objects+200)
 	}
 	for oid := uint64(0); oid < objects+200; oid++ {
-		info, err := s.Stat(oid << 8)
+		info, err := s.Stat(object.OID(oid << 8))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,7 +118,7 @@ func TestProbeOrderFollowsWeights(t *testing.T) {
 	first := map[string]int{}
 	var order []*diskState
 	for oid := uint64(0); oid < 40000; oid++ {
-		order = probeOrder(disks, oid, order)
+		order = probeOrder(disks, object.OID(oid), order)
 		first[order[0].root]++
 		if len(order) != 2 || order[0] == order[1] {
 			t.Fatal("probe order is not a permutation")
@@ -131,8 +131,8 @@ func TestProbeOrderFollowsWeights(t *testing.T) {
 	disks3 := append(disks[:2:2], &diskState{root: "c", weight: 4, seed: diskSeed("c")})
 	var order3 []*diskState
 	for oid := uint64(0); oid < 10000; oid++ {
-		order = probeOrder(disks, oid, order)
-		order3 = probeOrder(disks3, oid, order3)
+		order = probeOrder(disks, object.OID(oid), order)
+		order3 = probeOrder(disks3, object.OID(oid), order3)
 		if order3[0] != order[0] && order3[0].root != "c" {
 			t.Fatalf("object %d moved from %s to %s", oid, order[0].root, order3[0].root)
 		}

@@ -44,7 +44,7 @@ var (
 // errors.Is matches both.
 type ObjectError struct {
 	Op   string // "read", "write", "create", "sync", ...
-	OID  uint64
+	OID  object.OID
 	Path string // the object's file, when known
 	Kind error
 	Err  error
@@ -88,7 +88,7 @@ func trimPrefix(message string) string {
 
 // objectError wraps an operating system error from operation op on object
 // oid, classified (ENOSPC -> ErrNoSpace, EIO -> ErrIO).
-func objectError(op string, oid uint64, path string, err error) error {
+func objectError(op string, oid object.OID, path string, err error) error {
 	return &ObjectError{Op: op, OID: oid, Path: path, Kind: classify(err), Err: err}
 }
 
@@ -109,6 +109,6 @@ func (e *classifiedError) Unwrap() []error {
 }
 
 // oidString formats an object id as in file names, for logs.
-func oidString(oid uint64) string {
+func oidString(oid object.OID) string {
 	return fmt.Sprintf("%016x", oid)
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // Dirty tracking and Flush.
@@ -72,7 +74,7 @@ func (s *Store) markDirty(h *handle) {
 	if h.inDirty.Load() || !h.inDirty.CompareAndSwap(false, true) {
 		return
 	}
-	shard := &s.dirty[mix64(h.oid)&uint64(len(s.dirty)-1)]
+	shard := &s.dirty[mix64(uint64(h.oid))&uint64(len(s.dirty)-1)]
 	shard.mu.Lock()
 	shard.handles = append(shard.handles, h)
 	shard.mu.Unlock()
@@ -175,7 +177,7 @@ func (s *Store) markDamaged(h *handle, cause error) error {
 	// protects this process.
 	h.hdrMu.Lock()
 	h.hdrFlags |= headerDamaged
-	encoded := header{flags: h.hdrFlags, oid: h.oid, epoch: h.epoch.Load(), legacy: h.legacy}.encode()
+	encoded := header{flags: h.hdrFlags, oid: h.oid, epoch: object.Epoch(h.epoch.Load()), legacy: h.legacy}.encode()
 	_, err := h.file.WriteAt(encoded[:], 0)
 	h.hdrMu.Unlock()
 	if err == nil {
@@ -266,16 +268,16 @@ func (s *Store) compactJournals() {
 			shard.mu.Lock()
 			for _, h := range shard.handles {
 				if h.disk == d {
-					keep = append(keep, h.oid)
+					keep = append(keep, uint64(h.oid))
 				}
 			}
 			shard.mu.Unlock()
 		}
 		err := d.journal.rewrite(keep)
 		if err == nil {
-			kept := make(map[uint64]bool, len(keep))
+			kept := make(map[object.OID]bool, len(keep))
 			for _, oid := range keep {
-				kept[oid] = true
+				kept[object.OID(oid)] = true
 			}
 			for i := range s.shards {
 				shard := &s.shards[i]

@@ -18,17 +18,17 @@ func TestFlushSyncsWhatChanged(t *testing.T) {
 	d := s.disks[0]
 	oids := []uint64{1, 2, 3}
 	for _, oid := range oids {
-		mustWrite(t, s, oid, pattern(oid, 100), 0, 1, object.FlagCreate)
+		mustWrite(t, s, object.OID(oid), pattern(oid, 100), 0, 1, object.FlagCreate)
 	}
 	if err := s.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	files, dirs := counter.take()
 	for _, oid := range oids {
-		if files[d.objectPath(oid)] != 1 {
-			t.Errorf("object %d synced %d times: %v", oid, files[d.objectPath(oid)], files)
+		if files[d.objectPath(object.OID(oid))] != 1 {
+			t.Errorf("object %d synced %d times: %v", oid, files[d.objectPath(object.OID(oid))], files)
 		}
-		if dirs[d.fanoutPath(fanoutIndex(oid))] != 1 {
+		if dirs[d.fanoutPath(fanoutIndex(object.OID(oid)))] != 1 {
 			t.Errorf("directory of object %d not synced once: %v", oid, dirs)
 		}
 	}
@@ -116,7 +116,7 @@ func TestFlushContract(t *testing.T) {
 	var syncs atomic.Int64
 	oidOf := map[string]int{}
 	for i := range objects {
-		oidOf[s.disks[0].objectPath(uint64(i))] = i
+		oidOf[s.disks[0].objectPath(object.OID(uint64(i)))] = i
 	}
 	datasync := s.datasync
 	s.datasync = func(f *os.File) error {
@@ -146,7 +146,7 @@ func TestFlushContract(t *testing.T) {
 				i := w + writers*random.IntN(objects/writers)
 				number := sequence.Add(1)
 				started[i].Store(number)
-				err := s.Write(uint64(i), pattern(uint64(number), 512), uint32(random.IntN(64))*4096, 1, object.FlagCreate)
+				err := s.Write(object.OID(uint64(i)), pattern(uint64(number), 512), uint32(random.IntN(64))*4096, 1, object.FlagCreate)
 				if err != nil {
 					errs <- err
 					return

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // The object file header. The first headerSize bytes of every object file
@@ -55,8 +57,8 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 type header struct {
 	flags uint32
-	oid   uint64
-	epoch uint64
+	oid   object.OID
+	epoch object.Epoch
 	// legacy is a version 1 file: no checksum table, data at headerSize.
 	legacy bool
 }
@@ -78,8 +80,8 @@ func (h header) encode() [headerLength]byte {
 	}
 	binary.LittleEndian.PutUint32(b[8:], version)
 	binary.LittleEndian.PutUint32(b[12:], h.flags)
-	binary.LittleEndian.PutUint64(b[16:], h.oid)
-	binary.LittleEndian.PutUint64(b[24:], h.epoch)
+	binary.LittleEndian.PutUint64(b[16:], uint64(h.oid))
+	binary.LittleEndian.PutUint64(b[24:], uint64(h.epoch))
 	binary.LittleEndian.PutUint32(b[32:], uint32(h.dataStart()))
 	binary.LittleEndian.PutUint32(b[60:], crc32.Checksum(b[:60], castagnoli))
 	return b
@@ -88,7 +90,7 @@ func (h header) encode() [headerLength]byte {
 // decodeHeader parses and checks the header of the file that should hold
 // object oid. Its error says what is wrong; the caller wraps it in
 // ErrCorrupt. b comes from disk, so nothing in it is trusted.
-func decodeHeader(b []byte, oid uint64) (header, error) {
+func decodeHeader(b []byte, oid object.OID) (header, error) {
 	if len(b) < headerLength {
 		return header{}, fmt.Errorf("header truncated to %d bytes", len(b))
 	}
@@ -108,8 +110,8 @@ func decodeHeader(b []byte, oid uint64) (header, error) {
 	}
 	h = header{legacy: h.legacy,
 		flags: binary.LittleEndian.Uint32(b[12:]),
-		oid:   binary.LittleEndian.Uint64(b[16:]),
-		epoch: binary.LittleEndian.Uint64(b[24:]),
+		oid:   object.OID(binary.LittleEndian.Uint64(b[16:])),
+		epoch: object.Epoch(binary.LittleEndian.Uint64(b[24:])),
 	}
 	if unknown := h.flags &^ headerFlagsKnown; unknown != 0 {
 		return header{}, fmt.Errorf("unknown header flags %#x", unknown)

@@ -3,6 +3,8 @@ package store
 import (
 	"bytes"
 	"testing"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 func TestHeaderRoundTrip(t *testing.T) {
@@ -69,7 +71,7 @@ func FuzzDecodeHeader(f *testing.F) {
 	f.Add(valid[:10], uint64(7))
 	f.Add(make([]byte, headerLength), uint64(0))
 	f.Fuzz(func(t *testing.T, b []byte, oid uint64) {
-		h, err := decodeHeader(b, oid)
+		h, err := decodeHeader(b, object.OID(oid))
 		if err != nil {
 			return
 		}

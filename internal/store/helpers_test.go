@@ -66,14 +66,14 @@ func pattern(seed uint64, n int) []byte {
 	return p
 }
 
-func mustWrite(t testing.TB, s *Store, oid uint64, p []byte, offset uint32, epoch uint64, flags object.Flags) {
+func mustWrite(t testing.TB, s *Store, oid object.OID, p []byte, offset uint32, epoch object.Epoch, flags object.Flags) {
 	t.Helper()
 	if err := s.Write(oid, p, offset, epoch, flags); err != nil {
 		t.Fatalf("Write(%016x, %d bytes at %d): %v", oid, len(p), offset, err)
 	}
 }
 
-func mustRead(t testing.TB, s *Store, oid uint64, n int, offset uint32) ([]byte, Info) {
+func mustRead(t testing.TB, s *Store, oid object.OID, n int, offset uint32) ([]byte, Info) {
 	t.Helper()
 	p := bytes.Repeat([]byte{0xee}, n) // not zeros: holes must be filled
 	info, err := s.Read(oid, p, offset)

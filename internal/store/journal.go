@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // The unsynced-objects journal: crash consistency of data and checksums.
@@ -57,10 +59,10 @@ type journal struct {
 	mu      sync.Mutex
 	cond    sync.Cond
 	file    *os.File
-	entries map[uint64]uint64 // object -> the batch that lists it
-	pending []uint64          // ids of batch next, not yet written
-	next    uint64            // the batch being filled
-	synced  uint64            // every batch up to this one is durable
+	entries map[object.OID]uint64 // object -> the batch that lists it
+	pending []uint64              // ids of batch next, not yet written
+	next    uint64                // the batch being filled
+	synced  uint64                // every batch up to this one is durable
 	syncing bool
 	failed  uint64 // a batch whose write or sync failed, with failure
 	failure error
@@ -72,7 +74,7 @@ func openJournal(objects string, datasync, dirsync func(*os.File) error) (*journ
 		dir:      objects,
 		datasync: datasync,
 		dirsync:  dirsync,
-		entries:  make(map[uint64]uint64),
+		entries:  make(map[object.OID]uint64),
 		next:     1,
 	}
 	j.cond.L = &j.mu
@@ -86,15 +88,15 @@ func openJournal(objects string, datasync, dirsync func(*os.File) error) (*journ
 
 // listed reads the object ids in the journal (a torn last entry is
 // ignored: its write had not finished, so no data write followed it).
-func (j *journal) listed() ([]uint64, error) {
+func (j *journal) listed() ([]object.OID, error) {
 	b, err := io.ReadAll(io.NewSectionReader(j.file, 0, 1<<62))
 	if err != nil {
 		return nil, err
 	}
-	seen := make(map[uint64]bool)
-	var oids []uint64
+	seen := make(map[object.OID]bool)
+	var oids []object.OID
 	for len(b) >= 8 {
-		oid := binary.LittleEndian.Uint64(b)
+		oid := object.OID(binary.LittleEndian.Uint64(b))
 		b = b[8:]
 		if !seen[oid] {
 			seen[oid] = true
@@ -106,14 +108,14 @@ func (j *journal) listed() ([]uint64, error) {
 
 // mark makes sure the journal durably lists oid before the caller writes
 // to it. The caller holds the gate shared.
-func (j *journal) mark(oid uint64) error {
+func (j *journal) mark(oid object.OID) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	batch, ok := j.entries[oid]
 	if !ok {
 		batch = j.next
 		j.entries[oid] = batch
-		j.pending = append(j.pending, oid)
+		j.pending = append(j.pending, uint64(oid))
 	}
 	for j.synced < batch {
 		if j.failed == batch {
@@ -133,7 +135,7 @@ func (j *journal) mark(oid uint64) error {
 		j.syncing = false
 		if err != nil {
 			for _, id := range ids {
-				delete(j.entries, id)
+				delete(j.entries, object.OID(id))
 			}
 			j.failed, j.failure = number, fmt.Errorf("journal %s: %w", j.path, err)
 		} else {
@@ -211,7 +213,7 @@ func (j *journal) rewrite(keep []uint64) error {
 	j.file = f
 	clear(j.entries)
 	for _, id := range keep {
-		j.entries[id] = 0 // durable
+		j.entries[object.OID(id)] = 0 // durable
 	}
 	j.pending = nil
 	return nil
@@ -234,7 +236,7 @@ func (j *journal) close() error {
 
 // rehash makes the sums of every block of the version 2 copy at path
 // match its data, and syncs it. It returns how many sums it changed.
-func rehash(path string, oid uint64, datasync func(*os.File) error) (int, error) {
+func rehash(path string, oid object.OID, datasync func(*os.File) error) (int, error) {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, nil // removed since

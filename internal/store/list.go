@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // List calls fn for every object copy on the node's disks, in no
@@ -18,7 +20,7 @@ import (
 //
 // List reads object headers directly rather than through the fd cache, so
 // that a scan does not push the objects serving I/O out of it.
-func (s *Store) List(fn func(oid uint64, info Info) error) error {
+func (s *Store) List(fn func(oid object.OID, info Info) error) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
@@ -40,21 +42,21 @@ func (s *Store) List(fn func(oid uint64, info Info) error) error {
 					continue // a copy being written by Replace
 				}
 				oid, ok := parseObjectName(name)
-				if !ok || fanoutIndex(oid) != i {
+				if !ok || fanoutIndex(object.OID(oid)) != i {
 					s.logger.Warn("store: ignoring a file that is not an object", "path", filepath.Join(dir, name))
 					continue
 				}
-				if s.shadowed(d, oid) {
+				if s.shadowed(d, object.OID(oid)) {
 					continue
 				}
-				info, err := s.listInfo(d, oid)
+				info, err := s.listInfo(d, object.OID(oid))
 				if errors.Is(err, ErrNotFound) {
 					continue // removed meanwhile
 				}
 				if err != nil {
 					return err
 				}
-				if err := fn(oid, info); err != nil {
+				if err := fn(object.OID(oid), info); err != nil {
 					return err
 				}
 			}
@@ -75,7 +77,7 @@ func readNames(dir string) ([]string, error) {
 // shadowed reports whether the copy of oid on disk d is hidden by one on a
 // disk probed before it: the store reads and writes that one, so List
 // reports only it.
-func (s *Store) shadowed(d *diskState, oid uint64) bool {
+func (s *Store) shadowed(d *diskState, oid object.OID) bool {
 	if len(s.disks) == 1 {
 		return false
 	}
@@ -92,7 +94,7 @@ func (s *Store) shadowed(d *diskState, oid uint64) bool {
 }
 
 // listInfo describes the copy of oid on disk d.
-func (s *Store) listInfo(d *diskState, oid uint64) (Info, error) {
+func (s *Store) listInfo(d *diskState, oid object.OID) (Info, error) {
 	if h := s.peek(oid); h != nil {
 		defer s.release(h)
 		if h.disk == d {
@@ -141,14 +143,14 @@ func cachedInfo(h *handle) (Info, error) {
 		return Info{}, ErrNotFound
 	}
 	if h.usable() != nil {
-		return Info{Epoch: h.epoch.Load(), Damaged: true}, nil
+		return Info{Epoch: object.Epoch(h.epoch.Load()), Damaged: true}, nil
 	}
 	return handleInfo(h)
 }
 
 // peek returns the cached, open handle of oid with a reference, or nil. It
 // does not make the object more recently used.
-func (s *Store) peek(oid uint64) *handle {
+func (s *Store) peek(oid object.OID) *handle {
 	shard := s.shard(oid)
 	shard.mu.Lock()
 	defer shard.mu.Unlock()

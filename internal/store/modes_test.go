@@ -28,7 +28,7 @@ func TestObjectFilesAndDirectoriesAreOwnerOnly(t *testing.T) {
 	root := tempDisk(t)
 	s := openTest(t, Options{Disks: []Disk{{Path: root}}})
 	for oid := uint64(1); oid <= 20; oid++ {
-		mustWrite(t, s, oid, []byte("data"), 0, 1, object.FlagCreate)
+		mustWrite(t, s, object.OID(oid), []byte("data"), 0, 1, object.FlagCreate)
 	}
 	if err := s.Replace(99, pattern(1, 4096), 1); err != nil {
 		t.Fatal(err)

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+
+	"github.com/herd-storage/herd/internal/object"
 )
 
 // tempPrefix names the files Replace writes before renaming them over an
@@ -30,7 +32,7 @@ var tempCounter atomic.Uint64
 // after the next Flush, like a write. The caller orders Replace against
 // other changes to the same object (the replica's object lock): a write
 // racing with it may land in the file being replaced.
-func (s *Store) Replace(oid uint64, data []byte, epoch uint64) error {
+func (s *Store) Replace(oid object.OID, data []byte, epoch object.Epoch) error {
 	if err := checkRange("replace", oid, 0, uint64(len(data))); err != nil {
 		return err
 	}
@@ -39,9 +41,9 @@ func (s *Store) Replace(oid uint64, data []byte, epoch uint64) error {
 	}
 	// Where the copy lives now, or where a new one is created.
 	var target *diskState
-	var previous uint64
+	var previous object.Epoch
 	err := s.with("replace", oid, accessExisting, 0, func(h *handle) error {
-		target, previous = h.disk, h.epoch.Load()
+		target, previous = h.disk, object.Epoch(h.epoch.Load())
 		return nil
 	})
 	switch {
@@ -97,7 +99,7 @@ func (s *Store) Replace(oid uint64, data []byte, epoch uint64) error {
 
 // writeTemp writes a complete copy (header stamped epoch, then data) to a
 // new temporary file in oid's fan-out directory on d.
-func (s *Store) writeTemp(d *diskState, oid uint64, data []byte, epoch uint64) (string, error) {
+func (s *Store) writeTemp(d *diskState, oid object.OID, data []byte, epoch object.Epoch) (string, error) {
 	fanout := fanoutIndex(oid)
 	dir := d.fanoutPath(fanout)
 	if err := os.Mkdir(dir, dirMode); err == nil {
@@ -131,7 +133,7 @@ func (s *Store) writeTemp(d *diskState, oid uint64, data []byte, epoch uint64) (
 // install renames temp to oid's name on d, taking the previous copy's
 // handle (if any) out of service the way Remove does: requests running
 // on it finish first, later ones open the new file.
-func (s *Store) install(d *diskState, oid uint64, temp string) error {
+func (s *Store) install(d *diskState, oid object.OID, temp string) error {
 	err := s.retire("replace", oid, func(h *handle) error {
 		if h.disk != d {
 			// Only if the copy was removed and created again on another

@@ -106,7 +106,7 @@ func TestReplaceCreatesAndIsDurableAfterFlush(t *testing.T) {
 		t.Fatal(err)
 	}
 	listed := 0
-	if err := s.List(func(oid uint64, info Info) error { listed++; return nil }); err != nil {
+	if err := s.List(func(oid object.OID, info Info) error { listed++; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if listed != 1 {

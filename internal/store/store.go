@@ -78,7 +78,7 @@ type Options struct {
 type Info struct {
 	// Epoch is the copy's epoch stamp: the epoch at which it was last
 	// written (or restamped by SetEpoch after recovery).
-	Epoch uint64
+	Epoch object.Epoch
 	// LengthBytes is the object's length: the end of the highest byte
 	// ever written. Bytes beyond it, and holes below it, read as zeros.
 	LengthBytes uint64
@@ -130,7 +130,7 @@ type Store struct {
 
 	// damagedMu guards damaged: copies whose fdatasync failed.
 	damagedMu sync.Mutex
-	damaged   map[uint64]*ObjectError
+	damaged   map[object.OID]*ObjectError
 
 	// datasync and dirsync are fdatasync(2) and fsync(2); tests replace
 	// them to count calls or inject failures.
@@ -175,12 +175,12 @@ func Open(options Options) (*Store, error) {
 		writebackThreshold: max(options.OpenFiles/2, 1),
 		shards:             make([]cacheShard, shardCount),
 		dirty:              make([]dirtyShard, shardCount),
-		damaged:            make(map[uint64]*ObjectError),
+		damaged:            make(map[object.OID]*ObjectError),
 		datasync:           fdatasync,
 		dirsync:            fsyncDir,
 	}
 	for i := range s.shards {
-		s.shards[i].handles = make(map[uint64]*handle)
+		s.shards[i].handles = make(map[object.OID]*handle)
 		s.shards[i].capacity = capacity
 	}
 	for _, d := range disks {
@@ -275,7 +275,7 @@ func (s *Store) Close() error {
 }
 
 // checkRange rejects a request beyond MaxObjectSize.
-func checkRange(op string, oid uint64, offset, length uint64) error {
+func checkRange(op string, oid object.OID, offset, length uint64) error {
 	if offset+length > MaxObjectSize {
 		return &ObjectError{Op: op, OID: oid, Kind: ErrInvalid,
 			Err: fmt.Errorf("range %d+%d ends beyond the maximum object size %d", offset, length, MaxObjectSize)}
@@ -283,7 +283,7 @@ func checkRange(op string, oid uint64, offset, length uint64) error {
 	return nil
 }
 
-func checkFlags(op string, oid uint64, flags object.Flags) error {
+func checkFlags(op string, oid object.OID, flags object.Flags) error {
 	if unknown := flags &^ object.ChangeFlags; unknown != 0 {
 		return &ObjectError{Op: op, OID: oid, Kind: ErrInvalid, Err: fmt.Errorf("unknown flags %#x", uint16(unknown))}
 	}
@@ -292,7 +292,7 @@ func checkFlags(op string, oid uint64, flags object.Flags) error {
 
 // with runs fn on the handle of object oid, held against eviction and
 // Remove for the duration.
-func (s *Store) with(op string, oid uint64, mode access, epoch uint64, fn func(h *handle) error) error {
+func (s *Store) with(op string, oid object.OID, mode access, epoch object.Epoch, fn func(h *handle) error) error {
 	for {
 		h, err := s.acquire(op, oid, mode, epoch)
 		if err != nil {
@@ -359,13 +359,13 @@ func (s *Store) FailedDisks() []string {
 // the object's length read as zeros. It returns the copy's epoch stamp in
 // Info.Epoch (the other fields are not filled), ErrNotFound for a missing
 // object and ErrCorrupt for a damaged copy.
-func (s *Store) Read(oid uint64, p []byte, offset uint32) (Info, error) {
+func (s *Store) Read(oid object.OID, p []byte, offset uint32) (Info, error) {
 	if err := checkRange("read", oid, uint64(offset), uint64(len(p))); err != nil {
 		return Info{}, err
 	}
 	var info Info
 	err := s.with("read", oid, accessExisting, 0, func(h *handle) error {
-		info.Epoch = h.epoch.Load()
+		info.Epoch = object.Epoch(h.epoch.Load())
 		if h.legacy {
 			return s.readFile(h, p, h.dataStart+int64(offset)) // no checksums yet
 		}
@@ -383,7 +383,7 @@ func (s *Store) Read(oid uint64, p []byte, offset uint32) (Info, error) {
 //
 // With Repair (whole blocks only), each block of p is written only where
 // the copy's block fails its checksum; the stamp is not changed.
-func (s *Store) Write(oid uint64, p []byte, offset uint32, epoch uint64, flags object.Flags) error {
+func (s *Store) Write(oid object.OID, p []byte, offset uint32, epoch object.Epoch, flags object.Flags) error {
 	if err := checkRange("write", oid, uint64(offset), uint64(len(p))); err != nil {
 		return err
 	}
@@ -464,7 +464,7 @@ func (s *Store) syncIf(flags object.Flags, op string, h *handle) error {
 // ones alone, so that a repair with data read before a newer write never
 // undoes it. It returns how many blocks it rewrote. The stamp is not
 // changed. A copy without checksums (format version 1) is not repaired.
-func (s *Store) Repair(oid uint64, p []byte, offset uint32) (int, error) {
+func (s *Store) Repair(oid object.OID, p []byte, offset uint32) (int, error) {
 	if err := checkRange("repair", oid, uint64(offset), uint64(len(p))); err != nil {
 		return 0, err
 	}
@@ -493,17 +493,17 @@ func modeFor(flags object.Flags) access {
 // hole (the range frees its blocks), or with NoHole writes zeros (the range
 // stays allocated, so a later write there cannot fail for lack of space).
 // Stamps, flags and durability are as for Write.
-func (s *Store) WriteZeroes(oid uint64, offset, length uint32, epoch uint64, flags object.Flags) error {
+func (s *Store) WriteZeroes(oid object.OID, offset, length uint32, epoch object.Epoch, flags object.Flags) error {
 	return s.zero("write zeroes", oid, offset, length, epoch, flags, flags&object.FlagNoHole != 0)
 }
 
 // Trim discards length bytes at offset: it punches a hole, so the range
 // reads as zeros afterwards. Stamps, flags and durability are as for Write.
-func (s *Store) Trim(oid uint64, offset, length uint32, epoch uint64, flags object.Flags) error {
+func (s *Store) Trim(oid object.OID, offset, length uint32, epoch object.Epoch, flags object.Flags) error {
 	return s.zero("trim", oid, offset, length, epoch, flags, false)
 }
 
-func (s *Store) zero(op string, oid uint64, offset, length uint32, epoch uint64, flags object.Flags, allocate bool) error {
+func (s *Store) zero(op string, oid object.OID, offset, length uint32, epoch object.Epoch, flags object.Flags, allocate bool) error {
 	if err := checkRange(op, oid, uint64(offset), uint64(length)); err != nil {
 		return err
 	}
@@ -567,13 +567,13 @@ func zeroRange(f *os.File, offset, length int64, allocate bool) error {
 // A stamp never goes back: the proof of currency reads a node's stamp as
 // "no write after this epoch went through this copy", which a lower stamp
 // would make a lie. A request that would lower it is refused.
-func (s *Store) stamp(op string, h *handle, epoch uint64) error {
-	if h.epoch.Load() == epoch {
+func (s *Store) stamp(op string, h *handle, epoch object.Epoch) error {
+	if object.Epoch(h.epoch.Load()) == epoch {
 		return nil
 	}
 	h.hdrMu.Lock()
 	defer h.hdrMu.Unlock()
-	current := h.epoch.Load()
+	current := object.Epoch(h.epoch.Load())
 	if current == epoch {
 		return nil
 	}
@@ -585,7 +585,7 @@ func (s *Store) stamp(op string, h *handle, epoch uint64) error {
 	if _, err := h.file.WriteAt(encoded[:], 0); err != nil {
 		return objectError(op, h.oid, h.path, fmt.Errorf("stamp epoch %d: %w", epoch, err))
 	}
-	h.epoch.Store(epoch)
+	h.epoch.Store(uint64(epoch))
 	s.markDirty(h)
 	if invariants.Enabled {
 		// The header on the file says what the cache says.
@@ -602,7 +602,7 @@ func (s *Store) stamp(op string, h *handle, epoch uint64) error {
 // SetEpoch restamps the copy with epoch without touching its data:
 // recovery proves a copy current for a new epoch. Durable after Flush or
 // Sync.
-func (s *Store) SetEpoch(oid uint64, epoch uint64) error {
+func (s *Store) SetEpoch(oid object.OID, epoch object.Epoch) error {
 	return s.with("set epoch", oid, accessExisting, 0, func(h *handle) error {
 		return s.stamp("set epoch", h, epoch)
 	})
@@ -610,10 +610,10 @@ func (s *Store) SetEpoch(oid uint64, epoch uint64) error {
 
 // Epoch returns the copy's epoch stamp: ErrNotFound if missing. Cheaper
 // than Stat (no fstat), for the replica's per-request check.
-func (s *Store) Epoch(oid uint64) (uint64, error) {
-	var epoch uint64
+func (s *Store) Epoch(oid object.OID) (object.Epoch, error) {
+	var epoch object.Epoch
 	err := s.with("epoch", oid, accessExisting, 0, func(h *handle) error {
-		epoch = h.epoch.Load()
+		epoch = object.Epoch(h.epoch.Load())
 		return nil
 	})
 	return epoch, err
@@ -621,7 +621,7 @@ func (s *Store) Epoch(oid uint64) (uint64, error) {
 
 // Sync makes the object's completed writes durable: its data, header and
 // directory entries.
-func (s *Store) Sync(oid uint64) error {
+func (s *Store) Sync(oid object.OID) error {
 	return s.with("sync", oid, accessExisting, 0, func(h *handle) error {
 		return s.syncObject("sync", h)
 	})
@@ -629,7 +629,7 @@ func (s *Store) Sync(oid uint64) error {
 
 // Stat describes the object's copy, its content digest included:
 // ErrNotFound if missing, ErrCorrupt if damaged.
-func (s *Store) Stat(oid uint64) (Info, error) {
+func (s *Store) Stat(oid object.OID) (Info, error) {
 	var info Info
 	err := s.with("stat", oid, accessExisting, 0, func(h *handle) error {
 		var err error
@@ -648,10 +648,10 @@ func handleInfo(h *handle) (Info, error) {
 	if err != nil {
 		return Info{}, objectError("stat", h.oid, h.path, err)
 	}
-	return fileSizes(fileInfo, h.epoch.Load(), h.dataStart), nil
+	return fileSizes(fileInfo, object.Epoch(h.epoch.Load()), h.dataStart), nil
 }
 
-func fileSizes(fileInfo os.FileInfo, epoch uint64, dataStart int64) Info {
+func fileSizes(fileInfo os.FileInfo, epoch object.Epoch, dataStart int64) Info {
 	info := Info{Epoch: epoch}
 	if size := fileInfo.Size(); size > dataStart {
 		info.LengthBytes = uint64(size - dataStart)
@@ -665,7 +665,7 @@ func fileSizes(fileInfo os.FileInfo, epoch uint64, dataStart int64) Info {
 // Remove deletes the object's copy, damaged or not. It waits for the
 // requests on the object that are running, and returns ErrNotFound if
 // there is no copy. The removal is durable after the next Flush.
-func (s *Store) Remove(oid uint64) error {
+func (s *Store) Remove(oid object.OID) error {
 	return s.retire("remove", oid, func(h *handle) error {
 		if err := os.Remove(h.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return objectError("remove", oid, h.path, err)
@@ -679,7 +679,7 @@ func (s *Store) Remove(oid uint64) error {
 // running on it finish first, change removes or replaces the file at
 // h.path; then the handle leaves the cache, and later requests open the
 // object afresh. ErrNotFound if there is no copy.
-func (s *Store) retire(op string, oid uint64, change func(h *handle) error) error {
+func (s *Store) retire(op string, oid object.OID, change func(h *handle) error) error {
 	for {
 		h, err := s.acquire(op, oid, accessRemove, 0)
 		if err != nil {
@@ -785,7 +785,7 @@ func (s *Store) reserveFor(total uint64) uint64 {
 
 // checkReserve refuses a new object on a disk whose free space is below its
 // reserve.
-func (s *Store) checkReserve(d *diskState, oid uint64) error {
+func (s *Store) checkReserve(d *diskState, oid object.OID) error {
 	space, err := s.space(d.root)
 	if err != nil {
 		return objectError("create", oid, d.root, err)

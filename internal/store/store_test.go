@@ -141,7 +141,7 @@ func TestEpochStampsPersist(t *testing.T) {
 	}
 
 	s = reopen(t, s, options)
-	for oid, want := range map[uint64]uint64{1: 8, 2: 5, 3: 6} {
+	for oid, want := range map[object.OID]object.Epoch{1: 8, 2: 5, 3: 6} {
 		_, info := mustRead(t, s, oid, 1, 0)
 		if info.Epoch != want {
 			t.Errorf("object %d: epoch %d after reopening, want %d", oid, info.Epoch, want)
@@ -186,7 +186,7 @@ func TestSameEpochKeepsHeader(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return hdr.epoch
+		return uint64(hdr.epoch)
 	}
 	mustWrite(t, s, 5, []byte("b"), 1, 4, 0)
 	if epoch := readHeader(); epoch != 99 {
@@ -290,11 +290,11 @@ func patchFile(t *testing.T, path string, offset int64, xor byte) {
 func listAll(t testing.TB, s *Store) map[uint64]Info {
 	t.Helper()
 	listed := map[uint64]Info{}
-	err := s.List(func(oid uint64, info Info) error {
-		if _, dup := listed[oid]; dup {
+	err := s.List(func(oid object.OID, info Info) error {
+		if _, dup := listed[uint64(oid)]; dup {
 			t.Errorf("List reported %016x twice", oid)
 		}
-		listed[oid] = info
+		listed[uint64(oid)] = info
 		return nil
 	})
 	if err != nil {
@@ -467,8 +467,8 @@ func TestList(t *testing.T) {
 	for i := uint64(0); i < 300; i++ {
 		oid := i<<32 | i*7
 		length := 1 + i*100
-		mustWrite(t, s, oid, pattern(i, int(length)), 0, i%5+1, object.FlagCreate)
-		want[oid] = Info{Epoch: i%5 + 1, LengthBytes: length}
+		mustWrite(t, s, object.OID(oid), pattern(i, int(length)), 0, object.Epoch(i%5+1), object.FlagCreate)
+		want[oid] = Info{Epoch: object.Epoch(i%5 + 1), LengthBytes: length}
 	}
 	// A stray file is ignored.
 	if err := os.WriteFile(filepath.Join(s.disks[0].fanoutPath(0), "notes.txt"), nil, 0o600); err != nil {
@@ -493,7 +493,7 @@ func TestList(t *testing.T) {
 
 	stop := errors.New("stop")
 	calls := 0
-	err := s.List(func(uint64, Info) error { calls++; return stop })
+	err := s.List(func(object.OID, Info) error { calls++; return stop })
 	if !errors.Is(err, stop) || calls != 1 {
 		t.Fatalf("List returned %v after %d calls", err, calls)
 	}
@@ -525,7 +525,7 @@ func TestInvalidArguments(t *testing.T) {
 	_, err = s.Read(1, nil, 0)
 	wantErr(t, "Read after Close", err, ErrClosed)
 	wantErr(t, "Flush after Close", s.Flush(), ErrClosed)
-	wantErr(t, "List after Close", s.List(func(uint64, Info) error { return nil }), ErrClosed)
+	wantErr(t, "List after Close", s.List(func(object.OID, Info) error { return nil }), ErrClosed)
 	wantErr(t, "second Close", s.Close(), ErrClosed)
 }
 
@@ -562,8 +562,8 @@ func TestFailedDiskTakenOutOfService(t *testing.T) {
 	s := openTest(t, Options{Disks: []Disk{{Path: good}, {Path: bad}}, OnDiskFailure: func(path string, cause error) { failed <- path }})
 	var onBad, onGood []uint64
 	for oid := uint64(1); len(onBad) < 3 || len(onGood) < 3; oid++ {
-		mustWrite(t, s, oid, []byte("data"), 0, 1, object.FlagCreate)
-		if h := s.peek(oid); h != nil {
+		mustWrite(t, s, object.OID(oid), []byte("data"), 0, 1, object.FlagCreate)
+		if h := s.peek(object.OID(oid)); h != nil {
 			if h.disk.root == filepath.Clean(bad) {
 				onBad = append(onBad, oid)
 			} else {
@@ -578,7 +578,7 @@ func TestFailedDiskTakenOutOfService(t *testing.T) {
 		}
 		return nil
 	}
-	_, err := s.Read(onBad[0], make([]byte, 4), 0)
+	_, err := s.Read(object.OID(onBad[0]), make([]byte, 4), 0)
 	wantErr(t, "Read from the failing disk", err, ErrIO)
 	select {
 	case path := <-failed:
@@ -592,7 +592,7 @@ func TestFailedDiskTakenOutOfService(t *testing.T) {
 		t.Fatalf("FailedDisks %v", got)
 	}
 	for _, oid := range onBad {
-		_, err := s.Read(oid, make([]byte, 4), 0)
+		_, err := s.Read(object.OID(oid), make([]byte, 4), 0)
 		wantErr(t, "Read of a copy on the failed disk", err, ErrNotFound)
 	}
 	listed := listAll(t, s)
@@ -606,7 +606,7 @@ func TestFailedDiskTakenOutOfService(t *testing.T) {
 			t.Fatalf("List lost object %d of the good disk", oid)
 		}
 		got := make([]byte, 4)
-		if _, err := s.Read(oid, got, 0); err != nil || string(got) != "data" {
+		if _, err := s.Read(object.OID(oid), got, 0); err != nil || string(got) != "data" {
 			t.Fatalf("object %d on the good disk: %q %v", oid, got, err)
 		}
 	}
@@ -617,8 +617,8 @@ func TestFailedDiskTakenOutOfService(t *testing.T) {
 		t.Fatalf("second Flush: %v", err)
 	}
 	// Recovery re-creates a lost copy: on the good disk.
-	mustWrite(t, s, onBad[1], []byte("back"), 0, 2, object.FlagCreate)
-	h := s.peek(onBad[1])
+	mustWrite(t, s, object.OID(onBad[1]), []byte("back"), 0, 2, object.FlagCreate)
+	h := s.peek(object.OID(onBad[1]))
 	if h == nil || h.disk.root != filepath.Clean(good) {
 		t.Fatalf("re-created copy not on the good disk")
 	}

@@ -35,7 +35,7 @@ func (c *Cluster) WaitRecovered(alive int, timeout time.Duration) {
 			return false, err
 		}
 		for _, e := range entries {
-			if e.Status.State != "done" || e.Status.Epoch != info.Epoch {
+			if e.Status.State != "done" || uint64(e.Status.Epoch) != info.Epoch {
 				return false, fmt.Errorf("node %s: %+v %s", e.Node, e.Status, e.Error)
 			}
 		}

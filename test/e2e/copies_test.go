@@ -99,9 +99,9 @@ func waitVDICopies(t *testing.T, c *testcluster.Cluster, ids map[string]uint32, 
 			if err != nil {
 				return false, fmt.Errorf("object file %s: %v", file, err)
 			}
-			name, ok := names[object.VDI(oid)]
+			name, ok := names[uint32(object.VDI(object.OID(oid)))]
 			if !ok {
-				return false, fmt.Errorf("object %s of vdi %d, which is neither of %v", file, object.VDI(oid), ids)
+				return false, fmt.Errorf("object %s of vdi %d, which is neither of %v", file, object.VDI(object.OID(oid)), ids)
 			}
 			if len(holders) != want[name] {
 				var on []int

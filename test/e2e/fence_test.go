@@ -101,7 +101,7 @@ func TestStaleCopyNeverServed(t *testing.T) {
 		return out
 	}
 	usable := func(vdi string, p []int) bool {
-		for _, node := range holdersOf(object.MapOID(ids[vdi], 0), 0) {
+		for _, node := range holdersOf(uint64(object.MapOID(object.VDIID(ids[vdi]), 0)), 0) {
 			if node != b && !slices.Contains(p, node) {
 				return true
 			}
@@ -112,7 +112,7 @@ func TestStaleCopyNeverServed(t *testing.T) {
 		var out []objectRef
 		for name := range files {
 			oid, err := strconv.ParseUint(name, 16, 64)
-			if err == nil && object.Type(oid) == object.TypeData && vdiOf(oid) != "" {
+			if err == nil && object.Type(object.OID(oid)) == object.TypeData && vdiOf(oid) != "" {
 				out = append(out, objectRef{vdiOf(oid), int(uint32(oid)), oid})
 			}
 		}

@@ -94,7 +94,7 @@ func TestChecksumsCatchAndRepairRot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := func(index uint32) uint64 { return object.DataOID(vdi.ID, index) }
+	data := func(index uint32) uint64 { return uint64(object.DataOID(object.VDIID(vdi.ID), index)) }
 	const block = 4096
 
 	// A hot object, one replica: node 1 has just read it.
@@ -262,7 +262,7 @@ func TestDeepScrubFindsDifferingReplicas(t *testing.T) {
 	}
 	// Node 2's copy of object 1 gets other bytes in block 2, with the
 	// checksum they need: it verifies, it just differs.
-	path := objectPath(t, c, 2, object.DataOID(vdi.ID, 1))
+	path := objectPath(t, c, 2, uint64(object.DataOID(object.VDIID(vdi.ID), 1)))
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
