@@ -287,7 +287,7 @@ func returningNodeTiedCopy(t *testing.T, path string, digests bool) {
 	if path == "holder restamped first" {
 		peers.beforeStat = func(node string) {
 			if node == "node00" && restamped.CompareAndSwap(false, true) {
-				if err := real.stores["node00"].SetEpoch(oid, object.Epoch(w.cluster.epoch())); err != nil {
+				if err := real.stores["node00"].SetEpoch(object.Epoch(w.cluster.epoch()), oid); err != nil {
 					t.Error(err)
 				}
 			}

@@ -55,7 +55,7 @@ func newRealReplicas(t *testing.T, w *fakeWorld) *realReplicas {
 				if !found {
 					return object.ErrNotFound
 				}
-				return side.Store().SetEpoch(oid, epoch)
+				return side.Store().SetEpoch(epoch, oid)
 			})
 		}
 		r.nodes[id], r.stores[id] = side, s
@@ -124,7 +124,7 @@ func TestCopyStampedAheadIsRetriedInItsEpoch(t *testing.T) {
 
 	epoch := object.Epoch(w.cluster.epoch())
 	oid := object.DataOID(1, 0)
-	if err := real.stores["node02"].SetEpoch(oid, object.Epoch(epoch+3)); err != nil {
+	if err := real.stores["node02"].SetEpoch(object.Epoch(epoch+3), oid); err != nil {
 		t.Fatal(err)
 	}
 	var advance sync.Once

@@ -617,7 +617,7 @@ func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *layout.Epoch, oid 
 				return err
 			}
 			if keep {
-				return r.local.Store().SetEpoch(oid, rv.Number)
+				return r.local.Store().SetEpoch(rv.Number, oid)
 			}
 			sources = from
 		}
@@ -641,7 +641,7 @@ func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *layout.Epoch, oid 
 			// copy (or none), so a copy cut short (disk full, this process
 			// killed) never passes for the newest, and a survey meanwhile
 			// never sees a stamp that went back.
-			if err := r.local.Store().Replace(oid, data, rv.Number); err != nil {
+			if err := r.local.Store().Replace(rv.Number, oid, data); err != nil {
 				return err
 			}
 			copied = true

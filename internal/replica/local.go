@@ -21,15 +21,15 @@ func (l LocalStore) Read(oid object.OID, p []byte, offset uint32) (object.Epoch,
 	return info.Epoch, (err)
 }
 
-func (l LocalStore) Write(oid object.OID, p []byte, offset uint32, epoch object.Epoch, flags object.Flags) error {
-	return (l.Store.Write(oid, p, offset, epoch, flags))
+func (l LocalStore) Write(epoch object.Epoch, oid object.OID, p []byte, offset uint32, flags object.Flags) error {
+	return (l.Store.Write(epoch, oid, p, offset, flags))
 }
 
-func (l LocalStore) Zero(oid object.OID, offset, length uint32, epoch object.Epoch, flags object.Flags) error {
+func (l LocalStore) Zero(epoch object.Epoch, oid object.OID, offset, length uint32, flags object.Flags) error {
 	if flags.Has(object.FlagNoHole) {
-		return (l.Store.WriteZeroes(oid, offset, length, epoch, flags))
+		return (l.Store.WriteZeroes(epoch, oid, offset, length, flags))
 	}
-	return (l.Store.Trim(oid, offset, length, epoch, flags))
+	return (l.Store.Trim(epoch, oid, offset, length, flags))
 }
 
 func (l LocalStore) Remove(oid object.OID) error { return (l.Store.Remove(oid)) }
@@ -44,12 +44,12 @@ func (l LocalStore) Epoch(oid object.OID) (object.Epoch, error) {
 	return epoch, (err)
 }
 
-func (l LocalStore) SetEpoch(oid object.OID, epoch object.Epoch) error {
-	return (l.Store.SetEpoch(oid, epoch))
+func (l LocalStore) SetEpoch(epoch object.Epoch, oid object.OID) error {
+	return (l.Store.SetEpoch(epoch, oid))
 }
 
-func (l LocalStore) Replace(oid object.OID, data []byte, epoch object.Epoch) error {
-	return (l.Store.Replace(oid, data, epoch))
+func (l LocalStore) Replace(epoch object.Epoch, oid object.OID, data []byte) error {
+	return (l.Store.Replace(epoch, oid, data))
 }
 
 func (l LocalStore) Flush() error { return (l.Store.Flush()) }

@@ -47,18 +47,18 @@ import (
 type ObjectStore interface {
 	List(fn func(oid object.OID, stamp object.Epoch) error) error
 	Read(oid object.OID, p []byte, offset uint32) (stamp object.Epoch, err error)
-	Write(oid object.OID, p []byte, offset uint32, epoch object.Epoch, flags object.Flags) error
-	Zero(oid object.OID, offset, length uint32, epoch object.Epoch, flags object.Flags) error
+	Write(epoch object.Epoch, oid object.OID, p []byte, offset uint32, flags object.Flags) error
+	Zero(epoch object.Epoch, oid object.OID, offset, length uint32, flags object.Flags) error
 	Remove(oid object.OID) error
 	// Stat returns the copy's stamp and content digest (store.Info.Digest;
 	// 0: unknown).
 	Stat(oid object.OID) (stamp object.Epoch, digest uint64, err error)
 	Epoch(oid object.OID) (stamp object.Epoch, err error) // Stat without the file size: cheap
-	SetEpoch(oid object.OID, epoch object.Epoch) error
+	SetEpoch(epoch object.Epoch, oid object.OID) error
 	// Replace installs a whole copy stamped epoch at once: until then the
 	// previous copy (or none) is what the store holds, so a copy cut
 	// short never exists and a stamp never goes back.
-	Replace(oid object.OID, data []byte, epoch object.Epoch) error
+	Replace(epoch object.Epoch, oid object.OID, data []byte) error
 	Flush() error
 }
 
@@ -141,7 +141,7 @@ func (r *Replica) Exclusive(oid object.OID, fn func(stamp object.Epoch, found bo
 // So it is refused as from a stale epoch, naming the copy's stamp as the
 // epoch to catch up to: the requester waits for a newer epoch and
 // retries there, as after any STALE_EPOCH.
-func (r *Replica) fence(oid object.OID, epoch object.Epoch) error {
+func (r *Replica) fence(epoch object.Epoch, oid object.OID) error {
 	stamp, err := r.store.Epoch(oid)
 	if err != nil {
 		return err
@@ -149,12 +149,12 @@ func (r *Replica) fence(oid object.OID, epoch object.Epoch) error {
 	if stamp < epoch {
 		return fmt.Errorf("%w: object %016x on this node is from epoch %d, now %d", object.ErrNotRecovered, oid, stamp, epoch)
 	}
-	return behind(oid, stamp, epoch)
+	return behind(epoch, oid, stamp)
 }
 
 // behind refuses a request in epoch to a copy stamped in a later epoch
 // (see fence) with a *object.StaleEpochError naming the stamp.
-func behind(oid object.OID, stamp, epoch object.Epoch) error {
+func behind(epoch object.Epoch, oid object.OID, stamp object.Epoch) error {
 	if stamp > epoch {
 		return fmt.Errorf("object %016x on this node is stamped with epoch %d, after the request's %d: %w", oid, stamp, epoch, &object.StaleEpochError{Current: stamp})
 	}
@@ -237,7 +237,7 @@ func (r *Replica) Read(ctx context.Context, epoch object.Epoch, oid object.OID, 
 	if err := r.Check(ctx, epoch); err != nil {
 		return 0, err
 	}
-	if err := r.fence(oid, epoch); err != nil {
+	if err := r.fence(epoch, oid); err != nil {
 		return 0, err
 	}
 	stamp, err := r.store.Read(oid, p, offset)
@@ -259,7 +259,7 @@ func (r *Replica) Read(ctx context.Context, epoch object.Epoch, oid object.OID, 
 // served in epoch left the copy stamped at least epoch (a later change
 // may have stamped it higher meanwhile, or a remove deleted it: changes
 // share the object's lock).
-func (r *Replica) checkStamped(op string, oid object.OID, epoch object.Epoch) {
+func (r *Replica) checkStamped(op string, epoch object.Epoch, oid object.OID) {
 	if !invariants.Enabled {
 		return
 	}
@@ -311,13 +311,13 @@ func (r *Replica) Write(ctx context.Context, epoch object.Epoch, oid object.OID,
 	l := r.lock(oid)
 	l.RLock()
 	defer l.RUnlock()
-	if err := r.fence(oid, epoch); err != nil && !(flags.Has(object.FlagCreate) && errors.Is(err, object.ErrNotFound)) {
+	if err := r.fence(epoch, oid); err != nil && !(flags.Has(object.FlagCreate) && errors.Is(err, object.ErrNotFound)) {
 		return err
 	}
-	if err := r.store.Write(oid, p, offset, epoch, flags); err != nil {
+	if err := r.store.Write(epoch, oid, p, offset, flags); err != nil {
 		return err
 	}
-	r.checkStamped("write", oid, epoch)
+	r.checkStamped("write", epoch, oid)
 	return nil
 }
 
@@ -329,13 +329,13 @@ func (r *Replica) Zero(ctx context.Context, epoch object.Epoch, oid object.OID, 
 	l := r.lock(oid)
 	l.RLock()
 	defer l.RUnlock()
-	if err := r.fence(oid, epoch); err != nil && !(flags.Has(object.FlagCreate) && errors.Is(err, object.ErrNotFound)) {
+	if err := r.fence(epoch, oid); err != nil && !(flags.Has(object.FlagCreate) && errors.Is(err, object.ErrNotFound)) {
 		return err
 	}
-	if err := r.store.Zero(oid, offset, length, epoch, flags); err != nil {
+	if err := r.store.Zero(epoch, oid, offset, length, flags); err != nil {
 		return err
 	}
-	r.checkStamped("zero", oid, epoch)
+	r.checkStamped("zero", epoch, oid)
 	return nil
 }
 
@@ -349,7 +349,7 @@ func (r *Replica) Remove(ctx context.Context, epoch object.Epoch, oid object.OID
 	defer l.RUnlock()
 	// A copy any older, or damaged, may go; a newer one is fenced.
 	if stamp, err := r.store.Epoch(oid); err == nil {
-		if err := behind(oid, stamp, epoch); err != nil {
+		if err := behind(epoch, oid, stamp); err != nil {
 			return err
 		}
 	}

@@ -129,16 +129,16 @@ func TestDeepScrubComparesTheVDIsCopies(t *testing.T) {
 		},
 	})
 	ctx := context.Background()
-	if err := sc.compare(ctx, object.OID(four), scrubEpoch); err != nil {
+	if err := sc.compare(ctx, scrubEpoch, object.OID(four)); err != nil {
 		t.Fatalf("comparing the copies of a VDI of 4: %v", err)
 	}
 	if st := sc.Status(); st.Mismatched != 1 {
 		t.Fatalf("the fourth copy of a VDI of 4 copies differs: %d mismatched, want 1 (replicas %v)", st.Mismatched, replicasOfFour)
 	}
-	if err := sc.compare(ctx, object.OID(two), scrubEpoch); err != nil {
+	if err := sc.compare(ctx, scrubEpoch, object.OID(two)); err != nil {
 		t.Fatalf("comparing the copies of a VDI of 2: %v", err)
 	}
-	if err := sc.compare(ctx, unknown, scrubEpoch); err != nil {
+	if err := sc.compare(ctx, scrubEpoch, unknown); err != nil {
 		t.Fatalf("an object of a VDI unknown here: %v", err)
 	}
 	if st := sc.Status(); st.Compared != 1 || st.Mismatched != 1 {

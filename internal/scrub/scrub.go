@@ -393,7 +393,7 @@ func (sc *Scrubber) object(ctx context.Context, oid object.OID, buffer []byte) e
 			sc.mu.Lock()
 			sc.status.ChecksumErrors++
 			sc.mu.Unlock()
-			err = sc.repair(ctx, oid, info.Epoch, chunk, uint32(offset))
+			err = sc.repair(ctx, info.Epoch, oid, chunk, uint32(offset))
 		}
 		if err != nil {
 			return err
@@ -403,14 +403,14 @@ func (sc *Scrubber) object(ctx context.Context, oid object.OID, buffer []byte) e
 	deep := sc.status.Deep
 	sc.mu.Unlock()
 	if deep {
-		return sc.compare(ctx, oid, info.Epoch)
+		return sc.compare(ctx, info.Epoch, oid)
 	}
 	return nil
 }
 
 // compare reads every replica of oid, when this node is its first in
 // the current placement, and reports copies that differ under one stamp.
-func (sc *Scrubber) compare(ctx context.Context, oid object.OID, stamp object.Epoch) error {
+func (sc *Scrubber) compare(ctx context.Context, stamp object.Epoch, oid object.OID) error {
 	rv, err := sc.layouts.Current()
 	if err != nil || rv.Format.Copies == 0 || stamp != rv.Number {
 		return err // not current: recovery's business first
@@ -492,7 +492,7 @@ func (sc *Scrubber) upgrade(oid object.OID) (bool, error) {
 }
 
 // repair rewrites the bad blocks of a chunk from another current replica.
-func (sc *Scrubber) repair(ctx context.Context, oid object.OID, stamp object.Epoch, chunk []byte, offset uint32) error {
+func (sc *Scrubber) repair(ctx context.Context, stamp object.Epoch, oid object.OID, chunk []byte, offset uint32) error {
 	rv, err := sc.layouts.Current()
 	if err != nil {
 		return err

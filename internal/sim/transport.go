@@ -57,7 +57,7 @@ type fate struct {
 	delayRequest, delayAnswer time.Duration
 }
 
-func (w *World) fate(from, to, op string, oid object.OID, offset uint32, epoch object.Epoch) fate {
+func (w *World) fate(from, to, op string, epoch object.Epoch, oid object.OID, offset uint32) fate {
 	w.mu.Lock()
 	drop, delay := w.dropPerMille, w.delayMax
 	w.mu.Unlock()
@@ -130,13 +130,13 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 // call sends one request to node and runs handler on its replica side.
-func (t *transport) call(ctx context.Context, node cluster.Node, op string, oid object.OID, offset uint32, epoch object.Epoch, handler func(ctx context.Context, r *replica.Replica) error) error {
-	return t.callServed(ctx, node, op, oid, offset, epoch, func(ctx context.Context, s replica.Served) error { return handler(ctx, s.Replica) })
+func (t *transport) call(ctx context.Context, node cluster.Node, op string, epoch object.Epoch, oid object.OID, offset uint32, handler func(ctx context.Context, r *replica.Replica) error) error {
+	return t.callServed(ctx, node, op, epoch, oid, offset, func(ctx context.Context, s replica.Served) error { return handler(ctx, s.Replica) })
 }
 
 // callServed is call with the node's whole side of the object protocol:
 // its replica and its recovery (RECOVER).
-func (t *transport) callServed(ctx context.Context, node cluster.Node, op string, oid object.OID, offset uint32, epoch object.Epoch, handler func(ctx context.Context, s replica.Served) error) error {
+func (t *transport) callServed(ctx context.Context, node cluster.Node, op string, epoch object.Epoch, oid object.OID, offset uint32, handler func(ctx context.Context, s replica.Served) error) error {
 	w := t.w
 	to := w.index(node.ID)
 	if to < 0 {
@@ -150,7 +150,7 @@ func (t *transport) callServed(ctx context.Context, node cluster.Node, op string
 		}
 		return handler(ctx, p.served)
 	}
-	f := w.fate(t.from.node.id, node.ID, op, oid, offset, epoch)
+	f := w.fate(t.from.node.id, node.ID, op, epoch, oid, offset)
 	target, err := w.link(ctx, t.from, to)
 	if err != nil {
 		return err
@@ -225,7 +225,7 @@ func (w *World) index(id string) int {
 func (t *transport) Read(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32) (object.Epoch, error) {
 	var stamp object.Epoch
 	buffer := make([]byte, len(p))
-	err := t.call(ctx, node, "read", oid, offset, epoch, func(ctx context.Context, r *replica.Replica) error {
+	err := t.call(ctx, node, "read", epoch, oid, offset, func(ctx context.Context, r *replica.Replica) error {
 		var err error
 		stamp, err = r.Read(ctx, epoch, oid, buffer, offset)
 		return err
@@ -241,7 +241,7 @@ func (t *transport) Read(ctx context.Context, node cluster.Node, epoch object.Ep
 // when it is sent: the caller may reuse p once it returns.
 func (t *transport) Write(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32, flags object.Flags) error {
 	data := bytes.Clone(p)
-	return t.call(ctx, node, "write", oid, offset, epoch, func(ctx context.Context, r *replica.Replica) error {
+	return t.call(ctx, node, "write", epoch, oid, offset, func(ctx context.Context, r *replica.Replica) error {
 		return r.Write(ctx, epoch, oid, data, offset, flags)
 	})
 }
@@ -274,21 +274,21 @@ func (t *transport) StartFlush(ctx context.Context, node cluster.Node, epoch obj
 
 // Zero implements gateway.Replicas.
 func (t *transport) Zero(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, offset, length uint32, flags object.Flags) error {
-	return t.call(ctx, node, "zero", oid, offset, epoch, func(ctx context.Context, r *replica.Replica) error {
+	return t.call(ctx, node, "zero", epoch, oid, offset, func(ctx context.Context, r *replica.Replica) error {
 		return r.Zero(ctx, epoch, oid, offset, length, flags)
 	})
 }
 
 // Remove implements gateway.Replicas.
 func (t *transport) Remove(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error {
-	return t.call(ctx, node, "remove", oid, 0, epoch, func(ctx context.Context, r *replica.Replica) error {
+	return t.call(ctx, node, "remove", epoch, oid, 0, func(ctx context.Context, r *replica.Replica) error {
 		return r.Remove(ctx, epoch, oid)
 	})
 }
 
 // Flush implements gateway.Replicas.
 func (t *transport) Flush(ctx context.Context, node cluster.Node, epoch object.Epoch) error {
-	return t.call(ctx, node, "flush", 0, 0, epoch, func(ctx context.Context, r *replica.Replica) error {
+	return t.call(ctx, node, "flush", epoch, 0, 0, func(ctx context.Context, r *replica.Replica) error {
 		return r.Flush(ctx, epoch)
 	})
 }
@@ -299,7 +299,7 @@ func (t *transport) Flush(ctx context.Context, node cluster.Node, epoch object.E
 func (t *transport) Stat(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) (object.Epoch, uint64, error) {
 	var stamp object.Epoch
 	var digest uint64
-	err := t.call(ctx, node, "stat", oid, 0, epoch, func(ctx context.Context, r *replica.Replica) error {
+	err := t.call(ctx, node, "stat", epoch, oid, 0, func(ctx context.Context, r *replica.Replica) error {
 		var err error
 		stamp, digest, err = r.Stat(ctx, epoch, oid)
 		return err
@@ -314,7 +314,7 @@ func (t *transport) Stat(ctx context.Context, node cluster.Node, epoch object.Ep
 func (t *transport) Fetch(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte) (object.Epoch, error) {
 	var stamp object.Epoch
 	buffer := make([]byte, len(p))
-	err := t.call(ctx, node, "fetch", oid, 0, epoch, func(ctx context.Context, r *replica.Replica) error {
+	err := t.call(ctx, node, "fetch", epoch, oid, 0, func(ctx context.Context, r *replica.Replica) error {
 		var err error
 		stamp, err = r.Fetch(ctx, epoch, oid, buffer)
 		return err
@@ -330,7 +330,7 @@ func (t *transport) Fetch(ctx context.Context, node cluster.Node, epoch object.E
 func (t *transport) FetchAt(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32) (object.Epoch, error) {
 	var stamp object.Epoch
 	buffer := make([]byte, len(p))
-	err := t.call(ctx, node, "fetch", oid, 0, epoch, func(ctx context.Context, r *replica.Replica) error {
+	err := t.call(ctx, node, "fetch", epoch, oid, 0, func(ctx context.Context, r *replica.Replica) error {
 		var err error
 		stamp, err = r.FetchAt(ctx, epoch, oid, buffer, offset)
 		return err
@@ -344,7 +344,7 @@ func (t *transport) FetchAt(ctx context.Context, node cluster.Node, epoch object
 
 // Recover implements gateway.Replicas.
 func (t *transport) Recover(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error {
-	return t.callServed(ctx, node, "recover", oid, 0, epoch, func(ctx context.Context, s replica.Served) error {
+	return t.callServed(ctx, node, "recover", epoch, oid, 0, func(ctx context.Context, s replica.Served) error {
 		return s.Recover(ctx, epoch, oid)
 	})
 }
@@ -353,7 +353,7 @@ func (t *transport) Recover(ctx context.Context, node cluster.Node, epoch object
 // checked, then every copy listed with its stamp.
 func (t *transport) List(ctx context.Context, node cluster.Node, epoch object.Epoch) (map[object.OID]object.Epoch, error) {
 	var out map[object.OID]object.Epoch
-	err := t.call(ctx, node, "list", 0, 0, epoch, func(ctx context.Context, r *replica.Replica) error {
+	err := t.call(ctx, node, "list", epoch, 0, 0, func(ctx context.Context, r *replica.Replica) error {
 		if err := r.Check(ctx, epoch); err != nil {
 			return err
 		}

@@ -18,7 +18,7 @@ func BenchmarkWrite(b *testing.B) {
 			p := pattern(1, size)
 			const objects = 64
 			for oid := uint64(0); oid < objects; oid++ {
-				mustWrite(b, s, object.OID(oid), nil, 0, 1, object.FlagCreate)
+				mustWrite(b, s, 1, object.OID(oid), nil, 0, object.FlagCreate)
 			}
 			var next atomic.Uint64
 			b.SetBytes(int64(size))
@@ -27,7 +27,7 @@ func BenchmarkWrite(b *testing.B) {
 				for pb.Next() {
 					n := next.Add(1)
 					offset := uint32(n*uint64(size)) % (4 << 20)
-					if err := s.Write(object.OID(n%objects), p, offset, 1, 0); err != nil {
+					if err := s.Write(1, object.OID(n%objects), p, offset, 0); err != nil {
 						b.Error(err)
 						return
 					}
@@ -43,7 +43,7 @@ func BenchmarkRead(b *testing.B) {
 			s := openTest(b, Options{})
 			const objects = 8
 			for oid := uint64(0); oid < objects; oid++ {
-				mustWrite(b, s, object.OID(oid), pattern(oid, 4<<20), 0, 1, object.FlagCreate)
+				mustWrite(b, s, 1, object.OID(oid), pattern(oid, 4<<20), 0, object.FlagCreate)
 			}
 			var next atomic.Uint64
 			b.SetBytes(int64(size))
@@ -68,10 +68,10 @@ func BenchmarkRead(b *testing.B) {
 func BenchmarkWriteSync(b *testing.B) {
 	s := openTest(b, Options{})
 	p := pattern(1, 4096)
-	mustWrite(b, s, 1, nil, 0, 1, object.FlagCreate)
+	mustWrite(b, s, 1, 1, nil, 0, object.FlagCreate)
 	b.SetBytes(4096)
 	for i := 0; b.Loop(); i++ {
-		if err := s.Write(1, p, uint32(i%1024)*4096, 1, object.FlagSync); err != nil {
+		if err := s.Write(1, 1, p, uint32(i%1024)*4096, object.FlagSync); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -93,14 +93,14 @@ func BenchmarkChecksums(b *testing.B) {
 					s := openTest(b, Options{})
 					const objectSize = 4 << 20
 					p := pattern(1, size)
-					mustWrite(b, s, 1, pattern(2, objectSize), 0, 1, object.FlagCreate)
+					mustWrite(b, s, 1, 1, pattern(2, objectSize), 0, object.FlagCreate)
 					b.SetBytes(int64(size))
 					b.ResetTimer()
 					offset := 0
 					for i := 0; i < b.N; i++ {
 						var err error
 						if op == "write" {
-							err = s.Write(1, p, uint32(offset), 1, 0)
+							err = s.Write(1, 1, p, uint32(offset), 0)
 						} else {
 							_, err = s.Read(1, p, uint32(offset))
 						}

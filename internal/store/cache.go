@@ -136,7 +136,7 @@ func (s *Store) shard(oid object.OID) *cacheShard {
 // (with accessCreate) creating the file if it is not in the cache. epoch
 // stamps a created object. The caller must release the handle and must
 // check usable() unless it is Remove.
-func (s *Store) acquire(op string, oid object.OID, mode access, epoch object.Epoch) (*handle, error) {
+func (s *Store) acquire(op string, epoch object.Epoch, oid object.OID, mode access) (*handle, error) {
 	shard := s.shard(oid)
 	for {
 		shard.mu.Lock()

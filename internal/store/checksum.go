@@ -380,7 +380,7 @@ func (s *Store) Upgrade(oid object.OID) (bool, error) {
 	var data []byte
 	var stamp object.Epoch
 	legacy := false
-	err := s.with("upgrade", oid, accessExisting, 0, func(h *handle) error {
+	err := s.with("upgrade", 0, oid, accessExisting, func(h *handle) error {
 		if !h.legacy {
 			return nil
 		}
@@ -399,7 +399,7 @@ func (s *Store) Upgrade(oid object.OID) (bool, error) {
 	if err != nil || !legacy {
 		return false, err
 	}
-	if err := s.Replace(oid, data, stamp); err != nil {
+	if err := s.Replace(stamp, oid, data); err != nil {
 		return false, err
 	}
 	s.logger.Info("store: gave a copy written before data checksums its checksums", "oid", oidString(oid))

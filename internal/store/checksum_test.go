@@ -37,7 +37,7 @@ func TestChecksumCatchesRot(t *testing.T) {
 	s := openTest(t, Options{})
 	const oid = 7
 	data := pattern(1, 3*blockSize)
-	mustWrite(t, s, oid, data, 0, 1, object.FlagCreate)
+	mustWrite(t, s, 1, oid, data, 0, object.FlagCreate)
 	flipBit(t, s, oid, blockSize+100)
 
 	p := make([]byte, 3*blockSize)
@@ -53,7 +53,7 @@ func TestChecksumCatchesRot(t *testing.T) {
 	if _, err := s.Read(oid, make([]byte, 1), blockSize+4000); !errors.Is(err, ErrChecksum) {
 		t.Fatalf("one byte of the bad block: %v, want ErrChecksum", err)
 	}
-	if err := s.Write(oid, []byte("partial"), blockSize+10, 1, 0); !errors.Is(err, ErrChecksum) {
+	if err := s.Write(1, oid, []byte("partial"), blockSize+10, 0); !errors.Is(err, ErrChecksum) {
 		t.Fatalf("partial write into the bad block: %v, want ErrChecksum", err)
 	}
 	if got := s.disks[0].checksumErrors.Load(); got < 3 {
@@ -86,7 +86,7 @@ func TestChecksumCatchesRot(t *testing.T) {
 	// A whole-block write over a bad block needs no repair first.
 	flipBit(t, s, oid, 2*blockSize)
 	fresh := pattern(3, blockSize)
-	mustWrite(t, s, oid, fresh, 2*blockSize, 1, 0)
+	mustWrite(t, s, 1, oid, fresh, 2*blockSize, 0)
 	got, _ = mustRead(t, s, oid, blockSize, 2*blockSize)
 	if !bytes.Equal(got, fresh) {
 		t.Fatal("a whole-block write over a bad block did not read back")
@@ -102,16 +102,16 @@ func TestChecksumsFollowEveryChange(t *testing.T) {
 	model := make([]byte, 64<<10)
 	write := func(p []byte, offset int) {
 		t.Helper()
-		mustWrite(t, s, oid, p, uint32(offset), 1, object.FlagCreate)
+		mustWrite(t, s, 1, oid, p, uint32(offset), object.FlagCreate)
 		copy(model[offset:], p)
 	}
 	zero := func(offset, length int, trim bool) {
 		t.Helper()
 		var err error
 		if trim {
-			err = s.Trim(oid, uint32(offset), uint32(length), 1, 0)
+			err = s.Trim(1, oid, uint32(offset), uint32(length), 0)
 		} else {
-			err = s.WriteZeroes(oid, uint32(offset), uint32(length), 1, object.FlagNoHole)
+			err = s.WriteZeroes(1, oid, uint32(offset), uint32(length), object.FlagNoHole)
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -137,7 +137,7 @@ func TestChecksumsFollowEveryChange(t *testing.T) {
 	check()
 	s = reopen(t, s, options)
 	check()
-	if err := s.Write(oid, nil, 0, 1, object.FlagCreate|object.FlagFresh); err != nil {
+	if err := s.Write(1, oid, nil, 0, object.FlagCreate|object.FlagFresh); err != nil {
 		t.Fatal(err)
 	}
 	clear(model)
@@ -151,7 +151,7 @@ func TestLegacyCopyIsReadUnverified(t *testing.T) {
 	s := openTest(t, options)
 	const oid = 0x0100000500000003
 	data := pattern(5, 10000)
-	mustWrite(t, s, oid, []byte{1}, 0, 4, object.FlagCreate)
+	mustWrite(t, s, 4, oid, []byte{1}, 0, object.FlagCreate)
 	path := s.disks[0].objectPath(oid)
 	s = reopen(t, s, options)
 	// Rewrite the file the way a herd before checksums did.
@@ -167,7 +167,7 @@ func TestLegacyCopyIsReadUnverified(t *testing.T) {
 	if !bytes.Equal(got, data) || info.Epoch != 4 {
 		t.Fatalf("legacy copy read back wrong (epoch %d)", info.Epoch)
 	}
-	mustWrite(t, s, oid, []byte("new"), 5000, 4, 0)
+	mustWrite(t, s, 4, oid, []byte("new"), 5000, 0)
 	copy(data[5000:], "new")
 	got, _ = mustRead(t, s, oid, len(data), 0)
 	if !bytes.Equal(got, data) {
@@ -187,8 +187,8 @@ func TestJournalCompaction(t *testing.T) {
 	s := openTest(t, Options{})
 	j := s.disks[0].journal
 	for oid := uint64(1); oid <= 6; oid++ {
-		mustWrite(t, s, object.OID(oid), []byte("a"), 0, 1, object.FlagCreate)
-		mustWrite(t, s, object.OID(oid), []byte("b"), 1, 1, 0)
+		mustWrite(t, s, 1, object.OID(oid), []byte("a"), 0, object.FlagCreate)
+		mustWrite(t, s, 1, object.OID(oid), []byte("b"), 1, 0)
 	}
 	if got := j.size(); got != 6 {
 		t.Fatalf("journal lists %d objects, want 6", got)
@@ -203,7 +203,7 @@ func TestJournalCompaction(t *testing.T) {
 	if got := j.size(); got != 0 {
 		t.Fatalf("after a Flush the journal lists %d objects, want 0", got)
 	}
-	mustWrite(t, s, 3, []byte("c"), 0, 1, 0)
+	mustWrite(t, s, 1, 3, []byte("c"), 0, 0)
 	listed, err = j.listed()
 	if err != nil || len(listed) != 1 || listed[0] != 3 {
 		t.Fatalf("journal file lists %v (%v), want [3]", listed, err)
@@ -216,7 +216,7 @@ func TestUpgradeLegacyCopy(t *testing.T) {
 	options := Options{Disks: []Disk{{Path: tempDisk(t)}}}
 	s := openTest(t, options)
 	const oid = 21
-	mustWrite(t, s, oid, []byte{1}, 0, 6, object.FlagCreate)
+	mustWrite(t, s, 6, oid, []byte{1}, 0, object.FlagCreate)
 	path := s.disks[0].objectPath(oid)
 	s = reopen(t, s, options)
 	data := pattern(8, 3*blockSize+100)

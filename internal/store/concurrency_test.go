@@ -26,7 +26,7 @@ func TestConcurrentWriters(t *testing.T) {
 			oid := uint64(w + 1)
 			for n := range 40 {
 				p := pattern(uint64(w*1000+n), 5000)
-				if err := s.Write(object.OID(oid), p, uint32(n*3000), object.Epoch(uint64(1+n/2)), object.FlagCreate); err != nil { // stamps rise, never go back
+				if err := s.Write(object.Epoch(uint64(1+n/2)), object.OID(oid), p, uint32(n*3000), object.FlagCreate); err != nil { // stamps rise, never go back
 					errs <- err
 					return
 				}
@@ -42,7 +42,7 @@ func TestConcurrentWriters(t *testing.T) {
 			for b := range blocks {
 				block := uint32(b*writers + w)
 				p := pattern(uint64(block), 4096)
-				if err := s.Write(shared, p, block*4096, 7, object.FlagCreate); err != nil {
+				if err := s.Write(7, shared, p, block*4096, object.FlagCreate); err != nil {
 					errs <- err
 					return
 				}
@@ -104,7 +104,7 @@ func TestFDCacheEvictionUnderConcurrency(t *testing.T) {
 				switch op := random.IntN(10); {
 				case op < 4:
 					versions[k] = uint64(n + 1)
-					if err := s.Write(object.OID(oid), pattern(oid<<32|versions[k], 1000), 100, 1, object.FlagCreate); err != nil {
+					if err := s.Write(1, object.OID(oid), pattern(oid<<32|versions[k], 1000), 100, object.FlagCreate); err != nil {
 						errs <- err
 						return
 					}
@@ -198,11 +198,11 @@ func TestRemoveWhileWriting(t *testing.T) {
 				var err error
 				switch w {
 				case 0:
-					err = s.Write(oid, pattern(uint64(n), 4096), 0, 1, object.FlagCreate)
+					err = s.Write(1, oid, pattern(uint64(n), 4096), 0, object.FlagCreate)
 				case 1:
 					_, err = s.Read(oid, make([]byte, 4096), 0)
 				case 2:
-					err = s.Write(oid+1, []byte("x"), 0, 1, object.FlagCreate|object.FlagSync)
+					err = s.Write(1, oid+1, []byte("x"), 0, object.FlagCreate|object.FlagSync)
 				}
 				if err != nil && !errors.Is(err, ErrNotFound) {
 					errs <- err
@@ -235,7 +235,7 @@ func TestListWhileRestamping(t *testing.T) {
 	s := openTest(t, Options{OpenFiles: 2})
 	const objects = 20
 	for oid := uint64(0); oid < objects; oid++ {
-		mustWrite(t, s, object.OID(oid), []byte("a"), 0, 1, object.FlagCreate)
+		mustWrite(t, s, 1, object.OID(oid), []byte("a"), 0, object.FlagCreate)
 	}
 	stop := make(chan struct{})
 	var wait sync.WaitGroup
@@ -248,7 +248,7 @@ func TestListWhileRestamping(t *testing.T) {
 					return
 				default:
 				}
-				if err := s.SetEpoch(object.OID((n*2+uint64(w))%objects), object.Epoch(n+2)); err != nil {
+				if err := s.SetEpoch(object.Epoch(n+2), object.OID((n*2+uint64(w))%objects)); err != nil {
 					errs <- err
 					return
 				}

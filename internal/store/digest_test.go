@@ -26,24 +26,24 @@ func TestDigestFollowsContent(t *testing.T) {
 	}
 	data := pattern(1, 5*blockSize+100)
 	// 1: written in one piece, stamped 3.
-	mustWrite(t, s, 1, data, 0, 3, object.FlagCreate)
+	mustWrite(t, s, 3, 1, data, 0, object.FlagCreate)
 	// 2: the same bytes in pieces not aligned on blocks, in other epochs.
-	mustWrite(t, s, 2, data[:7000], 0, 4, object.FlagCreate)
-	mustWrite(t, s, 2, data[7000:], 7000, 5, 0)
+	mustWrite(t, s, 4, 2, data[:7000], 0, object.FlagCreate)
+	mustWrite(t, s, 5, 2, data[7000:], 7000, 0)
 	// 3: installed whole, ObjectSize long: zeros beyond the data.
 	whole := make([]byte, 1<<20)
 	copy(whole, data)
-	if err := s.Replace(3, whole, 9); err != nil {
+	if err := s.Replace(9, 3, whole); err != nil {
 		t.Fatal(err)
 	}
 	// 4: with a block of zeros past the end, written, then a hole punched
 	// over what was written there.
-	mustWrite(t, s, 4, data, 0, 3, object.FlagCreate)
-	if err := s.WriteZeroes(4, 8*blockSize, blockSize, 3, object.FlagNoHole); err != nil {
+	mustWrite(t, s, 3, 4, data, 0, object.FlagCreate)
+	if err := s.WriteZeroes(3, 4, 8*blockSize, blockSize, object.FlagNoHole); err != nil {
 		t.Fatal(err)
 	}
-	mustWrite(t, s, 4, pattern(9, blockSize), 10*blockSize, 3, 0)
-	if err := s.Trim(4, 10*blockSize, blockSize, 3, 0); err != nil {
+	mustWrite(t, s, 3, 4, pattern(9, blockSize), 10*blockSize, 0)
+	if err := s.Trim(3, 4, 10*blockSize, blockSize, 0); err != nil {
 		t.Fatal(err)
 	}
 	want := digest(1)
@@ -53,7 +53,7 @@ func TestDigestFollowsContent(t *testing.T) {
 		}
 	}
 	// A restamp changes nothing.
-	if err := s.SetEpoch(1, 12); err != nil {
+	if err := s.SetEpoch(12, 1); err != nil {
 		t.Fatal(err)
 	}
 	if got := digest(1); got != want {
@@ -61,8 +61,8 @@ func TestDigestFollowsContent(t *testing.T) {
 	}
 	// One changed byte, anywhere, does.
 	for _, at := range []uint32{0, 3 * blockSize, uint32(len(data) - 1), 20 * blockSize} {
-		mustWrite(t, s, 5, data, 0, 3, object.FlagCreate)
-		mustWrite(t, s, 5, []byte{data[min(int(at), len(data)-1)] ^ 1}, at, 3, 0)
+		mustWrite(t, s, 3, 5, data, 0, object.FlagCreate)
+		mustWrite(t, s, 3, 5, []byte{data[min(int(at), len(data)-1)] ^ 1}, at, 0)
 		if digest(5) == want {
 			t.Errorf("a byte changed at %d: same digest", at)
 		}
@@ -71,8 +71,8 @@ func TestDigestFollowsContent(t *testing.T) {
 		}
 	}
 	// An empty copy and a copy of zeros are the same content.
-	mustWrite(t, s, 6, make([]byte, blockSize), 0, 3, object.FlagCreate)
-	mustWrite(t, s, 7, []byte{0}, 100, 3, object.FlagCreate)
+	mustWrite(t, s, 3, 6, make([]byte, blockSize), 0, object.FlagCreate)
+	mustWrite(t, s, 3, 7, []byte{0}, 100, object.FlagCreate)
 	if digest(6) != digest(7) || digest(6) == want {
 		t.Errorf("copies of zeros: digests %016x and %016x", digest(6), digest(7))
 	}
@@ -84,7 +84,7 @@ func TestLegacyCopyHasNoDigest(t *testing.T) {
 	options := Options{Disks: []Disk{{Path: tempDisk(t)}}}
 	s := openTest(t, options)
 	const oid = 31
-	mustWrite(t, s, oid, []byte{1}, 0, 4, object.FlagCreate)
+	mustWrite(t, s, 4, oid, []byte{1}, 0, object.FlagCreate)
 	path := s.disks[0].objectPath(oid)
 	s = reopen(t, s, options)
 	encoded := header{oid: oid, epoch: 4, legacy: true}.encode()

@@ -36,7 +36,7 @@ func TestMultipleDisks(t *testing.T) {
 	s := openTest(t, options)
 	const objects = 600
 	for oid := uint64(0); oid < objects; oid++ {
-		mustWrite(t, s, object.OID(oid<<8), pattern(oid, 64), 0, object.Epoch(oid%3+1), object.FlagCreate)
+		mustWrite(t, s, object.Epoch(oid%3+1), object.OID(oid<<8), pattern(oid, 64), 0, object.FlagCreate)
 	}
 	counts := countFiles(t, roots)
 	for i, count := range counts {
@@ -80,7 +80,7 @@ func TestMultipleDisks(t *testing.T) {
 		}
 	}
 	for oid := uint64(objects); oid < objects+200; oid++ {
-		mustWrite(t, s, object.OID(oid<<8), pattern(oid, 64), 0, 1, object.FlagCreate)
+		mustWrite(t, s, 1, object.OID(oid<<8), pattern(oid, 64), 0, object.FlagCreate)
 	}
 	if n := countFiles(t, []string{extra})[0]; n < 50 {
 		t.Errorf("the new disk of half the weight received %d of 200 new objects", n)
@@ -88,7 +88,7 @@ func TestMultipleDisks(t *testing.T) {
 	// Objects that were on the removed disk are missing; writing them
 	// with Create makes new copies on the current disks.
 	for oid := uint64(0); oid < 100; oid++ {
-		mustWrite(t, s, object.OID(oid<<8), []byte("x"), 0, 9, object.FlagCreate)
+		mustWrite(t, s, 9, object.OID(oid<<8), []byte("x"), 0, object.FlagCreate)
 	}
 
 	// All four disks: objects with a copy on two disks are read from,
@@ -146,23 +146,23 @@ func TestReserve(t *testing.T) {
 		return Space{FreeBytes: free.Load(), TotalBytes: 100 << 30}, nil
 	}
 	s := openTest(t, Options{DiskSpace: space})
-	mustWrite(t, s, 1, []byte("a"), 0, 1, object.FlagCreate)
+	mustWrite(t, s, 1, 1, []byte("a"), 0, object.FlagCreate)
 
 	// Default reserve: 5% of 100 GiB is 5 GiB, capped at 1 GiB.
 	free.Store(1<<30 + 1)
-	mustWrite(t, s, 2, []byte("b"), 0, 1, object.FlagCreate)
+	mustWrite(t, s, 1, 2, []byte("b"), 0, object.FlagCreate)
 	free.Store(1<<30 - 1)
-	err := s.Write(3, []byte("c"), 0, 1, object.FlagCreate)
+	err := s.Write(1, 3, []byte("c"), 0, object.FlagCreate)
 	wantErr(t, "create below the reserve", err, ErrNoSpace)
-	wantErr(t, "zero-create below the reserve", s.WriteZeroes(3, 0, 1, 1, object.FlagCreate), ErrNoSpace)
+	wantErr(t, "zero-create below the reserve", s.WriteZeroes(1, 3, 0, 1, object.FlagCreate), ErrNoSpace)
 	if _, err := s.Stat(3); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("a refused create left an object: %v", err)
 	}
 	// Existing objects take writes, also with Create.
-	mustWrite(t, s, 1, []byte("still"), 4096, 1, 0)
-	mustWrite(t, s, 2, []byte("still"), 4096, 1, object.FlagCreate)
+	mustWrite(t, s, 1, 1, []byte("still"), 4096, 0)
+	mustWrite(t, s, 1, 2, []byte("still"), 4096, object.FlagCreate)
 	free.Store(2 << 30)
-	mustWrite(t, s, 3, []byte("c"), 0, 1, object.FlagCreate)
+	mustWrite(t, s, 1, 3, []byte("c"), 0, object.FlagCreate)
 
 	used, capacity, err := s.Usage()
 	if err != nil || capacity != 100<<30 || used != 98<<30 {
@@ -186,7 +186,7 @@ func TestReserve(t *testing.T) {
 	}
 	s2 := openTest(t, Options{DiskSpace: space, ReserveBytes: -1})
 	free.Store(0)
-	mustWrite(t, s2, 1, []byte("a"), 0, 1, object.FlagCreate)
+	mustWrite(t, s2, 1, 1, []byte("a"), 0, object.FlagCreate)
 
 	failing := func(string) (Space, error) { return Space{}, os.ErrPermission }
 	_, err = Open(Options{Disks: []Disk{{Path: tempDisk(t)}}, DiskSpace: failing})

@@ -18,7 +18,7 @@ func TestFlushSyncsWhatChanged(t *testing.T) {
 	d := s.disks[0]
 	oids := []uint64{1, 2, 3}
 	for _, oid := range oids {
-		mustWrite(t, s, object.OID(oid), pattern(oid, 100), 0, 1, object.FlagCreate)
+		mustWrite(t, s, 1, object.OID(oid), pattern(oid, 100), 0, object.FlagCreate)
 	}
 	if err := s.Flush(); err != nil {
 		t.Fatal(err)
@@ -45,11 +45,11 @@ func TestFlushSyncsWhatChanged(t *testing.T) {
 	}
 
 	// A rewrite syncs the file only; a restamp and a punch count as writes.
-	mustWrite(t, s, 1, []byte("x"), 0, 1, 0)
-	if err := s.SetEpoch(2, 5); err != nil {
+	mustWrite(t, s, 1, 1, []byte("x"), 0, 0)
+	if err := s.SetEpoch(5, 2); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Trim(3, 0, 4096, 1, 0); err != nil {
+	if err := s.Trim(1, 3, 0, 4096, 0); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Flush(); err != nil {
@@ -63,12 +63,12 @@ func TestFlushSyncsWhatChanged(t *testing.T) {
 	// FUA: synced before Write returns, with the new file's directories,
 	// and not again by the next Flush.
 	const fresh = 0x5555
-	mustWrite(t, s, fresh, []byte("fua"), 0, 1, object.FlagCreate|object.FlagSync)
+	mustWrite(t, s, 1, fresh, []byte("fua"), 0, object.FlagCreate|object.FlagSync)
 	files, dirs = counter.take()
 	if files[d.objectPath(fresh)] != 1 || dirs[d.fanoutPath(fanoutIndex(fresh))] != 1 {
 		t.Errorf("FUA create: files %v, directories %v", files, dirs)
 	}
-	mustWrite(t, s, fresh, []byte("fua"), 0, 1, object.FlagSync)
+	mustWrite(t, s, 1, fresh, []byte("fua"), 0, object.FlagSync)
 	files, dirs = counter.take()
 	if files[d.objectPath(fresh)] != 1 || len(dirs) != 0 {
 		t.Errorf("FUA rewrite: files %v, directories %v", files, dirs)
@@ -81,8 +81,8 @@ func TestFlushSyncsWhatChanged(t *testing.T) {
 	}
 
 	// Sync(oid) syncs one object.
-	mustWrite(t, s, 1, []byte("y"), 0, 1, 0)
-	mustWrite(t, s, 2, []byte("y"), 0, 5, 0)
+	mustWrite(t, s, 1, 1, []byte("y"), 0, 0)
+	mustWrite(t, s, 5, 2, []byte("y"), 0, 0)
 	if err := s.Sync(1); err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestFlushContract(t *testing.T) {
 				i := w + writers*random.IntN(objects/writers)
 				number := sequence.Add(1)
 				started[i].Store(number)
-				err := s.Write(object.OID(uint64(i)), pattern(uint64(number), 512), uint32(random.IntN(64))*4096, 1, object.FlagCreate)
+				err := s.Write(1, object.OID(uint64(i)), pattern(uint64(number), 512), uint32(random.IntN(64))*4096, object.FlagCreate)
 				if err != nil {
 					errs <- err
 					return
@@ -203,8 +203,8 @@ func TestFailedSyncDamagesCopy(t *testing.T) {
 		}
 		return nil
 	}
-	mustWrite(t, s, bad, pattern(1, 4096), 0, 2, object.FlagCreate)
-	mustWrite(t, s, good, pattern(2, 4096), 0, 2, object.FlagCreate)
+	mustWrite(t, s, 2, bad, pattern(1, 4096), 0, object.FlagCreate)
+	mustWrite(t, s, 2, good, pattern(2, 4096), 0, object.FlagCreate)
 	err := s.Flush()
 	wantErr(t, "Flush", err, ErrCorrupt)
 	wantErr(t, "Flush", err, ErrIO)
@@ -217,7 +217,7 @@ func TestFailedSyncDamagesCopy(t *testing.T) {
 	// The copy is refused, and every Flush reports it until removed.
 	_, err = s.Read(bad, make([]byte, 10), 0)
 	wantErr(t, "Read of a damaged copy", err, ErrCorrupt)
-	wantErr(t, "Write to a damaged copy", s.Write(bad, []byte("x"), 0, 2, object.FlagCreate), ErrCorrupt)
+	wantErr(t, "Write to a damaged copy", s.Write(2, bad, []byte("x"), 0, object.FlagCreate), ErrCorrupt)
 	wantErr(t, "Sync of a damaged copy", s.Sync(bad), ErrCorrupt)
 	wantErr(t, "second Flush", s.Flush(), ErrCorrupt)
 	if listed := listAll(t, s); !listed[bad].Damaged || listed[good].Damaged {
@@ -240,15 +240,15 @@ func TestFailedSyncDamagesCopy(t *testing.T) {
 	if err := s.Remove(bad); err != nil {
 		t.Fatal(err)
 	}
-	mustWrite(t, s, bad, []byte("recovered"), 0, 3, object.FlagCreate|object.FlagSync)
+	mustWrite(t, s, 3, bad, []byte("recovered"), 0, object.FlagCreate|object.FlagSync)
 
 	// A failed FUA write damages the copy too.
 	counter = countSyncs(s)
 	counter.fail = func(path string) error {
 		return &os.PathError{Op: "fdatasync", Path: path, Err: syscall.EIO}
 	}
-	mustWrite(t, s, good, []byte("y"), 0, 2, 0)
-	wantErr(t, "FUA write", s.Write(good, []byte("y"), 0, 2, object.FlagSync), ErrIO)
+	mustWrite(t, s, 2, good, []byte("y"), 0, 0)
+	wantErr(t, "FUA write", s.Write(2, good, []byte("y"), 0, object.FlagSync), ErrIO)
 	counter.fail = nil
 	wantErr(t, "Flush after a failed FUA write", s.Flush(), ErrCorrupt)
 	if err := s.Remove(good); err != nil {
@@ -257,7 +257,7 @@ func TestFailedSyncDamagesCopy(t *testing.T) {
 	if err := s.Flush(); err != nil {
 		t.Fatalf("Flush after removing the damaged copy: %v", err)
 	}
-	mustWrite(t, s, good, []byte("recovered"), 0, 3, object.FlagCreate|object.FlagSync)
+	mustWrite(t, s, 3, good, []byte("recovered"), 0, object.FlagCreate|object.FlagSync)
 	if err := s.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -269,14 +269,14 @@ func TestFailedSyncDamagesCopy(t *testing.T) {
 func TestCreatedFileNeedsDirectorySync(t *testing.T) {
 	s := openTest(t, Options{})
 	counter := countSyncs(s)
-	mustWrite(t, s, 1, []byte("a"), 0, 1, object.FlagCreate)
+	mustWrite(t, s, 1, 1, []byte("a"), 0, object.FlagCreate)
 	h := s.peek(1)
 	s.release(h)
 	s.drop(h) // as if evicted
 	if s.peek(1) != nil {
 		t.Fatal("handle still cached")
 	}
-	mustWrite(t, s, 1, []byte("a"), 0, 1, object.FlagSync)
+	mustWrite(t, s, 1, 1, []byte("a"), 0, object.FlagSync)
 	_, dirs := counter.take()
 	if dirs[s.disks[0].fanoutPath(fanoutIndex(1))] != 1 || dirs[s.disks[0].objects] != 1 {
 		t.Errorf("FUA write to a created, reopened file synced directories %v", dirs)
@@ -285,7 +285,7 @@ func TestCreatedFileNeedsDirectorySync(t *testing.T) {
 	h = s.peek(1)
 	s.release(h)
 	s.drop(h)
-	mustWrite(t, s, 1, []byte("a"), 0, 1, object.FlagSync)
+	mustWrite(t, s, 1, 1, []byte("a"), 0, object.FlagSync)
 	if _, dirs := counter.take(); len(dirs) != 0 {
 		t.Errorf("FUA write synced directories %v", dirs)
 	}

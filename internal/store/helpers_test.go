@@ -66,9 +66,9 @@ func pattern(seed uint64, n int) []byte {
 	return p
 }
 
-func mustWrite(t testing.TB, s *Store, oid object.OID, p []byte, offset uint32, epoch object.Epoch, flags object.Flags) {
+func mustWrite(t testing.TB, s *Store, epoch object.Epoch, oid object.OID, p []byte, offset uint32, flags object.Flags) {
 	t.Helper()
-	if err := s.Write(oid, p, offset, epoch, flags); err != nil {
+	if err := s.Write(epoch, oid, p, offset, flags); err != nil {
 		t.Fatalf("Write(%016x, %d bytes at %d): %v", oid, len(p), offset, err)
 	}
 }

@@ -124,7 +124,7 @@ func (s *Store) listInfo(d *diskState, oid object.OID) (Info, error) {
 		// Perhaps torn by a restamp that started after the cache check:
 		// open it through the cache, which reads the header with no
 		// restamp running and keeps the verdict.
-		h, err := s.acquire("list", oid, accessRemove, 0)
+		h, err := s.acquire("list", 0, oid, accessRemove)
 		if err != nil {
 			return Info{}, err
 		}

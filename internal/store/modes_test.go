@@ -28,9 +28,9 @@ func TestObjectFilesAndDirectoriesAreOwnerOnly(t *testing.T) {
 	root := tempDisk(t)
 	s := openTest(t, Options{Disks: []Disk{{Path: root}}})
 	for oid := uint64(1); oid <= 20; oid++ {
-		mustWrite(t, s, object.OID(oid), []byte("data"), 0, 1, object.FlagCreate)
+		mustWrite(t, s, 1, object.OID(oid), []byte("data"), 0, object.FlagCreate)
 	}
-	if err := s.Replace(99, pattern(1, 4096), 1); err != nil {
+	if err := s.Replace(1, 99, pattern(1, 4096)); err != nil {
 		t.Fatal(err)
 	}
 	files, directories := 0, 0

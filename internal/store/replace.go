@@ -32,7 +32,7 @@ var tempCounter atomic.Uint64
 // after the next Flush, like a write. The caller orders Replace against
 // other changes to the same object (the replica's object lock): a write
 // racing with it may land in the file being replaced.
-func (s *Store) Replace(oid object.OID, data []byte, epoch object.Epoch) error {
+func (s *Store) Replace(epoch object.Epoch, oid object.OID, data []byte) error {
 	if err := checkRange("replace", oid, 0, uint64(len(data))); err != nil {
 		return err
 	}
@@ -42,7 +42,7 @@ func (s *Store) Replace(oid object.OID, data []byte, epoch object.Epoch) error {
 	// Where the copy lives now, or where a new one is created.
 	var target *diskState
 	var previous object.Epoch
-	err := s.with("replace", oid, accessExisting, 0, func(h *handle) error {
+	err := s.with("replace", 0, oid, accessExisting, func(h *handle) error {
 		target, previous = h.disk, object.Epoch(h.epoch.Load())
 		return nil
 	})
@@ -79,7 +79,7 @@ func (s *Store) Replace(oid object.OID, data []byte, epoch object.Epoch) error {
 			return &ObjectError{Op: "replace", OID: oid, Kind: ErrNotFound}
 		}
 	}
-	temp, err := s.writeTemp(target, oid, data, epoch)
+	temp, err := s.writeTemp(target, epoch, oid, data)
 	if err != nil {
 		return err
 	}
@@ -91,7 +91,7 @@ func (s *Store) Replace(oid object.OID, data []byte, epoch object.Epoch) error {
 	}
 	// The new file is not durable yet: the next Flush syncs it and its
 	// directory (install counted the rename as a change of it).
-	return s.with("replace", oid, accessExisting, 0, func(h *handle) error {
+	return s.with("replace", 0, oid, accessExisting, func(h *handle) error {
 		s.markDirty(h)
 		return nil
 	})
@@ -99,7 +99,7 @@ func (s *Store) Replace(oid object.OID, data []byte, epoch object.Epoch) error {
 
 // writeTemp writes a complete copy (header stamped epoch, then data) to a
 // new temporary file in oid's fan-out directory on d.
-func (s *Store) writeTemp(d *diskState, oid object.OID, data []byte, epoch object.Epoch) (string, error) {
+func (s *Store) writeTemp(d *diskState, epoch object.Epoch, oid object.OID, data []byte) (string, error) {
 	fanout := fanoutIndex(oid)
 	dir := d.fanoutPath(fanout)
 	if err := os.Mkdir(dir, dirMode); err == nil {

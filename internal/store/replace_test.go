@@ -22,7 +22,7 @@ func TestReplaceIsAtomic(t *testing.T) {
 	s := openTest(t, options)
 	const oid, size = 42, 1 << 20
 	old, newer := bytes.Repeat([]byte{0xaa}, size), bytes.Repeat([]byte{0xbb}, size)
-	mustWrite(t, s, oid, old, 0, 3, object.FlagCreate)
+	mustWrite(t, s, 3, oid, old, 0, object.FlagCreate)
 
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -54,7 +54,7 @@ func TestReplaceIsAtomic(t *testing.T) {
 		})
 	}
 	for range 20 {
-		if err := s.Replace(oid, newer, 7); err != nil {
+		if err := s.Replace(7, oid, newer); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -72,9 +72,9 @@ func TestReplaceIsAtomic(t *testing.T) {
 
 func TestReplaceNeverLowersAStamp(t *testing.T) {
 	s := openTest(t, Options{Disks: []Disk{{Path: tempDisk(t)}}})
-	mustWrite(t, s, 1, []byte("new"), 0, 9, object.FlagCreate)
-	wantErr(t, "replace with an older stamp", s.Replace(1, []byte("old"), 4), ErrInvalid)
-	wantErr(t, "write with an older stamp", s.Write(1, []byte("old"), 0, 4, 0), ErrInvalid)
+	mustWrite(t, s, 9, 1, []byte("new"), 0, object.FlagCreate)
+	wantErr(t, "replace with an older stamp", s.Replace(4, 1, []byte("old")), ErrInvalid)
+	wantErr(t, "write with an older stamp", s.Write(4, 1, []byte("old"), 0, 0), ErrInvalid)
 	got, info := mustRead(t, s, 1, 3, 0)
 	if info.Epoch != 9 || string(got) != "new" {
 		t.Fatalf("copy changed by refused requests: stamp %d, %q", info.Epoch, got)
@@ -89,7 +89,7 @@ func TestReplaceCreatesAndIsDurableAfterFlush(t *testing.T) {
 	options := Options{Disks: []Disk{{Path: tempDisk(t)}}}
 	s := openTest(t, options)
 	syncs := countSyncs(s)
-	if err := s.Replace(5, pattern(5, 3000), 2); err != nil {
+	if err := s.Replace(2, 5, pattern(5, 3000)); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Flush(); err != nil {

@@ -292,9 +292,9 @@ func checkFlags(op string, oid object.OID, flags object.Flags) error {
 
 // with runs fn on the handle of object oid, held against eviction and
 // Remove for the duration.
-func (s *Store) with(op string, oid object.OID, mode access, epoch object.Epoch, fn func(h *handle) error) error {
+func (s *Store) with(op string, epoch object.Epoch, oid object.OID, mode access, fn func(h *handle) error) error {
 	for {
-		h, err := s.acquire(op, oid, mode, epoch)
+		h, err := s.acquire(op, epoch, oid, mode)
 		if err != nil {
 			return err
 		}
@@ -364,7 +364,7 @@ func (s *Store) Read(oid object.OID, p []byte, offset uint32) (Info, error) {
 		return Info{}, err
 	}
 	var info Info
-	err := s.with("read", oid, accessExisting, 0, func(h *handle) error {
+	err := s.with("read", 0, oid, accessExisting, func(h *handle) error {
 		info.Epoch = object.Epoch(h.epoch.Load())
 		if h.legacy {
 			return s.readFile(h, p, h.dataStart+int64(offset)) // no checksums yet
@@ -383,7 +383,7 @@ func (s *Store) Read(oid object.OID, p []byte, offset uint32) (Info, error) {
 //
 // With Repair (whole blocks only), each block of p is written only where
 // the copy's block fails its checksum; the stamp is not changed.
-func (s *Store) Write(oid object.OID, p []byte, offset uint32, epoch object.Epoch, flags object.Flags) error {
+func (s *Store) Write(epoch object.Epoch, oid object.OID, p []byte, offset uint32, flags object.Flags) error {
 	if err := checkRange("write", oid, uint64(offset), uint64(len(p))); err != nil {
 		return err
 	}
@@ -396,7 +396,7 @@ func (s *Store) Write(oid object.OID, p []byte, offset uint32, epoch object.Epoc
 		}
 		return s.Sync(oid)
 	}
-	return s.with("write", oid, modeFor(flags), epoch, func(h *handle) error {
+	return s.with("write", epoch, oid, modeFor(flags), func(h *handle) error {
 		if err := s.stamp("write", h, epoch); err != nil {
 			return err
 		}
@@ -469,7 +469,7 @@ func (s *Store) Repair(oid object.OID, p []byte, offset uint32) (int, error) {
 		return 0, err
 	}
 	repaired := 0
-	err := s.with("repair", oid, accessExisting, 0, func(h *handle) error {
+	err := s.with("repair", 0, oid, accessExisting, func(h *handle) error {
 		if h.legacy {
 			return nil
 		}
@@ -493,24 +493,24 @@ func modeFor(flags object.Flags) access {
 // hole (the range frees its blocks), or with NoHole writes zeros (the range
 // stays allocated, so a later write there cannot fail for lack of space).
 // Stamps, flags and durability are as for Write.
-func (s *Store) WriteZeroes(oid object.OID, offset, length uint32, epoch object.Epoch, flags object.Flags) error {
-	return s.zero("write zeroes", oid, offset, length, epoch, flags, flags&object.FlagNoHole != 0)
+func (s *Store) WriteZeroes(epoch object.Epoch, oid object.OID, offset, length uint32, flags object.Flags) error {
+	return s.zero("write zeroes", epoch, oid, offset, length, flags, flags&object.FlagNoHole != 0)
 }
 
 // Trim discards length bytes at offset: it punches a hole, so the range
 // reads as zeros afterwards. Stamps, flags and durability are as for Write.
-func (s *Store) Trim(oid object.OID, offset, length uint32, epoch object.Epoch, flags object.Flags) error {
-	return s.zero("trim", oid, offset, length, epoch, flags, false)
+func (s *Store) Trim(epoch object.Epoch, oid object.OID, offset, length uint32, flags object.Flags) error {
+	return s.zero("trim", epoch, oid, offset, length, flags, false)
 }
 
-func (s *Store) zero(op string, oid object.OID, offset, length uint32, epoch object.Epoch, flags object.Flags, allocate bool) error {
+func (s *Store) zero(op string, epoch object.Epoch, oid object.OID, offset, length uint32, flags object.Flags, allocate bool) error {
 	if err := checkRange(op, oid, uint64(offset), uint64(length)); err != nil {
 		return err
 	}
 	if err := checkFlags(op, oid, flags); err != nil {
 		return err
 	}
-	return s.with(op, oid, modeFor(flags), epoch, func(h *handle) error {
+	return s.with(op, epoch, oid, modeFor(flags), func(h *handle) error {
 		if err := s.stamp(op, h, epoch); err != nil {
 			return err
 		}
@@ -602,8 +602,8 @@ func (s *Store) stamp(op string, h *handle, epoch object.Epoch) error {
 // SetEpoch restamps the copy with epoch without touching its data:
 // recovery proves a copy current for a new epoch. Durable after Flush or
 // Sync.
-func (s *Store) SetEpoch(oid object.OID, epoch object.Epoch) error {
-	return s.with("set epoch", oid, accessExisting, 0, func(h *handle) error {
+func (s *Store) SetEpoch(epoch object.Epoch, oid object.OID) error {
+	return s.with("set epoch", 0, oid, accessExisting, func(h *handle) error {
 		return s.stamp("set epoch", h, epoch)
 	})
 }
@@ -612,7 +612,7 @@ func (s *Store) SetEpoch(oid object.OID, epoch object.Epoch) error {
 // than Stat (no fstat), for the replica's per-request check.
 func (s *Store) Epoch(oid object.OID) (object.Epoch, error) {
 	var epoch object.Epoch
-	err := s.with("epoch", oid, accessExisting, 0, func(h *handle) error {
+	err := s.with("epoch", 0, oid, accessExisting, func(h *handle) error {
 		epoch = object.Epoch(h.epoch.Load())
 		return nil
 	})
@@ -622,7 +622,7 @@ func (s *Store) Epoch(oid object.OID) (object.Epoch, error) {
 // Sync makes the object's completed writes durable: its data, header and
 // directory entries.
 func (s *Store) Sync(oid object.OID) error {
-	return s.with("sync", oid, accessExisting, 0, func(h *handle) error {
+	return s.with("sync", 0, oid, accessExisting, func(h *handle) error {
 		return s.syncObject("sync", h)
 	})
 }
@@ -631,7 +631,7 @@ func (s *Store) Sync(oid object.OID) error {
 // ErrNotFound if missing, ErrCorrupt if damaged.
 func (s *Store) Stat(oid object.OID) (Info, error) {
 	var info Info
-	err := s.with("stat", oid, accessExisting, 0, func(h *handle) error {
+	err := s.with("stat", 0, oid, accessExisting, func(h *handle) error {
 		var err error
 		if info, err = handleInfo(h); err != nil {
 			return err
@@ -681,7 +681,7 @@ func (s *Store) Remove(oid object.OID) error {
 // object afresh. ErrNotFound if there is no copy.
 func (s *Store) retire(op string, oid object.OID, change func(h *handle) error) error {
 	for {
-		h, err := s.acquire(op, oid, accessRemove, 0)
+		h, err := s.acquire(op, 0, oid, accessRemove)
 		if err != nil {
 			return err
 		}

@@ -22,7 +22,7 @@ func TestWriteReadUnaligned(t *testing.T) {
 	const size = 256 << 10
 	const oid = 0x0100000000000007
 	model := make([]byte, size)
-	mustWrite(t, s, oid, nil, 0, 1, object.FlagCreate)
+	mustWrite(t, s, 1, oid, nil, 0, object.FlagCreate)
 	for i := 0; i < 300; i++ {
 		offset := random.IntN(size)
 		if i%3 == 0 { // straddle a 4 KiB boundary
@@ -30,7 +30,7 @@ func TestWriteReadUnaligned(t *testing.T) {
 		}
 		n := 1 + random.IntN(min(3*4096, size-offset))
 		p := pattern(uint64(i), n)
-		mustWrite(t, s, oid, p, uint32(offset), 1, 0)
+		mustWrite(t, s, 1, oid, p, uint32(offset), 0)
 		copy(model[offset:], p)
 
 		offset = random.IntN(size)
@@ -49,7 +49,7 @@ func TestHolesReadZeros(t *testing.T) {
 	s := openTest(t, Options{})
 	const oid = 42
 	data := pattern(1, 1000)
-	mustWrite(t, s, oid, data, 1<<20+5, 3, object.FlagCreate)
+	mustWrite(t, s, 3, oid, data, 1<<20+5, object.FlagCreate)
 
 	got, _ := mustRead(t, s, oid, 1<<20+5, 0)
 	checkBytes(t, "hole before the data", got, make([]byte, 1<<20+5))
@@ -70,7 +70,7 @@ func TestSparse(t *testing.T) {
 	s := openTest(t, Options{})
 	const oid = 7
 	const objectSize = 4 << 20
-	mustWrite(t, s, oid, pattern(2, 4096), objectSize-4096, 1, object.FlagCreate|object.FlagSync)
+	mustWrite(t, s, 1, oid, pattern(2, 4096), objectSize-4096, object.FlagCreate|object.FlagSync)
 	info, err := s.Stat(oid)
 	if err != nil {
 		t.Fatal(err)
@@ -102,7 +102,7 @@ func TestSparse(t *testing.T) {
 func TestLayout(t *testing.T) {
 	s := openTest(t, Options{})
 	const oid = 0x00abcdef00000012
-	mustWrite(t, s, oid, []byte("x"), 0, 9, object.FlagCreate)
+	mustWrite(t, s, 9, oid, []byte("x"), 0, object.FlagCreate)
 	path := s.disks[0].objectPath(oid)
 	want := filepath.Join(s.disks[0].root, "objects", fmt.Sprintf("%02x", fanoutIndex(oid)), "00abcdef00000012")
 	if path != want {
@@ -127,16 +127,16 @@ func TestLayout(t *testing.T) {
 func TestEpochStampsPersist(t *testing.T) {
 	options := Options{Disks: []Disk{{Path: tempDisk(t)}}}
 	s := openTest(t, options)
-	mustWrite(t, s, 1, []byte("a"), 0, 3, object.FlagCreate)
-	mustWrite(t, s, 2, []byte("b"), 0, 3, object.FlagCreate)
-	mustWrite(t, s, 2, []byte("b"), 1, 5, 0)
-	if err := s.WriteZeroes(3, 0, 10, 6, object.FlagCreate); err != nil {
+	mustWrite(t, s, 3, 1, []byte("a"), 0, object.FlagCreate)
+	mustWrite(t, s, 3, 2, []byte("b"), 0, object.FlagCreate)
+	mustWrite(t, s, 5, 2, []byte("b"), 1, 0)
+	if err := s.WriteZeroes(6, 3, 0, 10, object.FlagCreate); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetEpoch(1, 8); err != nil {
+	if err := s.SetEpoch(8, 1); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetEpoch(9, 8); !errors.Is(err, ErrNotFound) {
+	if err := s.SetEpoch(8, 9); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("SetEpoch of a missing object: %v", err)
 	}
 
@@ -163,7 +163,7 @@ func TestEpochStampsPersist(t *testing.T) {
 // rewrite the header, and one in another epoch does.
 func TestSameEpochKeepsHeader(t *testing.T) {
 	s := openTest(t, Options{})
-	mustWrite(t, s, 5, []byte("a"), 0, 4, object.FlagCreate)
+	mustWrite(t, s, 4, 5, []byte("a"), 0, object.FlagCreate)
 	path := s.disks[0].objectPath(5)
 	// Overwrite the header behind the store's back with a valid one for
 	// epoch 99: if a write in epoch 4 rewrote the header, it would put 4
@@ -188,11 +188,11 @@ func TestSameEpochKeepsHeader(t *testing.T) {
 		}
 		return uint64(hdr.epoch)
 	}
-	mustWrite(t, s, 5, []byte("b"), 1, 4, 0)
+	mustWrite(t, s, 4, 5, []byte("b"), 1, 0)
 	if epoch := readHeader(); epoch != 99 {
 		t.Fatalf("a write in the same epoch rewrote the header (epoch %d)", epoch)
 	}
-	mustWrite(t, s, 5, []byte("c"), 2, 6, 0)
+	mustWrite(t, s, 6, 5, []byte("c"), 2, 0)
 	if epoch := readHeader(); epoch != 6 {
 		t.Fatalf("header epoch %d after a write in epoch 6", epoch)
 	}
@@ -228,8 +228,8 @@ func TestCorruptHeader(t *testing.T) {
 			options := Options{Disks: []Disk{{Path: tempDisk(t)}}}
 			s := openTest(t, options)
 			const oid = 77
-			mustWrite(t, s, oid, pattern(1, 5000), 0, 2, object.FlagCreate)
-			mustWrite(t, s, oid+1, pattern(2, 10), 0, 2, object.FlagCreate)
+			mustWrite(t, s, 2, oid, pattern(1, 5000), 0, object.FlagCreate)
+			mustWrite(t, s, 2, oid+1, pattern(2, 10), 0, object.FlagCreate)
 			if err := s.Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -238,10 +238,10 @@ func TestCorruptHeader(t *testing.T) {
 
 			_, err := s.Read(oid, make([]byte, 10), 0)
 			wantErr(t, "Read", err, ErrCorrupt)
-			wantErr(t, "Write", s.Write(oid, []byte("x"), 0, 2, 0), ErrCorrupt)
-			wantErr(t, "Write with Create", s.Write(oid, []byte("x"), 0, 2, object.FlagCreate), ErrCorrupt)
-			wantErr(t, "Trim", s.Trim(oid, 0, 10, 2, 0), ErrCorrupt)
-			wantErr(t, "SetEpoch", s.SetEpoch(oid, 3), ErrCorrupt)
+			wantErr(t, "Write", s.Write(2, oid, []byte("x"), 0, 0), ErrCorrupt)
+			wantErr(t, "Write with Create", s.Write(2, oid, []byte("x"), 0, object.FlagCreate), ErrCorrupt)
+			wantErr(t, "Trim", s.Trim(2, oid, 0, 10, 0), ErrCorrupt)
+			wantErr(t, "SetEpoch", s.SetEpoch(3, oid), ErrCorrupt)
 			wantErr(t, "Sync", s.Sync(oid), ErrCorrupt)
 			_, err = s.Stat(oid)
 			wantErr(t, "Stat", err, ErrCorrupt)
@@ -259,7 +259,7 @@ func TestCorruptHeader(t *testing.T) {
 			if err := s.Remove(oid); err != nil {
 				t.Fatalf("Remove of a corrupt copy: %v", err)
 			}
-			mustWrite(t, s, oid, []byte("fresh"), 0, 4, object.FlagCreate)
+			mustWrite(t, s, 4, oid, []byte("fresh"), 0, object.FlagCreate)
 			got, info := mustRead(t, s, oid, 5, 0)
 			checkBytes(t, "recovered copy", got, []byte("fresh"))
 			if info.Epoch != 4 {
@@ -306,9 +306,9 @@ func listAll(t testing.TB, s *Store) map[uint64]Info {
 func TestCreateFlag(t *testing.T) {
 	s := openTest(t, Options{})
 	const oid = 3
-	wantErr(t, "Write without Create", s.Write(oid, []byte("x"), 0, 1, 0), ErrNotFound)
-	wantErr(t, "WriteZeroes without Create", s.WriteZeroes(oid, 0, 10, 1, 0), ErrNotFound)
-	wantErr(t, "Trim without Create", s.Trim(oid, 0, 10, 1, object.FlagSync), ErrNotFound)
+	wantErr(t, "Write without Create", s.Write(1, oid, []byte("x"), 0, 0), ErrNotFound)
+	wantErr(t, "WriteZeroes without Create", s.WriteZeroes(1, oid, 0, 10, 0), ErrNotFound)
+	wantErr(t, "Trim without Create", s.Trim(1, oid, 0, 10, object.FlagSync), ErrNotFound)
 	_, err := s.Read(oid, make([]byte, 1), 0)
 	wantErr(t, "Read", err, ErrNotFound)
 	_, err = s.Stat(oid)
@@ -320,7 +320,7 @@ func TestCreateFlag(t *testing.T) {
 	}
 
 	// An empty write with Create makes an empty object.
-	mustWrite(t, s, oid, nil, 0, 2, object.FlagCreate)
+	mustWrite(t, s, 2, oid, nil, 0, object.FlagCreate)
 	info, err := s.Stat(oid)
 	if err != nil || info.Epoch != 2 || info.LengthBytes != 0 {
 		t.Fatalf("Stat %+v, %v", info, err)
@@ -328,13 +328,13 @@ func TestCreateFlag(t *testing.T) {
 	got, _ := mustRead(t, s, oid, 100, 50)
 	checkBytes(t, "empty object", got, make([]byte, 100))
 	// Create on an existing object keeps its data.
-	mustWrite(t, s, oid, []byte("abc"), 0, 2, object.FlagCreate)
-	mustWrite(t, s, oid, []byte("X"), 1, 2, object.FlagCreate)
+	mustWrite(t, s, 2, oid, []byte("abc"), 0, object.FlagCreate)
+	mustWrite(t, s, 2, oid, []byte("X"), 1, object.FlagCreate)
 	got, _ = mustRead(t, s, oid, 3, 0)
 	checkBytes(t, "after a second Create", got, []byte("aXc"))
 	// WriteZeroes with Create makes an object too: in a clone, an
 	// object of zeros must exist to hide the parent's data.
-	if err := s.WriteZeroes(oid+1, 0, 4096, 2, object.FlagCreate); err != nil {
+	if err := s.WriteZeroes(2, oid+1, 0, 4096, object.FlagCreate); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Stat(oid + 1); err != nil {
@@ -347,28 +347,28 @@ func TestTrimAndWriteZeroes(t *testing.T) {
 	const oid = 11
 	const size = 1 << 20
 	model := pattern(3, size)
-	mustWrite(t, s, oid, model, 0, 1, object.FlagCreate|object.FlagSync)
+	mustWrite(t, s, 1, oid, model, 0, object.FlagCreate|object.FlagSync)
 	before, err := s.Stat(oid)
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	// Unaligned trim: partial blocks are zeroed, whole ones freed.
-	if err := s.Trim(oid, 1000, 300000, 1, 0); err != nil {
+	if err := s.Trim(1, oid, 1000, 300000, 0); err != nil {
 		t.Fatal(err)
 	}
 	clear(model[1000:301000])
 	// Aligned hole.
-	if err := s.WriteZeroes(oid, 512<<10, 256<<10, 2, object.FlagSync); err != nil {
+	if err := s.WriteZeroes(2, oid, 512<<10, 256<<10, object.FlagSync); err != nil {
 		t.Fatal(err)
 	}
 	clear(model[512<<10 : 768<<10])
 	// Allocated zeros, and zeros beyond the end (no change).
-	if err := s.WriteZeroes(oid, 900000, 5000, 2, object.FlagNoHole); err != nil {
+	if err := s.WriteZeroes(2, oid, 900000, 5000, object.FlagNoHole); err != nil {
 		t.Fatal(err)
 	}
 	clear(model[900000:905000])
-	if err := s.WriteZeroes(oid, 2<<20, 1<<20, 2, 0); err != nil {
+	if err := s.WriteZeroes(2, oid, 2<<20, 1<<20, 0); err != nil {
 		t.Fatal(err)
 	}
 	got, info := mustRead(t, s, oid, size, 0)
@@ -389,7 +389,7 @@ func TestTrimAndWriteZeroes(t *testing.T) {
 	}
 
 	// NoHole beyond the end extends the object like a write of zeros.
-	if err := s.WriteZeroes(oid, size, 8192, 2, object.FlagNoHole); err != nil {
+	if err := s.WriteZeroes(2, oid, size, 8192, object.FlagNoHole); err != nil {
 		t.Fatal(err)
 	}
 	if info, _ := s.Stat(oid); info.LengthBytes != size+8192 {
@@ -421,7 +421,7 @@ func TestRemove(t *testing.T) {
 	s := openTest(t, options)
 	counter := countSyncs(s)
 	const oid = 99
-	mustWrite(t, s, oid, pattern(5, 10000), 0, 3, object.FlagCreate)
+	mustWrite(t, s, 3, oid, pattern(5, 10000), 0, object.FlagCreate)
 	if err := s.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +444,7 @@ func TestRemove(t *testing.T) {
 		t.Errorf("Flush after Remove synced directories %v", dirs)
 	}
 	// A new copy starts empty.
-	mustWrite(t, s, oid, []byte("new"), 5000, 4, object.FlagCreate)
+	mustWrite(t, s, 4, oid, []byte("new"), 5000, object.FlagCreate)
 	got, info := mustRead(t, s, oid, 10, 0)
 	checkBytes(t, "new copy", got, make([]byte, 10))
 	if info.Epoch != 4 {
@@ -467,7 +467,7 @@ func TestList(t *testing.T) {
 	for i := uint64(0); i < 300; i++ {
 		oid := i<<32 | i*7
 		length := 1 + i*100
-		mustWrite(t, s, object.OID(oid), pattern(i, int(length)), 0, object.Epoch(i%5+1), object.FlagCreate)
+		mustWrite(t, s, object.Epoch(i%5+1), object.OID(oid), pattern(i, int(length)), 0, object.FlagCreate)
 		want[oid] = Info{Epoch: object.Epoch(i%5 + 1), LengthBytes: length}
 	}
 	// A stray file is ignored.
@@ -501,12 +501,12 @@ func TestList(t *testing.T) {
 
 func TestInvalidArguments(t *testing.T) {
 	s := openTest(t, Options{})
-	wantErr(t, "Write beyond the maximum", s.Write(1, make([]byte, 2), MaxObjectSize-1, 1, object.FlagCreate), ErrInvalid)
+	wantErr(t, "Write beyond the maximum", s.Write(1, 1, make([]byte, 2), MaxObjectSize-1, object.FlagCreate), ErrInvalid)
 	_, err := s.Read(1, make([]byte, 4097), MaxObjectSize-4096)
 	wantErr(t, "Read beyond the maximum", err, ErrInvalid)
-	wantErr(t, "Trim beyond the maximum", s.Trim(1, MaxObjectSize, 1, 1, object.FlagCreate), ErrInvalid)
-	wantErr(t, "unknown flag", s.Write(1, nil, 0, 1, 1<<7), ErrInvalid)
-	mustWrite(t, s, 1, []byte("z"), MaxObjectSize-1, 1, object.FlagCreate) // the last byte is fine
+	wantErr(t, "Trim beyond the maximum", s.Trim(1, 1, MaxObjectSize, 1, object.FlagCreate), ErrInvalid)
+	wantErr(t, "unknown flag", s.Write(1, 1, nil, 0, 1<<7), ErrInvalid)
+	mustWrite(t, s, 1, 1, []byte("z"), MaxObjectSize-1, object.FlagCreate) // the last byte is fine
 
 	_, err = Open(Options{})
 	wantErr(t, "Open without disks", err, ErrInvalid)
@@ -521,7 +521,7 @@ func TestInvalidArguments(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	wantErr(t, "Write after Close", s.Write(1, nil, 0, 1, object.FlagCreate), ErrClosed)
+	wantErr(t, "Write after Close", s.Write(1, 1, nil, 0, object.FlagCreate), ErrClosed)
 	_, err = s.Read(1, nil, 0)
 	wantErr(t, "Read after Close", err, ErrClosed)
 	wantErr(t, "Flush after Close", s.Flush(), ErrClosed)
@@ -562,7 +562,7 @@ func TestFailedDiskTakenOutOfService(t *testing.T) {
 	s := openTest(t, Options{Disks: []Disk{{Path: good}, {Path: bad}}, OnDiskFailure: func(path string, cause error) { failed <- path }})
 	var onBad, onGood []uint64
 	for oid := uint64(1); len(onBad) < 3 || len(onGood) < 3; oid++ {
-		mustWrite(t, s, object.OID(oid), []byte("data"), 0, 1, object.FlagCreate)
+		mustWrite(t, s, 1, object.OID(oid), []byte("data"), 0, object.FlagCreate)
 		if h := s.peek(object.OID(oid)); h != nil {
 			if h.disk.root == filepath.Clean(bad) {
 				onBad = append(onBad, oid)
@@ -617,7 +617,7 @@ func TestFailedDiskTakenOutOfService(t *testing.T) {
 		t.Fatalf("second Flush: %v", err)
 	}
 	// Recovery re-creates a lost copy: on the good disk.
-	mustWrite(t, s, object.OID(onBad[1]), []byte("back"), 0, 2, object.FlagCreate)
+	mustWrite(t, s, 2, object.OID(onBad[1]), []byte("back"), 0, object.FlagCreate)
 	h := s.peek(object.OID(onBad[1]))
 	if h == nil || h.disk.root != filepath.Clean(good) {
 		t.Fatalf("re-created copy not on the good disk")
@@ -632,10 +632,10 @@ func TestFreshWriteEmptiesAnExistingCopy(t *testing.T) {
 	s := openTest(t, Options{})
 	const oid = 42
 	old := bytes.Repeat([]byte{0xee}, 64<<10)
-	if err := s.Write(oid, old, 0, 3, object.FlagCreate); err != nil {
+	if err := s.Write(3, oid, old, 0, object.FlagCreate); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Write(oid, []byte("new"), 8192, 4, object.FlagCreate|object.FlagFresh); err != nil {
+	if err := s.Write(4, oid, []byte("new"), 8192, object.FlagCreate|object.FlagFresh); err != nil {
 		t.Fatal(err)
 	}
 	got := make([]byte, 64<<10)
@@ -652,10 +652,10 @@ func TestFreshWriteEmptiesAnExistingCopy(t *testing.T) {
 		t.Fatalf("info after a fresh write: %+v", info)
 	}
 	// Without the flag, the same write keeps what is there.
-	if err := s.Write(oid, old, 0, 4, object.FlagCreate); err != nil {
+	if err := s.Write(4, oid, old, 0, object.FlagCreate); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Write(oid, []byte("new"), 8192, 4, object.FlagCreate); err != nil {
+	if err := s.Write(4, oid, []byte("new"), 8192, object.FlagCreate); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Read(oid, got, 0); err != nil || got[0] != 0xee {
