@@ -580,7 +580,7 @@ func (m *memoryReplicas) Remove(ctx context.Context, node cluster.Node, epoch ob
 	if err := m.check(node, epoch); err != nil {
 		return err
 	}
-	delete(m.objects[node.ID], object.OID(uint64(oid)))
+	delete(m.objects[node.ID], oid)
 	delete(m.damaged, node.ID)
 	return nil
 }

@@ -499,7 +499,7 @@ func TestConcurrentWritesDuringCopy(t *testing.T) {
 	w.replicas.mu.Lock()
 	defer w.replicas.mu.Unlock()
 	for _, n := range rv.ReplicasOf(object.DataOID(1, 0), 3) {
-		data, ok := w.replicas.objects[n.ID][object.OID(uint64(object.DataOID(1, 0)))]
+		data, ok := w.replicas.objects[n.ID][object.DataOID(1, 0)]
 		if !ok || !bytes.Equal(data, m) {
 			t.Fatalf("replica %s of the data object differs from the model (present %v)", n.ID, ok)
 		}
@@ -523,7 +523,7 @@ func TestCopyMissingSkipsNodesThatLeftThePlacement(t *testing.T) {
 	rv, _ := g.layouts.Current()
 	victim := rv.ReplicasOf(oid, 3)[0]
 	w.replicas.mu.Lock()
-	delete(w.replicas.objects[victim.ID], object.OID(uint64(oid)))
+	delete(w.replicas.objects[victim.ID], oid)
 	w.replicas.mu.Unlock()
 	var alive []string
 	for i := 0; i < 5; i++ {
@@ -568,7 +568,7 @@ func TestDamagedCopyServedElsewhereAndReplaced(t *testing.T) {
 	for {
 		w.replicas.mu.Lock()
 		damaged := w.replicas.damaged["node00"]
-		copy := w.replicas.objects["node00"][object.OID(uint64(object.DataOID(1, 0)))]
+		copy := w.replicas.objects["node00"][object.DataOID(1, 0)]
 		copyOK := len(copy) >= len(data) && bytes.Equal(copy[:len(data)], data)
 		w.replicas.mu.Unlock()
 		if !damaged && copyOK {

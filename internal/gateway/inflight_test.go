@@ -154,7 +154,7 @@ func inFlightWriteReadOldAfterNew(t *testing.T, path string) {
 	// node02's recovery, as a RECOVER or its background pass does.
 	switch path {
 	case "on demand":
-		if err := recoveries["node02"].RecoverObject(ctx, object.Epoch(e3), oid); err != nil {
+		if err := recoveries["node02"].RecoverObject(ctx, e3, oid); err != nil {
 			t.Fatalf("node02 recovering the object in epoch %d: %v", e3, err)
 		}
 	case "background pass":
@@ -310,7 +310,7 @@ func returningNodeTiedCopy(t *testing.T, path string, digests bool) {
 	e3 := object.Epoch(w.cluster.epoch())
 	switch path {
 	case "on demand":
-		if err := rec.RecoverObject(ctx, object.Epoch(e3), oid); err != nil {
+		if err := rec.RecoverObject(ctx, e3, oid); err != nil {
 			t.Fatal(err)
 		}
 	case "background pass", "holder restamped first":

@@ -72,7 +72,7 @@ func (p recoveryPeers) Flush(ctx context.Context, node cluster.Node, epoch objec
 func (p recoveryPeers) List(ctx context.Context, node cluster.Node, epoch object.Epoch) (map[object.OID]object.Epoch, error) {
 	out := map[object.OID]object.Epoch{}
 	err := p.real.nodes[node.ID].List(func(oid object.OID, stamp object.Epoch) error {
-		out[oid] = object.Epoch(uint64(stamp))
+		out[oid] = stamp
 		return nil
 	})
 	return out, err

@@ -124,7 +124,7 @@ func TestCopyStampedAheadIsRetriedInItsEpoch(t *testing.T) {
 
 	epoch := object.Epoch(w.cluster.epoch())
 	oid := object.DataOID(1, 0)
-	if err := real.stores["node02"].SetEpoch(object.Epoch(epoch+3), oid); err != nil {
+	if err := real.stores["node02"].SetEpoch(epoch+3, oid); err != nil {
 		t.Fatal(err)
 	}
 	var advance sync.Once

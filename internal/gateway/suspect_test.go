@@ -81,8 +81,8 @@ func TestFirstWriteOverAnOrphanCopy(t *testing.T) {
 	w.cluster.addVDI("disk", 1, 2*objectSize)
 	oid := object.DataOID(1, 0)
 	w.replicas.mu.Lock()
-	w.replicas.objects["node01"] = map[object.OID][]byte{object.OID(uint64(oid)): bytes.Repeat([]byte{0xee}, objectSize)}
-	w.replicas.stamps["node01"] = map[object.OID]object.Epoch{object.OID(uint64(oid)): object.Epoch(w.cluster.epoch())}
+	w.replicas.objects["node01"] = map[object.OID][]byte{oid: bytes.Repeat([]byte{0xee}, objectSize)}
+	w.replicas.stamps["node01"] = map[object.OID]object.Epoch{oid: object.Epoch(w.cluster.epoch())}
 	w.replicas.mu.Unlock()
 	g := w.gateway("node00")
 	e := open(t, g, "disk")

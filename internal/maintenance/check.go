@@ -195,7 +195,7 @@ func (m *Maintenance) checkObject(ctx context.Context, oid object.OID, vdi clust
 	// (seen by the simulator, seed 367: a placed replica stamped 5 kept the
 	// old data, an unplaced one stamped 5 the dead writer's last write, and
 	// recovery spread that one to the other replicas).
-	if repair && !refreshed && newest > 0 && m.proof.Current(oid, vdi.Copies, rv, object.Epoch(newest), answered) == nil {
+	if repair && !refreshed && newest > 0 && m.proof.Current(oid, vdi.Copies, rv, newest, answered) == nil {
 		stale := false
 		for _, c := range copies {
 			stale = stale || !c.found || c.stamp < rv.Number
@@ -227,7 +227,7 @@ func (m *Maintenance) checkObject(ctx context.Context, oid object.OID, vdi clust
 		return nil
 	}
 	report.Objects++
-	if err := m.proof.Current(oid, vdi.Copies, rv, object.Epoch(newest), answered); err != nil {
+	if err := m.proof.Current(oid, vdi.Copies, rv, newest, answered); err != nil {
 		report.Unavailable++
 		report.Problems = append(report.Problems, err.Error())
 		return nil

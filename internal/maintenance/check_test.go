@@ -192,7 +192,7 @@ func (f *fakeReplicas) Recover(ctx context.Context, node cluster.Node, epoch obj
 	var holder string
 	for _, id := range ids {
 		if c, ok := f.get(id, oid); ok && c.stamp > newest {
-			newest, holder = object.Epoch(uint64(c.stamp)), id
+			newest, holder = c.stamp, id
 		}
 	}
 	if holder == "" {
@@ -232,7 +232,7 @@ func (f *fakeReplicas) pass(nodes []cluster.Node, epoch object.Epoch, oid object
 	var holder string
 	for _, id := range ids {
 		if c, ok := f.get(id, oid); ok && c.stamp > newest {
-			newest, holder = object.Epoch(uint64(c.stamp)), id
+			newest, holder = c.stamp, id
 		}
 	}
 	src, _ := f.get(holder, oid)

@@ -60,9 +60,9 @@ func benchmarkObject(b *testing.B, opcode ObjectOpcode, size, inFlight int) {
 		go func() {
 			defer wait.Done()
 			var payload, into []byte
-			request := ObjectRequest{Opcode: opcode, OID: object.OID(uint64(worker)), Length: uint32(size)}
+			request := ObjectRequest{Opcode: opcode, OID: object.OID(worker), Length: uint32(size)}
 			if opcode == ObjectWrite {
-				payload = pattern(object.OID(uint64(worker)), 0, size)
+				payload = pattern(object.OID(worker), 0, size)
 			} else {
 				into = make([]byte, size)
 			}

@@ -163,7 +163,7 @@ func (m *memoryObjectStore) ServeObject(ctx context.Context, request *ObjectRequ
 		ids = ids[:min(int(request.Length), len(ids))]
 		var body []byte
 		for _, id := range ids {
-			body = AppendObjectListEntry(body, ObjectListEntry{OID: object.OID(id), Epoch: m.objects[id].epoch})
+			body = AppendObjectListEntry(body, ObjectListEntry{OID: id, Epoch: m.objects[id].epoch})
 		}
 		return ok, body
 	case ObjectPing:

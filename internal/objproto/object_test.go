@@ -532,7 +532,7 @@ func TestObjectCancelManyWrites(t *testing.T) {
 			payload := make([]byte, 512+worker%2*(64<<10))
 			for i := range 40 {
 				ctx, cancel := context.WithTimeout(t.Context(), time.Duration(i%8)*50*time.Microsecond)
-				_, _, err := client.Do(ctx, node.address, &ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate, Epoch: testEpoch, OID: object.OID(uint64(worker))}, payload, nil)
+				_, _, err := client.Do(ctx, node.address, &ObjectRequest{Opcode: ObjectWrite, Flags: object.FlagCreate, Epoch: testEpoch, OID: object.OID(worker)}, payload, nil)
 				cancel()
 				if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 					t.Errorf("write: %v", err)

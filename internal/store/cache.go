@@ -51,8 +51,9 @@ type handle struct {
 	life    sync.RWMutex
 	removed bool
 
-	// epoch caches the header's epoch stamp so that writes in the same
-	// epoch do not rewrite the header. hdrMu serialises header rewrites;
+	// epoch caches the header's epoch stamp (an object.Epoch: read it
+	// with stamp, set it with setStamp) so that writes in the same epoch
+	// do not rewrite the header. hdrMu serialises header rewrites;
 	// hdrFlags (guarded by hdrMu) are the header's flags.
 	epoch    atomic.Uint64
 	hdrMu    sync.Mutex
@@ -75,6 +76,12 @@ type handle struct {
 	syncMu    sync.Mutex
 	damage    atomic.Pointer[ObjectError]
 }
+
+// stamp is the copy's cached epoch stamp.
+func (h *handle) stamp() object.Epoch { return object.Epoch(h.epoch.Load()) }
+
+// setStamp caches the copy's epoch stamp.
+func (h *handle) setStamp(epoch object.Epoch) { h.epoch.Store(uint64(epoch)) }
 
 // usable returns the error that forbids reading or writing the object's
 // copy, if any.
@@ -339,7 +346,7 @@ func (s *Store) attach(h *handle, d *diskState, path string, f *os.File) error {
 	// directory. Files from before Open are durable (Open calls syncfs).
 	h.createGen = d.fanout[h.fanout].changed.Load()
 	h.objectsGen = d.objectsDir.changed.Load()
-	h.epoch.Store(uint64(hdr.epoch))
+	h.setStamp(hdr.epoch)
 	h.hdrFlags = hdr.flags
 	s.openFiles.Add(1)
 	return nil
@@ -405,7 +412,7 @@ func (s *Store) create(h *handle, d *diskState, epoch object.Epoch) error {
 	h.dataStart, h.legacy = hdr.dataStart(), hdr.legacy
 	h.createGen = d.fanout[fanout].changed.Add(1)
 	h.objectsGen = d.objectsDir.changed.Load()
-	h.epoch.Store(uint64(epoch))
+	h.setStamp(epoch)
 	s.openFiles.Add(1)
 	s.markDirty(h) // the header is not durable yet
 	return nil

@@ -393,7 +393,7 @@ func (s *Store) Upgrade(oid object.OID) (bool, error) {
 			return &ObjectError{Op: "upgrade", OID: oid, Path: h.path, Kind: ErrCorrupt, Err: fmt.Errorf("length %d beyond the maximum object size", info.LengthBytes)}
 		}
 		data = make([]byte, info.LengthBytes)
-		stamp = object.Epoch(h.epoch.Load())
+		stamp = h.stamp()
 		return s.readFile(h, data, h.dataStart)
 	})
 	if err != nil || !legacy {

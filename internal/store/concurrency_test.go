@@ -26,7 +26,7 @@ func TestConcurrentWriters(t *testing.T) {
 			oid := uint64(w + 1)
 			for n := range 40 {
 				p := pattern(uint64(w*1000+n), 5000)
-				if err := s.Write(object.Epoch(uint64(1+n/2)), object.OID(oid), p, uint32(n*3000), object.FlagCreate); err != nil { // stamps rise, never go back
+				if err := s.Write(object.Epoch(1+n/2), object.OID(oid), p, uint32(n*3000), object.FlagCreate); err != nil { // stamps rise, never go back
 					errs <- err
 					return
 				}
@@ -65,7 +65,7 @@ func TestConcurrentWriters(t *testing.T) {
 			for n := range 40 {
 				copy(want[n*3000:], pattern(uint64(w*1000+n), 5000))
 			}
-			got, _ := mustRead(t, s, object.OID(uint64(w+1)), len(want), 0)
+			got, _ := mustRead(t, s, object.OID(w+1), len(want), 0)
 			checkBytes(t, fmt.Sprintf("object %d", w+1), got, want)
 		}
 		got, info := mustRead(t, s, shared, writers*blocks*4096, 0)

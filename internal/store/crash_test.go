@@ -104,7 +104,7 @@ func crashRun(t testing.TB, root string, random *rand.Rand) error {
 	current := make([][]byte, objects)
 	for oid := range current {
 		current[oid] = pattern(random.Uint64(), size)
-		mustWrite(t, s, 1, object.OID(uint64(oid+1)), current[oid], 0, object.FlagCreate)
+		mustWrite(t, s, 1, object.OID(oid+1), current[oid], 0, object.FlagCreate)
 	}
 	if err := s.Flush(); err != nil {
 		t.Fatal(err)
@@ -124,14 +124,14 @@ func crashRun(t testing.TB, root string, random *rand.Rand) error {
 		switch k := random.IntN(10); {
 		case k < 6:
 			p := pattern(random.Uint64(), length)
-			mustWrite(t, s, 1, object.OID(uint64(oid+1)), p, uint32(offset), 0)
+			mustWrite(t, s, 1, object.OID(oid+1), p, uint32(offset), 0)
 			copy(current[oid][offset:], p)
 		case k < 8:
 			var err error
 			if k == 6 {
-				err = s.Trim(1, object.OID(uint64(oid+1)), uint32(offset), uint32(length), 0)
+				err = s.Trim(1, object.OID(oid+1), uint32(offset), uint32(length), 0)
 			} else {
-				err = s.WriteZeroes(1, object.OID(uint64(oid+1)), uint32(offset), uint32(length), object.FlagNoHole)
+				err = s.WriteZeroes(1, object.OID(oid+1), uint32(offset), uint32(length), object.FlagNoHole)
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -161,7 +161,7 @@ func crashRun(t testing.TB, root string, random *rand.Rand) error {
 	}()
 	for oid := range current {
 		got := make([]byte, size)
-		if _, err := s.Read(object.OID(uint64(oid+1)), got, 0); err != nil {
+		if _, err := s.Read(object.OID(oid+1), got, 0); err != nil {
 			return fmt.Errorf("object %d after the restart: %w", oid+1, err)
 		}
 		for b := 0; b < size/blockSize; b++ {

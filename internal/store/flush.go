@@ -177,7 +177,7 @@ func (s *Store) markDamaged(h *handle, cause error) error {
 	// protects this process.
 	h.hdrMu.Lock()
 	h.hdrFlags |= headerDamaged
-	encoded := header{flags: h.hdrFlags, oid: h.oid, epoch: object.Epoch(h.epoch.Load()), legacy: h.legacy}.encode()
+	encoded := header{flags: h.hdrFlags, oid: h.oid, epoch: h.stamp(), legacy: h.legacy}.encode()
 	_, err := h.file.WriteAt(encoded[:], 0)
 	h.hdrMu.Unlock()
 	if err == nil {
@@ -262,13 +262,13 @@ func (s *Store) compactJournals() {
 			continue
 		}
 		d.journal.gate.Lock()
-		var keep []uint64
+		var keep []object.OID
 		for i := range s.dirty {
 			shard := &s.dirty[i]
 			shard.mu.Lock()
 			for _, h := range shard.handles {
 				if h.disk == d {
-					keep = append(keep, uint64(h.oid))
+					keep = append(keep, h.oid)
 				}
 			}
 			shard.mu.Unlock()
@@ -277,7 +277,7 @@ func (s *Store) compactJournals() {
 		if err == nil {
 			kept := make(map[object.OID]bool, len(keep))
 			for _, oid := range keep {
-				kept[object.OID(oid)] = true
+				kept[oid] = true
 			}
 			for i := range s.shards {
 				shard := &s.shards[i]

@@ -116,7 +116,7 @@ func TestFlushContract(t *testing.T) {
 	var syncs atomic.Int64
 	oidOf := map[string]int{}
 	for i := range objects {
-		oidOf[s.disks[0].objectPath(object.OID(uint64(i)))] = i
+		oidOf[s.disks[0].objectPath(object.OID(i))] = i
 	}
 	datasync := s.datasync
 	s.datasync = func(f *os.File) error {
@@ -146,7 +146,7 @@ func TestFlushContract(t *testing.T) {
 				i := w + writers*random.IntN(objects/writers)
 				number := sequence.Add(1)
 				started[i].Store(number)
-				err := s.Write(1, object.OID(uint64(i)), pattern(uint64(number), 512), uint32(random.IntN(64))*4096, object.FlagCreate)
+				err := s.Write(1, object.OID(i), pattern(uint64(number), 512), uint32(random.IntN(64))*4096, object.FlagCreate)
 				if err != nil {
 					errs <- err
 					return

@@ -60,7 +60,7 @@ type journal struct {
 	cond    sync.Cond
 	file    *os.File
 	entries map[object.OID]uint64 // object -> the batch that lists it
-	pending []uint64              // ids of batch next, not yet written
+	pending []object.OID          // ids of batch next, not yet written
 	next    uint64                // the batch being filled
 	synced  uint64                // every batch up to this one is durable
 	syncing bool
@@ -115,7 +115,7 @@ func (j *journal) mark(oid object.OID) error {
 	if !ok {
 		batch = j.next
 		j.entries[oid] = batch
-		j.pending = append(j.pending, uint64(oid))
+		j.pending = append(j.pending, oid)
 	}
 	for j.synced < batch {
 		if j.failed == batch {
@@ -135,7 +135,7 @@ func (j *journal) mark(oid object.OID) error {
 		j.syncing = false
 		if err != nil {
 			for _, id := range ids {
-				delete(j.entries, object.OID(id))
+				delete(j.entries, id)
 			}
 			j.failed, j.failure = number, fmt.Errorf("journal %s: %w", j.path, err)
 		} else {
@@ -146,10 +146,10 @@ func (j *journal) mark(oid object.OID) error {
 	return nil
 }
 
-func (j *journal) append(ids []uint64) error {
+func (j *journal) append(ids []object.OID) error {
 	b := make([]byte, 8*len(ids))
 	for i, id := range ids {
-		binary.LittleEndian.PutUint64(b[8*i:], id)
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(id))
 	}
 	if _, err := j.file.Write(b); err != nil {
 		return err
@@ -182,7 +182,7 @@ func (j *journal) size() int {
 // rewrite replaces the journal by one listing keep (durably: a temporary
 // file, synced, renamed over it, the directory synced). The caller holds
 // the gate exclusively, so no mark or write runs.
-func (j *journal) rewrite(keep []uint64) error {
+func (j *journal) rewrite(keep []object.OID) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	temp := j.path + ".new"
@@ -192,7 +192,7 @@ func (j *journal) rewrite(keep []uint64) error {
 	}
 	b := make([]byte, 8*len(keep))
 	for i, id := range keep {
-		binary.LittleEndian.PutUint64(b[8*i:], id)
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(id))
 	}
 	_, err = f.Write(b)
 	if err == nil {
@@ -213,7 +213,7 @@ func (j *journal) rewrite(keep []uint64) error {
 	j.file = f
 	clear(j.entries)
 	for _, id := range keep {
-		j.entries[object.OID(id)] = 0 // durable
+		j.entries[id] = 0 // durable
 	}
 	j.pending = nil
 	return nil

@@ -42,21 +42,21 @@ func (s *Store) List(fn func(oid object.OID, info Info) error) error {
 					continue // a copy being written by Replace
 				}
 				oid, ok := parseObjectName(name)
-				if !ok || fanoutIndex(object.OID(oid)) != i {
+				if !ok || fanoutIndex(oid) != i {
 					s.logger.Warn("store: ignoring a file that is not an object", "path", filepath.Join(dir, name))
 					continue
 				}
-				if s.shadowed(d, object.OID(oid)) {
+				if s.shadowed(d, oid) {
 					continue
 				}
-				info, err := s.listInfo(d, object.OID(oid))
+				info, err := s.listInfo(d, oid)
 				if errors.Is(err, ErrNotFound) {
 					continue // removed meanwhile
 				}
 				if err != nil {
 					return err
 				}
-				if err := fn(object.OID(oid), info); err != nil {
+				if err := fn(oid, info); err != nil {
 					return err
 				}
 			}
@@ -143,7 +143,7 @@ func cachedInfo(h *handle) (Info, error) {
 		return Info{}, ErrNotFound
 	}
 	if h.usable() != nil {
-		return Info{Epoch: object.Epoch(h.epoch.Load()), Damaged: true}, nil
+		return Info{Epoch: h.stamp(), Damaged: true}, nil
 	}
 	return handleInfo(h)
 }

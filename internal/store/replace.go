@@ -43,7 +43,7 @@ func (s *Store) Replace(epoch object.Epoch, oid object.OID, data []byte) error {
 	var target *diskState
 	var previous object.Epoch
 	err := s.with("replace", 0, oid, accessExisting, func(h *handle) error {
-		target, previous = h.disk, object.Epoch(h.epoch.Load())
+		target, previous = h.disk, h.stamp()
 		return nil
 	})
 	switch {

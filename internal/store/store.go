@@ -365,7 +365,7 @@ func (s *Store) Read(oid object.OID, p []byte, offset uint32) (Info, error) {
 	}
 	var info Info
 	err := s.with("read", 0, oid, accessExisting, func(h *handle) error {
-		info.Epoch = object.Epoch(h.epoch.Load())
+		info.Epoch = h.stamp()
 		if h.legacy {
 			return s.readFile(h, p, h.dataStart+int64(offset)) // no checksums yet
 		}
@@ -568,12 +568,12 @@ func zeroRange(f *os.File, offset, length int64, allocate bool) error {
 // "no write after this epoch went through this copy", which a lower stamp
 // would make a lie. A request that would lower it is refused.
 func (s *Store) stamp(op string, h *handle, epoch object.Epoch) error {
-	if object.Epoch(h.epoch.Load()) == epoch {
+	if h.stamp() == epoch {
 		return nil
 	}
 	h.hdrMu.Lock()
 	defer h.hdrMu.Unlock()
-	current := object.Epoch(h.epoch.Load())
+	current := h.stamp()
 	if current == epoch {
 		return nil
 	}
@@ -585,7 +585,7 @@ func (s *Store) stamp(op string, h *handle, epoch object.Epoch) error {
 	if _, err := h.file.WriteAt(encoded[:], 0); err != nil {
 		return objectError(op, h.oid, h.path, fmt.Errorf("stamp epoch %d: %w", epoch, err))
 	}
-	h.epoch.Store(uint64(epoch))
+	h.setStamp(epoch)
 	s.markDirty(h)
 	if invariants.Enabled {
 		// The header on the file says what the cache says.
@@ -613,7 +613,7 @@ func (s *Store) SetEpoch(epoch object.Epoch, oid object.OID) error {
 func (s *Store) Epoch(oid object.OID) (object.Epoch, error) {
 	var epoch object.Epoch
 	err := s.with("epoch", 0, oid, accessExisting, func(h *handle) error {
-		epoch = object.Epoch(h.epoch.Load())
+		epoch = h.stamp()
 		return nil
 	})
 	return epoch, err
@@ -648,7 +648,7 @@ func handleInfo(h *handle) (Info, error) {
 	if err != nil {
 		return Info{}, objectError("stat", h.oid, h.path, err)
 	}
-	return fileSizes(fileInfo, object.Epoch(h.epoch.Load()), h.dataStart), nil
+	return fileSizes(fileInfo, h.stamp(), h.dataStart), nil
 }
 
 func fileSizes(fileInfo os.FileInfo, epoch object.Epoch, dataStart int64) Info {
