@@ -146,7 +146,7 @@ type hookedStore struct {
 	onRead func()
 }
 
-func (h *hookedStore) Read(oid uint64, p []byte, offset uint32) (uint64, error) {
+func (h *hookedStore) Read(oid object.OID, p []byte, offset uint32) (object.Epoch, error) {
 	stamp, err := h.ObjectStore.Read(oid, p, offset)
 	h.mu.Lock()
 	h.reads++
@@ -190,7 +190,7 @@ func TestReadWithoutLeaseWaitsForOne(t *testing.T) {
 		r, h, _ := newLeasedReplica(t, c)
 		ctx := context.Background()
 		data := bytes.Repeat([]byte{0x5a}, 4096)
-		if err := r.Write(ctx, 5, gateOID, data, 0, object.Flags{Create: true}); err != nil {
+		if err := r.Write(ctx, 5, gateOID, data, 0, object.FlagCreate); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(leaseWait) // not renewed: the lease runs out
@@ -213,7 +213,7 @@ func TestReadWithoutLeaseWaitsForOne(t *testing.T) {
 
 		// A renewal that comes while the read waits lets it through.
 		type answer struct {
-			stamp uint64
+			stamp object.Epoch
 			err   error
 		}
 		done := make(chan answer, 1)
@@ -248,7 +248,7 @@ func TestLeaseLapsedDuringReadIsUnavailable(t *testing.T) {
 		r, h, _ := newLeasedReplica(t, c)
 		ctx := context.Background()
 		data := bytes.Repeat([]byte{0x5a}, 4096)
-		if err := r.Write(ctx, 5, gateOID, data, 0, object.Flags{Create: true}); err != nil {
+		if err := r.Write(ctx, 5, gateOID, data, 0, object.FlagCreate); err != nil {
 			t.Fatal(err)
 		}
 		buffer := make([]byte, 4096)
@@ -287,7 +287,7 @@ func TestWriteWaitsUntilEpochIsActive(t *testing.T) {
 		r, _, s := newLeasedReplica(t, c)
 		ctx := context.Background()
 		old := bytes.Repeat([]byte{0x11}, 4096)
-		if err := r.Write(ctx, 5, gateOID, old, 0, object.Flags{Create: true}); err != nil {
+		if err := r.Write(ctx, 5, gateOID, old, 0, object.FlagCreate); err != nil {
 			t.Fatal(err)
 		}
 		untouched := func(what string) {
@@ -302,26 +302,26 @@ func TestWriteWaitsUntilEpochIsActive(t *testing.T) {
 		// not reported it yet.
 		_, waitsBefore := c.waits()
 		c.begin(6, 50)
-		if err := s.SetEpoch(gateOID, 6); err != nil { // recovery proved the copy current in epoch 6
+		if err := s.SetEpoch(6, gateOID); err != nil { // recovery proved the copy current in epoch 6
 			t.Fatal(err)
 		}
 		newer := bytes.Repeat([]byte{0x22}, 4096)
 		start := time.Now()
-		err := r.Write(ctx, 6, gateOID, newer, 0, object.Flags{})
+		err := r.Write(ctx, 6, gateOID, newer, 0, 0)
 		if !errors.Is(err, object.ErrUnavailable) {
 			t.Fatalf("write in an epoch not active: %v; want unavailable", err)
 		}
 		if waited := time.Since(start); waited != leaseWait {
 			t.Errorf("write in an epoch not active failed after %v; want it to wait %v", waited, leaseWait)
 		}
-		if err := r.Zero(ctx, 6, gateOID, 0, 4096, object.Flags{NoHole: true}); !errors.Is(err, object.ErrUnavailable) {
+		if err := r.Zero(ctx, 6, gateOID, 0, 4096, object.FlagNoHole); !errors.Is(err, object.ErrUnavailable) {
 			t.Fatalf("zero in an epoch not active: %v; want unavailable", err)
 		}
 		untouched("after the refusals")
 
 		// The active index rises, but not to the entry: still waiting.
 		done := make(chan error, 1)
-		go func() { done <- r.Write(ctx, 6, gateOID, newer, 0, object.Flags{}) }()
+		go func() { done <- r.Write(ctx, 6, gateOID, newer, 0, 0) }()
 		synctest.Wait()
 		c.activate(49)
 		time.Sleep(leaseWait / 2)

@@ -42,7 +42,7 @@ const (
 	LevelSecurity = 3
 	// LevelCopyDigests: recovery asks other nodes for the content digest
 	// of their copies (the object protocol's STAT with
-	// objproto.ObjectFlagDigest, which older binaries refuse), so that a node
+	// object.FlagDigest, which older binaries refuse), so that a node
 	// back from a restart restamps its copies that tie with the newest
 	// stamp when they hold the same bytes, and fetches them otherwise.
 	// Below it such a copy is fetched (internal/recovery).
