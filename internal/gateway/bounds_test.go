@@ -139,9 +139,7 @@ const smallObject = 64 << 10
 
 // newSmallWorld is newWorld with smallObject objects.
 func newSmallWorld(t *testing.T, nodes, copies int) *fakeWorld {
-	w := newWorld(t, nodes, copies)
-	w.cluster.format.ObjectSize = smallObject
-	return w
+	return newWorldWith(t, nodes, copies, smallObject)
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

@@ -602,9 +602,9 @@ func TestRetryBudgetRenewsOnEachEpoch(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for range 9 {
+		for i := range 9 {
 			time.Sleep(timeout / 3)
-			w.cluster.rejoin("node01", 1<<40)
+			w.cluster.rejoin("node01", 1<<40+uint64(i+1))
 		}
 		setUnavailable(false)
 	}()

@@ -208,11 +208,11 @@ func TestLostLockIsTakenAgain(t *testing.T) {
 func TestForwardedLockRefusal(t *testing.T) {
 	w := newWorld(t, 3, 3)
 	w.cluster.addVDI("disk", 1, objectSize)
-	w.cluster.addVDI("only", 1, objectSize)
+	w.cluster.addVDI("only", 2, objectSize)
 	w.cluster.setExclusive("only", true)
 	a := w.gateway("node00")
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	follower := &selfCluster{fakeCluster: w.cluster, self: "node01", forwarded: true}
+	follower := forwarded{w.cluster.member("node01")}
 	b := New(follower, layout.NewHistory(follower, logger), w.replicas, logger, Options{})
 	ctx := context.Background()
 

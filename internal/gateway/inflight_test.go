@@ -70,7 +70,7 @@ func inFlightWriteReadOldAfterNew(t *testing.T, path string) {
 	}
 	replicas := &failpointReplicas{realReplicas: real}
 	gatewayOn := func(self string) *Gateway {
-		c := &selfCluster{fakeCluster: w.cluster, self: self}
+		c := w.cluster.member(self)
 		g := New(c, layout.NewHistory(c, logger), replicas, logger, Options{})
 		t.Cleanup(g.Close)
 		return g
@@ -295,7 +295,7 @@ func returningNodeTiedCopy(t *testing.T, path string, digests bool) {
 	}
 	rec := recovery.New(recoveryView{w.cluster}, layout.NewHistory(w.cluster, logger), peers, real.nodes["node02"], "node02", logger)
 	real.recoverers["node02"] = rec.RecoverObject
-	c := &selfCluster{fakeCluster: w.cluster, self: "node00"}
+	c := w.cluster.member("node00")
 	g := New(c, layout.NewHistory(c, logger), real, logger, Options{})
 	t.Cleanup(g.Close)
 	writer := open(t, g, "disk")

@@ -42,7 +42,7 @@ func (f *failpointReplicas) Write(ctx context.Context, node cluster.Node, epoch 
 	return f.realReplicas.Write(ctx, node, epoch, oid, p, offset, flags)
 }
 
-// recoveryView is the fake cluster as recovery sees it: no maintenance
+// recoveryView is the world's log as recovery sees it: no maintenance
 // windows.
 type recoveryView struct{ *fakeCluster }
 
@@ -127,20 +127,11 @@ type zoneWorld struct {
 func newZoneWorld(t *testing.T) *zoneWorld {
 	t.Helper()
 	w := newWorld(t, 2, 2)
-	w.cluster.mu.Lock()
-	for id, zone := range map[string]string{"node00": "a", "node01": "b"} {
-		n := w.cluster.nodes[id]
-		n.Zone = zone
-		w.cluster.nodes[id] = n
-	}
-	w.cluster.mu.Unlock()
-	w.cluster.setNodes("node00", "node01") // an epoch that records the zones
+	w.cluster.setZone("node00", "a")
+	w.cluster.setZone("node01", "b")
 	w.cluster.addVDI("disk", 1, objectSize)
-	w.cluster.mu.Lock()
-	v := w.cluster.vdis["disk"]
-	v.Ack = cluster.AckZone
-	w.cluster.vdis["disk"] = v
-	w.cluster.mu.Unlock()
+	ack := cluster.AckZone
+	w.cluster.setVDI("disk", cluster.VDISettings{Ack: &ack})
 
 	z := &zoneWorld{w: w, real: newRealReplicas(t, w), recoveries: map[string]*recovery.Recovery{}, oid: object.DataOID(1, 0), m: make(model, objectSize)}
 	logger := quiet()
@@ -149,7 +140,7 @@ func newZoneWorld(t *testing.T) *zoneWorld {
 		z.real.recoverers[id] = z.recoveries[id].RecoverObject
 	}
 	z.replicas = &failpointReplicas{realReplicas: z.real}
-	c := &selfCluster{fakeCluster: w.cluster, self: "node00"}
+	c := w.cluster.member("node00")
 	z.g = New(c, layout.NewHistory(c, logger), z.replicas, logger, Options{})
 	t.Cleanup(z.g.Close)
 	z.e = open(t, z.g, "disk")

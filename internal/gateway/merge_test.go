@@ -11,41 +11,23 @@ import (
 	"github.com/herd-storage/herd/internal/object"
 )
 
-// fakeMergeLog applies merges and flattens to the fake cluster.
+// fakeMergeLog is the merge runner's log on the world's: it records
+// merges and flattens in the real log through node00's member; it lists
+// no jobs (the tests give them) and says it leads, at the highest level.
 type fakeMergeLog struct{ c *fakeCluster }
 
 func (l fakeMergeLog) IsLeader() bool                { return true }
 func (l fakeMergeLog) LayerJobs() []cluster.LayerJob { return nil }
 func (l fakeMergeLog) Level() int                    { return cluster.SupportedLevel }
 
-func (l fakeMergeLog) reparent(child, parent uint32) {
-	l.c.mu.Lock()
-	defer l.c.mu.Unlock()
-	if v, ok := l.c.frozen[child]; ok {
-		v.Parent = parent
-		l.c.frozen[child] = v
-		return
-	}
-	for name, v := range l.c.vdis {
-		if v.ID == child {
-			v.Parent = parent
-			l.c.vdis[name] = v
-		}
-	}
-}
-
-func (l fakeMergeLog) LayerMerged(ctx context.Context, layer, child, _ uint32) error {
-	l.c.mu.Lock()
-	parent := l.c.frozen[layer].Parent
-	delete(l.c.frozen, layer)
-	l.c.mu.Unlock()
-	l.reparent(child, parent)
-	return nil
+func (l fakeMergeLog) LayerMerged(ctx context.Context, layer, child, parent uint32) error {
+	defer l.c.sync()
+	return l.c.member("node00").LayerMerged(ctx, layer, child, parent)
 }
 
 func (l fakeMergeLog) LayerFlattened(ctx context.Context, child, parent uint32) error {
-	l.reparent(child, 0)
-	return nil
+	defer l.c.sync()
+	return l.c.member("node00").LayerFlattened(ctx, child, parent)
 }
 
 // freeLayer removes a VDI's data and map objects, as the garbage
@@ -70,6 +52,7 @@ func freeLayer(t *testing.T, g *Gateway, id uint32, objects int) {
 // without a writer; a flatten makes a clone independent.
 func TestMergeDeletedLayerWhileWriting(t *testing.T) {
 	w := newWorld(t, 3, 3)
+	w.cluster.finalize(cluster.FeatureLayerMerge.Level)
 	const objects = 12
 	const size = objects * objectSize
 	w.cluster.addVDI("disk", 1, size)
@@ -102,13 +85,10 @@ func TestMergeDeletedLayerWhileWriting(t *testing.T) {
 	}
 	// b1 is deleted (kept for disk): merge it into disk while the guest
 	// writes small pieces all over.
-	w.cluster.mu.Lock()
-	layer := w.cluster.frozen[r2.Snapshot.ID]
-	layer.Deleted = true
-	w.cluster.frozen[layer.ID] = layer
-	w.cluster.mu.Unlock()
+	w.cluster.deleteVDI("disk@b1")
+	layer, _ := w.cluster.VDIByID(r2.Snapshot.ID)
 	child, _ := w.cluster.VDI("disk")
-	job := cluster.LayerJob{Child: child, Layer: layer.ID, Sources: []uint32{layer.ID}}
+	job := cluster.LayerJob{Child: child, Layer: layer.ID, Sources: []uint32{layer.ID}, LayerParent: layer.Parent}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -143,6 +123,7 @@ func TestMergeDeletedLayerWhileWriting(t *testing.T) {
 
 	// Flatten a clone of base while it is written: base can then go.
 	w.cluster.clone(r1.Snapshot.ID, "copy")
+	w.cluster.flatten("copy")
 	c := open(t, g, "copy")
 	cm := append(model(nil), base...)
 	p := pattern(7, 2*objectSize)
@@ -167,6 +148,7 @@ func TestMergeDeletedLayerWhileWriting(t *testing.T) {
 // snapshot is merged without any writer, and the layer freed.
 func TestMergeIntoSnapshotChild(t *testing.T) {
 	w := newWorld(t, 3, 3)
+	w.cluster.finalize(cluster.FeatureLayerMerge.Level)
 	const objects = 6
 	w.cluster.addVDI("disk", 1, objects*objectSize)
 	g := w.gateway("node00")
@@ -185,11 +167,8 @@ func TestMergeIntoSnapshotChild(t *testing.T) {
 	}
 	a, _ := w.cluster.VDI("disk@a")
 	b, _ := w.cluster.VDI("disk@b")
-	w.cluster.mu.Lock()
-	a.Deleted = true
-	w.cluster.frozen[a.ID] = a
-	w.cluster.mu.Unlock()
-	if err := g.RunLayerJob(ctx, cluster.LayerJob{Child: b, Layer: a.ID, Sources: []uint32{a.ID}}, fakeMergeLog{w.cluster}, &MergeRate{}); err != nil {
+	w.cluster.deleteVDI("disk@a")
+	if err := g.RunLayerJob(ctx, cluster.LayerJob{Child: b, Layer: a.ID, Sources: []uint32{a.ID}, LayerParent: a.Parent}, fakeMergeLog{w.cluster}, &MergeRate{}); err != nil {
 		t.Fatal(err)
 	}
 	freeLayer(t, g, a.ID, objects)
@@ -208,9 +187,7 @@ type gatedMergeLog struct {
 func (l gatedMergeLog) Level() int { return int(l.level.Load()) }
 
 func (l gatedMergeLog) LayerJobs() []cluster.LayerJob {
-	l.c.mu.Lock()
-	defer l.c.mu.Unlock()
-	if v, ok := l.c.frozen[l.job.Layer]; ok && v.Deleted {
+	if v, ok := l.c.VDIByID(l.job.Layer); ok && v.Deleted {
 		return []cluster.LayerJob{l.job}
 	}
 	return nil
@@ -228,6 +205,7 @@ func (l gatedMergeLog) LayerMerged(ctx context.Context, layer, child, parent uin
 // merges the deleted layer.
 func TestMergesWaitForTheirLevel(t *testing.T) {
 	w := newWorld(t, 3, 3)
+	w.cluster.finalize(cluster.FeatureLayerMerge.Level)
 	const objects = 4
 	w.cluster.addVDI("disk", 1, objects*objectSize)
 	g := w.gateway("node00")
@@ -244,11 +222,8 @@ func TestMergesWaitForTheirLevel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.cluster.mu.Lock()
-	layer := w.cluster.frozen[r.Snapshot.ID]
-	layer.Deleted = true
-	w.cluster.frozen[layer.ID] = layer
-	w.cluster.mu.Unlock()
+	w.cluster.deleteVDI("disk@gone")
+	layer, _ := w.cluster.VDIByID(r.Snapshot.ID)
 	child, _ := w.cluster.VDI("disk")
 	log := gatedMergeLog{fakeMergeLog: fakeMergeLog{w.cluster}, job: cluster.LayerJob{Child: child, Layer: layer.ID, Sources: []uint32{layer.ID}, LayerParent: layer.Parent},
 		level: &atomic.Int64{}, merged: &atomic.Int64{}}

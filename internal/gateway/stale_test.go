@@ -30,7 +30,7 @@ type realReplicas struct {
 	onStale func()
 }
 
-// replicaView is the fake cluster as a replica sees it: the node always
+// replicaView is the world's log as a replica sees it: the node always
 // holds a lease and every epoch is active.
 type replicaView struct{ *fakeCluster }
 
@@ -42,7 +42,7 @@ func (replicaView) WaitActive(ctx context.Context, epoch uint64) error { return 
 func newRealReplicas(t *testing.T, w *fakeWorld) *realReplicas {
 	t.Helper()
 	r := &realReplicas{nodes: map[string]*replica.Replica{}, stores: map[string]*store.Store{}, recoverers: map[string]func(ctx context.Context, epoch object.Epoch, oid object.OID) error{}}
-	for id := range w.cluster.nodes {
+	for _, id := range w.cluster.nodeIDs() {
 		s, err := store.Open(store.Options{Disks: []store.Disk{{Path: t.TempDir(), Weight: 1}}, ReserveBytes: -1, OpenFiles: 16})
 		if err != nil {
 			t.Fatal(err)
@@ -111,7 +111,7 @@ func TestCopyStampedAheadIsRetriedInItsEpoch(t *testing.T) {
 	w.cluster.addVDI("disk", 1, objectSize)
 	real := newRealReplicas(t, w)
 	logger := quiet()
-	c := &selfCluster{fakeCluster: w.cluster, self: "node00"}
+	c := w.cluster.member("node00")
 	g := New(c, layout.NewHistory(c, logger), real, logger, Options{})
 	e := open(t, g, "disk")
 	ctx := context.Background()
