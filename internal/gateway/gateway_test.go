@@ -134,6 +134,7 @@ func TestWriteReadAcrossObjects(t *testing.T) {
 }
 
 func TestWriteRetriesAcrossEpochChange(t *testing.T) {
+	t.Parallel() // it waits 2.5 s for a node's leave (world.leave)
 	w := newWorld(t, 4, 3)
 	w.cluster.addVDI("disk", 1, 4*objectSize)
 	g := w.gateway("node00")
@@ -451,6 +452,7 @@ func TestSnapshotCutsBetweenWrites(t *testing.T) {
 // every replica identical (the whole-object copy is ordered against the
 // writes, never overwriting one of them with older data).
 func TestConcurrentWritesDuringCopy(t *testing.T) {
+	t.Parallel() // it waits 2.5 s for a node's leave (world.leave)
 	w := newWorld(t, 5, 3)
 	w.cluster.addVDI("disk", 1, objectSize)
 	g := w.gateway("node00")
@@ -511,6 +513,7 @@ func TestConcurrentWritesDuringCopy(t *testing.T) {
 // the object's lock until the epoch change) must not get a copy: CI saw
 // the copy wait 30 s on a paused node and fail fio with EIO.
 func TestCopyMissingSkipsNodesThatLeftThePlacement(t *testing.T) {
+	t.Parallel() // it waits 2.5 s for a node's leave (world.leave)
 	w := newWorld(t, 5, 3)
 	w.cluster.addVDI("disk", 1, objectSize)
 	g := w.gateway("node00")

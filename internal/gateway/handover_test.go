@@ -173,6 +173,7 @@ func TestExclusiveRefusesSecondWriter(t *testing.T) {
 // for a while and came back) is taken again by the next request, with a
 // fresh view: the open is not fenced for good.
 func TestLostLockIsTakenAgain(t *testing.T) {
+	t.Parallel() // it waits 2.5 s for a node's leave (world.leave)
 	w := newWorld(t, 3, 3)
 	w.cluster.addVDI("disk", 1, objectSize)
 	w.cluster.setExclusive("disk", true)

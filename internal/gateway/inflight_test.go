@@ -52,12 +52,14 @@ import (
 // node02's recovery runs on demand (RecoverObject, as a RECOVER from a
 // gateway) or as its background pass (Run): both restamp its copy.
 func TestInFlightWriteNeverReadOldAfterNew(t *testing.T) {
+	t.Parallel()
 	for _, path := range []string{"on demand", "background pass"} {
 		t.Run(path, func(t *testing.T) { inFlightWriteReadOldAfterNew(t, path) })
 	}
 }
 
 func inFlightWriteReadOldAfterNew(t *testing.T, path string) {
+	t.Parallel() // it waits 2.5 s for a node's leave (world.leave)
 	w := newWorld(t, 3, 3)
 	w.cluster.addVDI("disk", 1, objectSize)
 	real := newRealReplicas(t, w)
@@ -266,6 +268,7 @@ func (p digestPeers) Fetch(ctx context.Context, node cluster.Node, epoch object.
 // objects when only a digest of the listed stamp was taken): the same
 // content as a copy current in E3 is current too.
 func TestReturningNodeRestampsUnchangedTiedCopy(t *testing.T) {
+	t.Parallel()
 	for _, digests := range []bool{true, false} {
 		for _, path := range []string{"on demand", "background pass", "holder restamped first"} {
 			t.Run(fmt.Sprintf("%s, digests %v", path, digests), func(t *testing.T) {
@@ -276,6 +279,7 @@ func TestReturningNodeRestampsUnchangedTiedCopy(t *testing.T) {
 }
 
 func returningNodeTiedCopy(t *testing.T, path string, digests bool) {
+	t.Parallel() // it waits 2.5 s for a node's leave (world.leave)
 	w := newWorld(t, 3, 3)
 	w.cluster.addVDI("disk", 1, objectSize)
 	real := newRealReplicas(t, w)
