@@ -121,6 +121,11 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 	vdi, chain := state.current()
 	if d.readOnly && !vdi.Snapshot {
 		vdi, chain = g.followName(state)
+		if !vdi.Snapshot {
+			// Written through another node: a read returns only what
+			// every replica holds (agree.go).
+			ctx = withAgreement(ctx, vdi.ID)
+		}
 	}
 	return d.each(ctx, pieces, func(pc piece) error {
 		buffer := p[pc.start : pc.start+pc.length]

@@ -630,6 +630,9 @@ func (g *Gateway) recoverOn(ctx context.Context, node cluster.Node, rv *layout.E
 // (the newest may be on nodes that are down) the read fails rather than
 // return older data.
 func (g *Gateway) read(ctx context.Context, oid object.OID, copies int, p []byte, offset uint32) error {
+	if needsAgreement(ctx, oid) {
+		return g.readAgreed(ctx, oid, copies, p, offset)
+	}
 	// A suspect object is repaired first, even with far parts pending:
 	// the near copies that acknowledged them may lack an earlier one
 	// that failed (lag.go, rule 6).
@@ -682,18 +685,7 @@ func (g *Gateway) readReplicas(ctx context.Context, oid object.OID, copies int, 
 		for _, node := range candidates {
 			err := g.readFrom(ctx, node, rv, oid, p, offset)
 			if err == nil {
-				for _, bad := range damaged {
-					go g.heal.repairDamaged(bad, rv.Number, oid)
-				}
-				for _, bad := range badBlocks {
-					go func() {
-						ctx, cancel := context.WithTimeout(context.Background(), roundTimeout)
-						defer cancel()
-						if err := g.heal.healBlocks(ctx, bad, rv, oid, copies, offset, len(p), nil); err != nil {
-							g.logger.Warn("gateway: repairing blocks that failed their checksum", "object", fmt.Sprintf("%016x", oid), "node", bad.ID, "err", err)
-						}
-					}()
-				}
+				g.healAfterRead(rv, oid, copies, offset, len(p), damaged, badBlocks)
 				return nil
 			}
 			if object.Damaged(err) {
@@ -729,6 +721,23 @@ func (g *Gateway) readReplicas(ctx context.Context, oid object.OID, copies int, 
 			}
 			return err
 		}
+	}
+}
+
+// healAfterRead heals, in the background, the replicas a read that
+// succeeded elsewhere found damaged or with blocks failing their checksum.
+func (g *Gateway) healAfterRead(rv *layout.Epoch, oid object.OID, copies int, offset uint32, length int, damaged, badBlocks []cluster.Node) {
+	for _, bad := range damaged {
+		go g.heal.repairDamaged(bad, rv.Number, oid)
+	}
+	for _, bad := range badBlocks {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), roundTimeout)
+			defer cancel()
+			if err := g.heal.healBlocks(ctx, bad, rv, oid, copies, offset, length, nil); err != nil {
+				g.logger.Warn("gateway: repairing blocks that failed their checksum", "object", fmt.Sprintf("%016x", oid), "node", bad.ID, "err", err)
+			}
+		}()
 	}
 }
 

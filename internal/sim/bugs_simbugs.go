@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/gateway"
 	"github.com/herd-storage/herd/internal/recovery"
 )
 
@@ -16,7 +17,7 @@ var bugLeaseByContact = false
 
 // seededBugs lists the names setSeededBug accepts: the simulator's own,
 // recovery's and cluster's (the raft mode's: raft_test.go).
-var seededBugs = append(append([]string{"lease-by-contact"}, recovery.SeededBugs...), cluster.SeededBugs...)
+var seededBugs = append(append(append([]string{"lease-by-contact"}, recovery.SeededBugs...), cluster.SeededBugs...), gateway.SeededBugs...)
 
 // setSeededBug turns a seeded bug on or off. Call it before a run starts
 // (it is not synchronised).
@@ -28,6 +29,8 @@ func setSeededBug(name string, on bool) error {
 		return recovery.SetSeededBug(name, on)
 	case slices.Contains(cluster.SeededBugs, name):
 		return cluster.SetSeededBug(name, on)
+	case slices.Contains(gateway.SeededBugs, name):
+		return gateway.SetSeededBug(name, on)
 	default:
 		return fmt.Errorf("sim: no seeded bug %q (known: %v)", name, seededBugs)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/herd-storage/herd/internal/blockmodel"
 	nbdexport "github.com/herd-storage/herd/internal/export"
+	"github.com/herd-storage/herd/internal/linearize"
 	"github.com/herd-storage/herd/internal/nbd"
 )
 
@@ -62,6 +63,12 @@ type client struct {
 	// returned (checkReadFloor, reader.go).
 	seen map[int][]readMark
 
+	// history records every write and read of the client's VDI, the
+	// writer's and the readers', with its invoke and return times on the
+	// bubble's clock, for the linearizability check at the end of the
+	// run (World.checkHistories).
+	history *linearize.History
+
 	// tags are the client's VDI's snapshots left, oldest first; deleted
 	// counts those deleted (Config.Layers; only the step loop uses them).
 	tags    []string
@@ -73,7 +80,7 @@ type client struct {
 func newClient(w *World, index int) *client {
 	blocks := int(w.cfg.VDISize / blockSize)
 	c := &client{w: w, id: uint32(index + 1), vdi: fmt.Sprintf("vdi%d", index), node: index % w.cfg.Nodes, opening: make(chan struct{}, 1), started: make(chan struct{}),
-		acked: make([]uint64, blocks), uncertain: map[int][]uint64{}, pending: map[int]uint64{}}
+		acked: make([]uint64, blocks), uncertain: map[int][]uint64{}, pending: map[int]uint64{}, history: linearize.NewHistory()}
 	return c
 }
 
@@ -230,9 +237,9 @@ func (c *client) lane(lane int, stop <-chan struct{}) {
 		var err error
 		switch {
 		case roll < 55:
-			err = c.write(ctx, export, block, roll < 6)
+			err = c.write(ctx, export, lane, block, roll < 6)
 		case roll < 95:
-			err = c.read(ctx, export, block)
+			err = c.read(ctx, export, lane, block)
 		default:
 			c.flushes.Add(1)
 			if err = export.Flush(ctx); err != nil {
@@ -252,14 +259,16 @@ func (c *client) lane(lane int, stop <-chan struct{}) {
 	}
 }
 
-func (c *client) write(ctx context.Context, export nbd.Export, block int, fua bool) error {
+func (c *client) write(ctx context.Context, export nbd.Export, lane, block int, fua bool) error {
 	c.mu.Lock()
 	c.seq++
 	seq := c.seq
 	c.pending[block] = seq
 	c.mu.Unlock()
 	c.writes.Add(1)
+	call := c.history.Invoke(lane)
 	err := export.WriteAt(ctx, content(c.id, block, seq), uint64(block)*blockSize, fua)
+	c.history.Write(call, block, seq, err == nil)
 	c.mu.Lock()
 	delete(c.pending, block)
 	if err != nil {
@@ -274,20 +283,35 @@ func (c *client) write(ctx context.Context, export nbd.Export, block int, fua bo
 	return err
 }
 
-func (c *client) read(ctx context.Context, export nbd.Export, block int) error {
+func (c *client) read(ctx context.Context, export nbd.Export, lane, block int) error {
 	c.reads.Add(1)
 	p := make([]byte, blockSize)
+	call := c.history.Invoke(lane)
 	if err := export.ReadAt(ctx, p, uint64(block)*blockSize); err != nil {
 		c.recordError(fmt.Sprintf("read of block %d", block), err)
 		return err
 	}
+	c.recordRead(call, block, p)
 	c.check(block, p, false)
 	return nil
+}
+
+// recordRead adds a successful read of block that returned p to the
+// history (a block that decodes as no write of the client's is reported
+// by check, not recorded).
+func (c *client) recordRead(call linearize.Call, block int, p []byte) {
+	if got, err := decode(c.id, block, p); err == nil {
+		c.history.Read(call, block, got)
+	}
 }
 
 // finalRead reads every block through a new export and checks it against
 // the model (invariant (d)). The open also repairs the VDI if its last
 // writer died.
+// finalReader is the history's client id of the final reads (lanes are
+// 0 up, readers readerID).
+const finalReader = 999
+
 func (c *client) finalRead(limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	stop := make(chan struct{})
@@ -307,8 +331,10 @@ func (c *client) finalRead(limit time.Duration) error {
 	const chunk = 64 << 10
 	p := make([]byte, chunk)
 	for offset := uint64(0); offset < c.w.cfg.VDISize; offset += chunk {
+		var call linearize.Call
 		for {
 			ctx, cancel := context.WithTimeout(proc.ctx, opTimeout)
+			call = c.history.Invoke(finalReader)
 			err := export.ReadAt(ctx, p, offset)
 			cancel()
 			if err == nil {
@@ -321,6 +347,7 @@ func (c *client) finalRead(limit time.Duration) error {
 			time.Sleep(time.Second)
 		}
 		for i := 0; i < chunk; i += blockSize {
+			c.recordRead(call, int(offset+uint64(i))/blockSize, p[i:i+blockSize])
 			c.check(int(offset+uint64(i))/blockSize, p[i:i+blockSize], true)
 		}
 	}

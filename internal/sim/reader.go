@@ -151,6 +151,7 @@ func (r *reader) lane(lane int, timeout time.Duration, stop <-chan struct{}) {
 		began := readClock.Add(1)
 		p := make([]byte, blockSize)
 		ctx, cancel := context.WithTimeout(proc.ctx, timeout)
+		call := c.history.Invoke(readerID(r.node, lane))
 		err := export.ReadAt(ctx, p, uint64(block)*blockSize)
 		cancel()
 		if err != nil {
@@ -166,25 +167,19 @@ func (r *reader) lane(lane int, timeout time.Duration, stop <-chan struct{}) {
 			continue
 		}
 		r.reads.Add(1)
+		c.recordRead(call, block, p)
 		who := fmt.Sprintf("reader on %s (process %s, ro/%s)", w.nodes[r.node].id, proc.incarnation, c.vdi)
 		c.checkRead(who, block, p, ackedBefore)
 		c.checkReadFloor(who, block, p, began)
 	}
 }
 
+// readerID is the history's client id of a reader's lane.
+func readerID(node, lane int) int { return 1000 + 100*node + lane }
+
 // readClock orders the readers' reads: a read that ended (its mark
 // taken) before another began (its mark taken) has the lower mark.
 var readClock atomic.Uint64
-
-// checkReadFloors makes checkReadFloor report what it finds as
-// violations (TestSimulate's -sim.readfloor). Off by default: on it, 13
-// of seeds 1-400 fail (2026-11-27), mostly with a block read as zeros
-// (write #0) through one node after a read through another returned the
-// block's first write, still in flight: reads of a write in flight that
-// meet its replicas, or the map entries of its first write, in different
-// orders, which recovery's rule for copies with the same stamp does not
-// cover. Set it before a run.
-var checkReadFloors bool
 
 // readMark is a step of a block's read floor: from mark on, a completed
 // read had returned write (and none newer before).
@@ -196,8 +191,8 @@ type readMark struct {
 // against the reads that completed before it began: it must not return
 // a write older than one of them returned (a reader read a write in
 // flight through one node, then, later, the data it overwrote through
-// another: the recovery of copies with the same stamp, ARCHITECTURE.md
-// "Recovery and stale copies"). A write whose outcome the writer does
+// another: the replicas of a write in flight, or of the map entry of an
+// object's first write, met in different orders; gateway/agree.go). A write whose outcome the writer does
 // not know may be read at any time (it may take effect after any read).
 // Then it records what the read returned.
 func (c *client) checkReadFloor(who string, block int, p []byte, began uint64) {
@@ -215,7 +210,7 @@ func (c *client) checkReadFloor(who string, block int, p []byte, began uint64) {
 	if i, _ := slices.BinarySearchFunc(marks, began, func(m readMark, t uint64) int { return cmp.Compare(m.mark, t) }); i > 0 {
 		floor = marks[i-1].write
 	}
-	if checkReadFloors && got < floor && !slices.Contains(c.uncertain[block], got) {
+	if got < floor && !slices.Contains(c.uncertain[block], got) {
 		c.w.violation("%s: block %d read write #%d of client %d, but a read that ended before this one began returned write #%d (a newer write read, then an older one: not linearizable)", who, block, got, c.id, floor)
 	}
 	ended := readClock.Add(1)

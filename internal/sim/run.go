@@ -3,6 +3,8 @@ package sim
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -332,6 +334,11 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 	if problems := check(); len(problems) > 0 {
 		return fail(problems...)
 	}
+	// Every VDI's whole history, its writer's operations and every
+	// reader's, is linearizable (porcupine: internal/linearize).
+	if problems := w.checkHistories(); len(problems) > 0 {
+		return fail(problems...)
+	}
 	// Recovery makes every object exactly `copies` identical current
 	// copies (d).
 	deadline := time.Now().Add(convergeLimit)
@@ -403,4 +410,25 @@ func (w *World) recoveryStatus(problems []string) []string {
 	}
 	sort.Strings(ids)
 	return append(out, ids...)
+}
+
+// historyTimeout bounds the linearizability check of one client's
+// history; a check that runs out counts as a failure. The bubble's clock
+// only moves while every goroutine waits, so on a busy machine this is
+// less than it looks.
+const historyTimeout = time.Minute
+
+// checkHistories checks every client's history of writes and reads for
+// linearizability; a failing one leaves porcupine's HTML visualization in
+// the system's temporary directory, named in the problem.
+func (w *World) checkHistories() []string {
+	dir := os.TempDir()
+	var problems []string
+	for _, c := range w.clients {
+		visualization := filepath.Join(dir, fmt.Sprintf("herd-sim-%d-client%d.html", w.seed, c.id))
+		if err := c.history.Check(historyTimeout, visualization); err != nil {
+			problems = append(problems, fmt.Sprintf("client %d (%s): %v (a read returned a write no order of the operations allows)", c.id, c.vdi, err))
+		}
+	}
+	return problems
 }

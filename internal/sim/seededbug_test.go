@@ -48,6 +48,15 @@ func TestSimulatorFindsSeededBugLeaseByContact(t *testing.T) {
 	findSeededBug(t, "lease-by-contact", "(stale read)")
 }
 
+// TestSimulatorFindsSeededBugOneReplicaReads: with a ro/ open of a live
+// VDI reading one replica, as before gateway/agree.go, a reader through
+// one node reads a write in flight (or the map entry of an object's first
+// write) and a later reader through another node the older data. The
+// read floor or the linearizability check of the history finds it.
+func TestSimulatorFindsSeededBugOneReplicaReads(t *testing.T) {
+	findSeededBug(t, "one-replica-reads", "not linearizable")
+}
+
 // findSeededBug switches bug on, runs seeds until one fails (with a
 // problem that contains want, if want is not empty), then replays that
 // seed and expects it to fail again (searching on if it does not).

@@ -17,7 +17,6 @@ var (
 	exclusive = flag.Bool("sim.exclusive", false, "the clients' vdis are exclusive: a client that reconnects through another node waits for the previous lock to go instead of taking it over (Options.Exclusive)")
 	seedsFlag = flag.Int("sim.seeds", defaultSeeds, "how many seeds TestSimulate runs")
 	startFlag = flag.Uint64("sim.start", 1, "the first seed TestSimulate runs")
-	readFloor = flag.Bool("sim.readfloor", false, "a reader's read must not return a write older than one a read that ended before it began returned (checkReadFloors; off by default: see reader.go)")
 )
 
 // scratch returns a directory for the nodes' disks: in memory (/dev/shm)
@@ -68,7 +67,6 @@ func simulateWith(t *testing.T, fn func()) {
 }
 
 func TestSimulate(t *testing.T) {
-	checkReadFloors = *readFloor
 	if seededBug != "" {
 		t.Logf("seeded bug %q switched on", seededBug)
 	}

@@ -1,0 +1,201 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/herd-storage/herd/internal/bufpool"
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/object"
+)
+
+// Reads of a VDI another gateway writes.
+//
+// The writer's gateway reads one replica (read): every change it made is
+// on every replica once acknowledged, and it knows its own changes still
+// in flight. A gateway that only reads a VDI written through another
+// node (a ro/ open of a live VDI) knows nothing of the writer's changes
+// in flight: one may have reached some replicas and not others yet (a
+// write's pieces, or the map entry of an object's first write, land on
+// its replicas in any order). Reading one replica, a reader through one
+// node could return the new data and a later reader through another node
+// the old, which no order of the operations explains (not linearizable;
+// the simulator's read floor, sim/reader.go checkReadFloor).
+//
+// So such a read reads the piece from every replica of the current epoch
+// and returns it only when all hold the same bytes; otherwise a change is
+// in flight, and it reads again (after 1 ms, doubling up to 100 ms) until
+// they agree. Each replica's copy only moves forward (a change lands, a
+// failed one is resolved as applied by the suspect repair, recovery rolls
+// a partial change forward: suspect.go, recovery.go "Copies with the same
+// stamp"), so bytes every replica held during the read are what every
+// replica holds, or newer, once it returns: no later read returns older
+// data, and a write acknowledged before the read began is on all of them.
+// It costs a read per replica instead of one, for ro/ opens of live VDIs
+// only: snapshots and the ancestors' objects never change, and the
+// writer reads one copy.
+//
+// Agreement is bounded like any wait for the cluster (Options.
+// RetryTimeout per epoch): a change that failed and that the writer has
+// not yet repaired (its next access to the object, or its close) keeps
+// the replicas apart, and a read that still finds them apart then fails
+// with an I/O error naming the object.
+
+type agreeKey struct{}
+
+// withAgreement marks ctx's reads of the objects of VDI id (its data and
+// map objects) as reads of a VDI another gateway may be changing.
+func withAgreement(ctx context.Context, id uint32) context.Context {
+	return context.WithValue(ctx, agreeKey{}, object.VDIID(id))
+}
+
+// needsAgreement says whether ctx's read of oid must find every replica
+// agreeing (withAgreement).
+func needsAgreement(ctx context.Context, oid object.OID) bool {
+	if bugOneReplicaReads {
+		return false
+	}
+	id, ok := ctx.Value(agreeKey{}).(object.VDIID)
+	return ok && object.VDI(oid) == id
+}
+
+// ErrReplicasDisagree: a read of a VDI written elsewhere found the
+// replicas of an object holding different data for longer than the
+// retry budget (a change in flight or failed and not yet repaired).
+var ErrReplicasDisagree = errors.New("gateway: the replicas of an object still hold different data")
+
+// agreeWaitMax caps the wait between two reads of replicas that differ.
+const agreeWaitMax = 100 * time.Millisecond
+
+// readAgreed reads a piece of oid from every replica of the current epoch
+// and returns once they hold the same bytes (see above).
+func (g *Gateway) readAgreed(ctx context.Context, oid object.OID, copies int, p []byte, offset uint32) error {
+	budget := g.newBudget()
+	wait := time.Millisecond
+	for {
+		rv, err := g.layouts.Current()
+		if err != nil {
+			return err
+		}
+		candidates := rv.ReplicasOf(oid, copies)
+		if len(candidates) == 0 {
+			return fmt.Errorf("object %016x: no replica in epoch %d", oid, rv.Number)
+		}
+		// The first candidate reads into p, the others into buffers of
+		// their own; all at once.
+		others := make([]*bufpool.Buffer, len(candidates)-1)
+		for i := range others {
+			others[i] = bufpool.Get(len(p))
+		}
+		errs := make([]error, len(candidates))
+		var wg sync.WaitGroup
+		for i, node := range candidates[1:] {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i+1] = g.readFrom(ctx, node, rv, oid, others[i].Bytes, offset)
+			}()
+		}
+		errs[0] = g.readFrom(ctx, candidates[0], rv, oid, p, offset)
+		wg.Wait()
+		agree := true
+		for i, b := range others {
+			if errs[0] == nil && errs[i+1] == nil && !bytes.Equal(p, b.Bytes) {
+				agree = false
+			}
+			b.Release()
+		}
+
+		var retry, hard error
+		var damaged, badBlocks []cluster.Node
+		answered := 0
+		for i, err := range errs {
+			if err == nil {
+				answered++
+				continue
+			}
+			if errors.Is(err, object.ErrNoCopy) {
+				return err // the same on every replica: the proof is global
+			}
+			if errors.Is(err, object.ErrNoObject) {
+				// No node holds it: a never-written map object, or an
+				// object whose first write has not created it anywhere
+				// yet. Every replica says so, or the others hold a copy
+				// (created since) and the next round finds it.
+				if allNoObject(errs) {
+					return err
+				}
+				retry = err
+				continue
+			}
+			if object.Damaged(err) {
+				damaged = append(damaged, candidates[i])
+			}
+			if errors.Is(err, object.ErrChecksum) {
+				badBlocks = append(badBlocks, candidates[i])
+			}
+			err = &object.ReplicaError{Node: candidates[i].ID, OID: oid, Err: err}
+			if object.Retryable(err) {
+				retry = err
+			} else {
+				hard = err
+			}
+		}
+		if retry == nil && agree && answered > 0 {
+			// A replica that cannot serve the piece (a damaged copy, a
+			// block failing its checksum) has nothing to agree with:
+			// the others' agreement stands, as a read of one replica
+			// fails over, and the bad copy is healed from them.
+			if errs[0] != nil {
+				// p holds nothing: read it again from one that agreed.
+				for i, node := range candidates {
+					if errs[i] == nil {
+						if err := g.readFrom(ctx, node, rv, oid, p, offset); err != nil {
+							retry = err
+						}
+						break
+					}
+				}
+			}
+			if retry == nil {
+				g.healAfterRead(rv, oid, copies, offset, len(p), damaged, badBlocks)
+				return nil
+			}
+		}
+		switch {
+		case retry == nil && answered == 0:
+			return hard
+		case retry != nil:
+			if err := g.waitNextEpoch(ctx, rv.Number, budget, retry); err != nil {
+				if hard != nil {
+					return hard
+				}
+				return err
+			}
+		default:
+			// The replicas differ: a change is on its way.
+			if g.expired(budget, object.Epoch(g.cluster.Epoch())) {
+				return fmt.Errorf("%w: object %016x, bytes %d-%d, for %v in epoch %d (a change by the VDI's writer is in flight, or failed and is not repaired yet; the writer repairs it at its next access to the object or when it closes the VDI)",
+					ErrReplicasDisagree, oid, offset, int(offset)+len(p), time.Since(budget.started).Round(time.Millisecond), rv.Number)
+			}
+			if err := sleepCtx(ctx, wait); err != nil {
+				return err
+			}
+			wait = min(2*wait, agreeWaitMax)
+		}
+	}
+}
+
+// allNoObject says whether every replica answered that no node holds the object.
+func allNoObject(errs []error) bool {
+	for _, err := range errs {
+		if !errors.Is(err, object.ErrNoObject) {
+			return false
+		}
+	}
+	return true
+}

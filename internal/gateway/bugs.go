@@ -1,0 +1,18 @@
+//go:build !simbugs
+
+package gateway
+
+// Seeded bugs: old behaviour of the gateway that the simulator
+// (internal/sim) must keep finding. They are compiled in only with the
+// build tag simbugs (bugs_simbugs.go, SetSeededBug); in every other build
+// they are these constants, false, and the compiler drops the code they
+// guard.
+const (
+	// bugOneReplicaReads: a ro/ open of a live VDI read one replica, the
+	// nearest, like the writer: a reader through one node could read a
+	// write in flight (or the map entry of an object's first write) from
+	// a replica it had reached, and a later reader through another node
+	// the older data from one it had not yet (found by the simulator's
+	// read floor and its linearizability check; agree.go).
+	bugOneReplicaReads = false
+)
