@@ -723,6 +723,12 @@ func (m *LocalMember) AcquireLock(ctx context.Context, key, session string) (Loc
 }
 
 // ReleaseLock is Cluster.ReleaseLock.
+// StopWindow opens this node's down-out window as it stops cleanly
+// (depart.go step 1b).
+func (m *LocalMember) StopWindow(ctx context.Context, at, until time.Time) error {
+	return m.cmds.StopWindow(ctx, at, until)
+}
+
 func (m *LocalMember) ReleaseLock(ctx context.Context, key, session string) error {
 	return m.cmds.ReleaseLock(ctx, key, session)
 }

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/blockmodel"
-	nbdexport "github.com/herd-storage/herd/internal/export"
 	"github.com/herd-storage/herd/internal/linearize"
 	"github.com/herd-storage/herd/internal/nbd"
 )
@@ -170,7 +169,7 @@ func (c *client) open(stop <-chan struct{}) (nbd.Export, *process, bool) {
 		}
 		w.mu.Lock()
 		node := c.node
-		for i := 0; i < len(w.nodes) && w.nodes[node].killed; i++ {
+		for i := 0; i < len(w.nodes) && (w.nodes[node].killed || w.nodes[node].stopping); i++ {
 			node = (node + 1) % len(w.nodes)
 		}
 		p := w.nodes[node].proc
@@ -179,7 +178,7 @@ func (c *client) open(stop <-chan struct{}) (nbd.Export, *process, bool) {
 		c.node = node
 		c.mu.Unlock()
 		ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
-		opened, err := nbdexport.Backend{Gateway: p.gateway}.Open(ctx, c.vdi, nbd.Session{ID: uint64(c.id)}) // through the NBD adapter, as a client reaches it
+		opened, err := p.openExport(ctx, c.vdi, nbd.Session{ID: uint64(c.id)}) // through the NBD adapter, as a client reaches it
 		cancel()
 		if err == nil {
 			c.mu.Lock()

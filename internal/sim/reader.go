@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	nbdexport "github.com/herd-storage/herd/internal/export"
 	"github.com/herd-storage/herd/internal/gateway"
 	"github.com/herd-storage/herd/internal/nbd"
 )
@@ -92,7 +91,7 @@ func (r *reader) open(c *client) (nbd.Export, *process, bool) {
 		return export, p, true
 	}
 	ctx, cancel := context.WithTimeout(p.ctx, 10*time.Second)
-	export, err := nbdexport.Backend{Gateway: p.gateway}.Open(ctx, gateway.ReadOnlyPrefix+c.vdi, nbd.Session{ID: uint64(100 + r.node)})
+	export, err := p.openExport(ctx, gateway.ReadOnlyPrefix+c.vdi, nbd.Session{ID: uint64(100 + r.node)})
 	cancel()
 	if err != nil {
 		r.recordError("open ro/"+c.vdi+" on "+p.incarnation, err)

@@ -67,9 +67,13 @@ const (
 	Snapshot       // `herd vdi snapshot`, through the node holding its writer lock
 	DeleteSnapshot // `herd vdi delete NAME@TAG` of its oldest snapshot left
 	Flatten        // `herd vdi flatten`
+	// Stop is a clean stop (SIGTERM), as server.Run's: the node opens its
+	// down-out window, answers the requests in flight, flushes, and
+	// ends; the leader commits its leave at once (stop.go).
+	Stop
 )
 
-var eventNames = map[EventKind]string{Check: "check", Kill: "kill", Restart: "restart", Pause: "pause", Resume: "resume", Partition: "partition", Heal: "heal", Network: "network", Lag: "lag", Maintenance: "maintenance", Upgrade: "upgrade", Finalize: "finalize-upgrade", Snapshot: "snapshot", DeleteSnapshot: "delete-snapshot", Flatten: "flatten"}
+var eventNames = map[EventKind]string{Check: "check", Kill: "kill", Restart: "restart", Pause: "pause", Resume: "resume", Partition: "partition", Heal: "heal", Network: "network", Lag: "lag", Maintenance: "maintenance", Upgrade: "upgrade", Finalize: "finalize-upgrade", Snapshot: "snapshot", DeleteSnapshot: "delete-snapshot", Flatten: "flatten", Stop: "stop"}
 
 func (k EventKind) String() string { return eventNames[k] }
 
@@ -105,6 +109,8 @@ func (e Event) String() string {
 		return e.Kind.String() + catchUp
 	case Kill, Pause:
 		return fmt.Sprintf("%s n%d", e.Kind, e.Node)
+	case Stop:
+		return fmt.Sprintf("stop n%d (SIGTERM: a clean stop)", e.Node)
 	case Partition:
 		var ids []string
 		for _, n := range e.Nodes {
@@ -290,6 +296,15 @@ func NewSchedule(seed uint64) Schedule {
 		withWindows = append(withWindows, e)
 	}
 	faults = withWindows
+	// A third of the other kills are clean stops (SIGTERM) instead, from
+	// a stream of their own.
+	st := rand.New(rand.NewPCG(seed, 0x73746f70))
+	for i, e := range faults {
+		windowed := i > 0 && faults[i-1].Kind == Maintenance && faults[i-1].Node == e.Node && faults[i-1].At == e.At
+		if e.Kind == Kill && !windowed && st.IntN(3) == 0 {
+			faults[i].Kind = Stop
+		}
+	}
 	// Nodes that return (resumed, healed, restarted) catch up on the log
 	// late: a heartbeat reaches them before the entries they missed. From
 	// a stream of their own too.

@@ -93,7 +93,7 @@ func TestSimulate(t *testing.T) {
 	started := time.Now()
 	var failed atomic.Int64
 	var mu sync.Mutex
-	var ops, faults, held, readerReads int64
+	var ops, faults, stops, held, readerReads int64
 	var upgraded, finalized, refused int64
 	t.Run("seeds", func(t *testing.T) {
 		for i := 0; i < seeds; i++ {
@@ -117,6 +117,7 @@ func TestSimulate(t *testing.T) {
 				for _, n := range r.Faults {
 					faults += int64(n)
 				}
+				stops += int64(r.Faults[Stop.String()])
 				mu.Unlock()
 				if r.Err != nil {
 					failed.Add(1)
@@ -125,6 +126,11 @@ func TestSimulate(t *testing.T) {
 			})
 		}
 	})
+	// A third of the other kills are clean stops: some seeds must stop a
+	// node cleanly (or the stops test nothing).
+	if seeds >= 20 && stops == 0 {
+		t.Errorf("in %d seeds no node was stopped cleanly", seeds)
+	}
 	// A third of the kills open a maintenance window first: over many
 	// seeds, some recovery must have waited for one (or the windows test
 	// nothing).
@@ -143,8 +149,8 @@ func TestSimulate(t *testing.T) {
 		t.Errorf("in %d seeds (%d with a rolling upgrade) %d finalizes were refused while an old node was a member and %d seeds finalized during the faults; want some of each", seeds, upgraded, refused, finalized)
 	}
 	elapsed := time.Since(started)
-	t.Logf("%d seeds from %d in %v (%v per seed, %.1f seeds/s on %d cores): %d client operations, %d reads by readers on every node, %d scheduled events, %d steps with copies held for a maintenance window, %d rolling upgrades (%d finalized during the faults, %d finalizes refused while an old node was a member); %d failed",
-		seeds, *startFlag, elapsed.Round(time.Millisecond), (elapsed / time.Duration(max(seeds, 1))).Round(time.Microsecond), float64(seeds)/elapsed.Seconds(), parallelism(), ops, readerReads, faults, held, upgraded, finalized, refused, failed.Load())
+	t.Logf("%d seeds from %d in %v (%v per seed, %.1f seeds/s on %d cores): %d client operations, %d reads by readers on every node, %d scheduled events (%d clean stops), %d steps with copies held for a maintenance window, %d rolling upgrades (%d finalized during the faults, %d finalizes refused while an old node was a member); %d failed",
+		seeds, *startFlag, elapsed.Round(time.Millisecond), (elapsed / time.Duration(max(seeds, 1))).Round(time.Microsecond), float64(seeds)/elapsed.Seconds(), parallelism(), ops, readerReads, faults, stops, held, upgraded, finalized, refused, failed.Load())
 }
 
 func logResult(t *testing.T, r Result) {

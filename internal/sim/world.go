@@ -110,6 +110,7 @@ type node struct {
 	starts    int
 	killed    bool
 	paused    bool
+	stopping  bool      // a clean stop is under way (stop.go)
 	reachable bool      // from the leader: connected to the majority
 	since     time.Time // when reachable last changed
 	suspicion time.Duration
@@ -129,7 +130,8 @@ type process struct {
 	gateway     *gateway.Gateway
 	recovery    *recovery.Recovery
 	maintenance *maintenance.Maintenance
-	dead        bool // guarded by World.mu
+	dead        bool  // guarded by World.mu
+	drain       drain // its NBD server's requests, for a clean stop (stop.go)
 }
 
 func newWorld(ctx context.Context, seed uint64, cfg Config, dir string) *World {
@@ -404,6 +406,8 @@ func (w *World) apply(e Event) error {
 	case Check:
 	case Kill:
 		w.kill(w.nodes[e.Node])
+	case Stop:
+		w.stop(w.nodes[e.Node])
 	case Restart:
 		return w.startProcess(w.nodes[e.Node])
 	case Pause, Resume:

@@ -58,9 +58,18 @@ const (
 	inFlight  = 8 // operations per client at once, on distinct blocks
 )
 
-// The nemesis never touches nodes 0 and 1: the clients' NBD connections
-// go through them (a VM whose host dies dies with it).
+// The nemesis kills, pauses and cuts off nodes 2, 3 and 4 only: the
+// clients' NBD connections go through nodes 0 and 1 (a VM whose host
+// dies dies with it). Node 1 is stopped cleanly (SIGTERM) now and then:
+// its client's connection ends once its requests in flight are answered,
+// and the client reconnects through another node and sends again what
+// went unanswered, as QEMU with reconnect-delay does. A rolling restart
+// of nodes 1 to 4 ends the faults. Node 0 is the cluster's address for
+// the test's admin requests and is never faulted.
 var targets = []int{2, 3, 4}
+
+// writerNode is the node whose clean stops move its client elsewhere.
+const writerNode = 1
 
 func TestRobustness(t *testing.T) {
 	seed := *seedFlag
@@ -79,9 +88,10 @@ func TestRobustness(t *testing.T) {
 	ctx, stop := context.WithCancel(t.Context())
 	defer stop()
 	var wg sync.WaitGroup
+	down := new(downNodes)
 	workers := make([]*worker, clients)
 	for k := range workers {
-		w := &worker{id: uint32(k + 1), node: c.Node(k % 2), vdi: fmt.Sprintf("rob%d", k), random: rand.New(rand.NewPCG(seed, uint64(k))), acked: make([]uint64, blocks), uncertain: map[int][]uint64{}, history: linearize.NewHistory()}
+		w := &worker{id: uint32(k + 1), c: c, home: k % 2, at: k % 2, down: down, vdi: fmt.Sprintf("rob%d", k), random: rand.New(rand.NewPCG(seed, uint64(k))), acked: make([]uint64, blocks), uncertain: map[int][]uint64{}, history: linearize.NewHistory()}
 		workers[k] = w
 		wg.Add(2)
 		go func() {
@@ -100,7 +110,7 @@ func TestRobustness(t *testing.T) {
 		defer wg.Done()
 		rec.poll(ctx, c)
 	}()
-	nem := &nemesis{t: t, c: c, random: rand.New(rand.NewPCG(seed, 99)), state: map[int]string{}}
+	nem := &nemesis{t: t, c: c, random: rand.New(rand.NewPCG(seed, 99)), state: map[int]string{}, down: down}
 	started := time.Now()
 	for time.Since(started) < *duration {
 		nem.step()
@@ -108,6 +118,12 @@ func TestRobustness(t *testing.T) {
 		case <-time.After(time.Duration(2000+nem.random.IntN(4000)) * time.Millisecond):
 		case <-t.Context().Done():
 		}
+	}
+	// A rolling restart under the same load: every node but node 0 in
+	// turn, each back in the epoch before the next goes.
+	nem.healAll()
+	for _, i := range []int{1, 2, 3, 4} {
+		nem.restart(i)
 	}
 	stop()
 	wg.Wait()
@@ -132,19 +148,24 @@ func TestRobustness(t *testing.T) {
 	}
 	exact := waitExactCopies(t, c)
 
-	var readerOps, readerErrors int64
+	var readerOps, readerErrors, moves, resent int64
 	for _, w := range workers {
 		readerOps += w.readerOps.Load()
 		readerErrors += w.readerErrors.Load()
+		moves += w.moves.Load()
+		resent += w.resent.Load()
 	}
-	t.Logf("summary: %d operations (%d flushes) by %d clients in %v; %d reads (%d failed, dropped) through the faulted nodes; faults injected: %s; client errors: %d; verification failures: %d; acknowledged writes lost: %d; %d objects with %d identical replicas each",
-		ops, flushes, clients, duration.Round(time.Second), readerOps, readerErrors, nem.summary(), errs, verifyFailures, lost, exact, copies)
+	t.Logf("summary: %d operations (%d flushes) by %d clients in %v and a rolling restart; %d reads (%d failed, dropped) through the faulted nodes; faults injected: %s; clients moved to another node %d times and sent %d requests again; client errors: %d; verification failures: %d; acknowledged writes lost: %d; %d objects with %d identical replicas each",
+		ops, flushes, clients, duration.Round(time.Second), readerOps, readerErrors, nem.summary(), moves, resent, errs, verifyFailures, lost, exact, copies)
 	rec.report(t)
 	for _, w := range workers {
 		visualization := filepath.Join(os.TempDir(), fmt.Sprintf("herd-robustness-%d-client%d.html", seed, w.id))
 		if err := w.history.Check(2*time.Minute, visualization); err != nil {
 			t.Errorf("client %d (seed %d): %v", w.id, seed, err)
 		}
+	}
+	if moves == 0 {
+		t.Errorf("no client moved to another node, though the rolling restart stopped node %d: the moves prove nothing", writerNode)
 	}
 	if readerOps == 0 {
 		t.Errorf("no read through the faulted nodes succeeded: the readers prove nothing")
@@ -173,10 +194,16 @@ func TestRobustness(t *testing.T) {
 	}
 }
 
+// downNodes are the nodes a clean stop or restart of the nemesis has
+// taken down, or is taking down: clients do not connect through them.
+type downNodes [nodes]atomic.Bool
+
 // worker is one NBD client with its model of the disk.
 type worker struct {
 	id     uint32
-	node   *testcluster.Node
+	c      *testcluster.Cluster
+	home   int // the node it connects through while that one runs
+	down   *downNodes
 	vdi    string
 	random *rand.Rand
 
@@ -192,6 +219,10 @@ type worker struct {
 
 	ops, errors, badReads, lost, flushes atomic.Int64
 	readerOps, readerErrors              atomic.Int64
+	// moves counts the connections made through another node than the
+	// last; resent the requests sent again on a new connection.
+	moves, resent atomic.Int64
+	at            int // the node of the last connection (guarded by mu)
 }
 
 // content and decode: the shared block model (internal/blockmodel).
@@ -203,20 +234,62 @@ func decode(client uint32, block int, p []byte) (uint64, error) {
 	return blockmodel.Decode(client, block, p)
 }
 
+// connect returns the worker's connection, making one through its home
+// node, or, while that one is down, through node 0 (never faulted).
 func (w *worker) connect(ctx context.Context) (*nbdclient.Conn, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.conn != nil {
 		return w.conn, nil
 	}
+	at := w.home
+	if w.down[at].Load() {
+		at = 0
+	}
 	dial, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := nbdclient.Dial(dial, w.node.NBDSocket(), w.vdi)
+	conn, err := nbdclient.Dial(dial, w.c.Node(at).NBDSocket(), w.vdi)
 	if err != nil {
 		return nil, err
 	}
-	w.conn = conn
+	if at != w.at {
+		w.moves.Add(1)
+	}
+	w.conn, w.at = conn, at
 	return conn, nil
+}
+
+// resend runs op on the worker's connection, and, when the connection
+// ends under it (its node stopping cleanly: the requests it had not read
+// get no reply), on a new one, as QEMU with reconnect-delay sends a
+// request again after reconnecting. An error the server answered, or a
+// connection that cannot be made again within opTimeout, ends it.
+func (w *worker) resend(ctx context.Context, op func(ctx context.Context, conn *nbdclient.Conn) error) error {
+	opCtx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
+	for attempt := 0; ; attempt++ {
+		conn, err := w.connect(opCtx)
+		if err == nil {
+			if attempt > 0 {
+				w.resent.Add(1)
+			}
+			err = op(opCtx, conn)
+			if err == nil || isCommandError(err) {
+				return err
+			}
+			w.dropConn(conn)
+		}
+		if opCtx.Err() != nil {
+			return err
+		}
+		// Its node is going or gone: wait for the nemesis to mark it
+		// down (or for it to answer again), then connect once more.
+		select {
+		case <-opCtx.Done():
+			return err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 func (w *worker) dropConn(conn *nbdclient.Conn) {
@@ -290,21 +363,14 @@ func (w *worker) write(ctx context.Context, block int, fua bool) {
 	w.seq++
 	seq := w.seq
 	w.mu.Unlock()
-	conn, err := w.connect(ctx)
-	if err != nil {
-		if ctx.Err() == nil {
-			w.recordError("connect", err)
-		}
-		return
-	}
 	var flags nbdclient.Flag
 	if fua {
 		flags = nbdclient.FUA
 	}
-	opCtx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
 	call := w.history.Invoke(0)
-	err = conn.WriteAt(opCtx, content(w.id, block, seq), uint64(block)*blockSize, flags)
+	err := w.resend(ctx, func(ctx context.Context, conn *nbdclient.Conn) error {
+		return conn.WriteAt(ctx, content(w.id, block, seq), uint64(block)*blockSize, flags)
+	})
 	w.history.Write(call, block, seq, err == nil)
 	w.ops.Add(1)
 	if err != nil {
@@ -313,9 +379,6 @@ func (w *worker) write(ctx context.Context, block int, fua bool) {
 		w.mu.Unlock()
 		if ctx.Err() == nil {
 			w.recordError(fmt.Sprintf("write block %d", block), err)
-		}
-		if !isCommandError(err) {
-			w.dropConn(conn)
 		}
 		return
 	}
@@ -330,25 +393,15 @@ func isCommandError(err error) bool {
 }
 
 func (w *worker) read(ctx context.Context, block int) {
-	conn, err := w.connect(ctx)
-	if err != nil {
-		if ctx.Err() == nil {
-			w.recordError("connect", err)
-		}
-		return
-	}
 	p := make([]byte, blockSize)
-	opCtx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
 	call := w.history.Invoke(0)
-	err = conn.ReadAt(opCtx, p, uint64(block)*blockSize)
+	err := w.resend(ctx, func(ctx context.Context, conn *nbdclient.Conn) error {
+		return conn.ReadAt(ctx, p, uint64(block)*blockSize)
+	})
 	w.ops.Add(1)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.recordError(fmt.Sprintf("read block %d", block), err)
-		}
-		if !isCommandError(err) {
-			w.dropConn(conn)
 		}
 		return
 	}
@@ -442,25 +495,14 @@ func (w *worker) check(block int, p []byte, final bool) {
 }
 
 func (w *worker) flush(ctx context.Context) {
-	conn, err := w.connect(ctx)
-	if err != nil {
-		if ctx.Err() == nil {
-			w.recordError("connect", err)
-		}
-		return
-	}
-	opCtx, cancel := context.WithTimeout(ctx, opTimeout)
-	defer cancel()
-	err = conn.Flush(opCtx)
+	// A FLUSH sent again through another node covers the writes made
+	// through the old one too: a stopping node flushes what its
+	// connections wrote before it closes them.
+	err := w.resend(ctx, func(ctx context.Context, conn *nbdclient.Conn) error { return conn.Flush(ctx) })
 	w.ops.Add(1)
 	w.flushes.Add(1)
-	if err != nil {
-		if ctx.Err() == nil {
-			w.recordError("flush", err)
-		}
-		if !isCommandError(err) {
-			w.dropConn(conn)
-		}
+	if err != nil && ctx.Err() == nil {
+		w.recordError("flush", err)
 	}
 }
 
@@ -508,6 +550,7 @@ type nemesis struct {
 	random *rand.Rand
 	state  map[int]string // faulty node -> "killed", "stopped", "paused", "partitioned"
 	counts map[string]int
+	down   *downNodes
 }
 
 func (n *nemesis) step() {
@@ -517,6 +560,13 @@ func (n *nemesis) step() {
 	faulty := n.faulty()
 	if len(faulty) > 0 && (len(faulty) == copies-1 || n.random.IntN(2) == 0) {
 		n.heal(faulty[n.random.IntN(len(faulty))])
+		return
+	}
+	if n.state[writerNode] == "" && n.random.IntN(5) == 0 {
+		// Its client moves to another node.
+		n.stop(writerNode)
+		n.state[writerNode] = "stopped"
+		n.counts["writer stopped"]++
 		return
 	}
 	var healthy []int
@@ -537,9 +587,7 @@ func (n *nemesis) step() {
 		n.c.Node(victim).Kill()
 		n.state[victim] = "killed"
 	case "stop":
-		// SIGTERM, as systemctl stop and docker stop send; Stop fails
-		// the test if the node does not exit in time.
-		n.c.Node(victim).Stop()
+		n.stop(victim)
 		n.state[victim] = "stopped"
 	case "pause":
 		n.c.Node(victim).Pause()
@@ -555,6 +603,23 @@ func (n *nemesis) step() {
 		n.state[victim] = "partitioned"
 	}
 	n.counts[n.state[victim]]++
+}
+
+// stop stops node i cleanly: SIGTERM, as systemctl stop and docker stop
+// send (Stop fails the test if the node does not exit in time). Clients
+// connect elsewhere from the moment it begins.
+func (n *nemesis) stop(i int) {
+	n.down[i].Store(true)
+	n.c.Node(i).Stop()
+}
+
+// restart is a step of the rolling restart: node i stopped cleanly,
+// started again, and back in the epoch.
+func (n *nemesis) restart(i int) {
+	n.stop(i)
+	n.state[i] = "stopped"
+	n.heal(i)
+	n.counts["rolling restarts"]++
 }
 
 func (n *nemesis) faulty() []int {
@@ -580,6 +645,7 @@ func (n *nemesis) heal(i int) {
 	n.counts["healed"]++
 	delete(n.state, i)
 	n.waitMember(i)
+	n.down[i].Store(false)
 }
 
 // waitMember waits until node i is a member of the cluster's latest
@@ -623,7 +689,7 @@ func (n *nemesis) healAll() {
 }
 
 func (n *nemesis) summary() string {
-	return fmt.Sprintf("%d kills, %d clean stops, %d pauses, %d partitions, %d heals", n.counts["killed"], n.counts["stopped"], n.counts["paused"], n.counts["partitioned"], n.counts["healed"])
+	return fmt.Sprintf("%d kills, %d clean stops (%d of node %d, whose client moved), %d pauses, %d partitions, %d heals, then a rolling restart of %d nodes", n.counts["killed"], n.counts["stopped"], n.counts["writer stopped"], writerNode, n.counts["paused"], n.counts["partitioned"], n.counts["healed"], n.counts["rolling restarts"])
 }
 
 func client(c *testcluster.Cluster, i int) *api.Client {
