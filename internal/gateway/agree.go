@@ -199,3 +199,98 @@ func allNoObject(errs []error) bool {
 	}
 	return true
 }
+
+// The VDI a ro/NAME read reads.
+//
+// A ro/ open of a live VDI reads the VDI that has the name now
+// (followName): after a snapshot through the writer, a new VDI, while
+// the old one, now the snapshot, no longer changes. A node that applies
+// the log late (within its lease: cluster/lease.go) would read the old
+// one, and miss every write the writer made into the new one since: a
+// stale read (the simulator's TestScenarioSnapshotOnLaggingNode). So such
+// a read first has this node apply everything the leader had committed
+// when the read began (the cluster's Sync: the leader's commit index,
+// confirmed as leader, then applied here): a snapshot whose writes were
+// acknowledged before the read began is known. Reads share the round
+// trips: a read that arrives while one runs waits for the next, which
+// starts after it (readBarrier).
+
+// syncer is what the cluster offers for that (cluster.Cluster and
+// cluster.LocalMember).
+type syncer interface {
+	Sync(ctx context.Context) error
+}
+
+// readBarrier batches the syncs of ro/ reads: at most one runs at a
+// time, and every read waits for one that started after it arrived.
+type readBarrier struct {
+	mu      sync.Mutex
+	running bool
+	next    *barrierRound // the round that starts when the running one ends
+}
+
+type barrierRound struct {
+	done    chan struct{}
+	err     error
+	waiters int // the reads waiting for it (guarded by readBarrier.mu)
+}
+
+// syncTimeout bounds one sync of the barrier (a leader round trip; a
+// leader election or a node cut off from the leader takes longer, and
+// the read then fails: the node's lease runs out meanwhile anyway).
+const syncTimeout = 5 * time.Second
+
+// wait returns once this node applied everything committed before it
+// was called.
+func (b *readBarrier) wait(ctx context.Context, sync func(context.Context) error) error {
+	b.mu.Lock()
+	r := b.next
+	if r == nil {
+		r = &barrierRound{done: make(chan struct{})}
+		b.next = r
+	}
+	r.waiters++
+	if !b.running {
+		b.running, b.next = true, nil
+		go b.run(r, sync)
+	}
+	b.mu.Unlock()
+	select {
+	case <-r.done:
+		return r.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (b *readBarrier) run(r *barrierRound, sync func(context.Context) error) {
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), syncTimeout)
+		r.err = sync(ctx)
+		cancel()
+		close(r.done)
+		b.mu.Lock()
+		r = b.next
+		if r == nil {
+			b.running = false
+			b.mu.Unlock()
+			return
+		}
+		b.next = nil
+		b.mu.Unlock()
+	}
+}
+
+// syncForRead has this node apply what the leader committed before now,
+// for a ro/ read of a live VDI (see above). A cluster that cannot (a
+// test's) is taken as current.
+func (g *Gateway) syncForRead(ctx context.Context) error {
+	s, ok := g.cluster.(syncer)
+	if !ok {
+		return nil
+	}
+	if err := g.readSync.wait(ctx, s.Sync); err != nil {
+		return fmt.Errorf("a read of a VDI written through another node must first know what the cluster committed, and this node could not catch up with the leader: %w", err)
+	}
+	return nil
+}

@@ -71,7 +71,14 @@ func TestReadOnlyReadsWaitForAgreement(t *testing.T) {
 	newer := pattern(2, 4096)
 	written := make(chan error, 1)
 	go func() { written <- writer.WriteAt(ctx, newer, 0, false) }()
-	<-h.holding // node00 and node01 may hold the new data; node02 does not
+	<-h.holding // node02 does not hold the new data
+	deadline := time.Now().Add(10 * time.Second)
+	for !w.replicas.holds("node00", oid, newer) || !w.replicas.holds("node01", oid, newer) {
+		if time.Now().After(deadline) {
+			t.Fatal("node00 and node01 did not apply the write within 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
 
 	type result struct {
 		data []byte
@@ -89,7 +96,7 @@ func TestReadOnlyReadsWaitForAgreement(t *testing.T) {
 	first := read(onNode01)
 	// The reader reads node02's copy again and again while the copies
 	// differ: wait for several rounds; it must not have returned.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline = time.Now().Add(10 * time.Second)
 	for h.reads.Load() < 5 {
 		select {
 		case r := <-first:
@@ -141,4 +148,79 @@ func TestReadOnlyReadOfDisagreeingReplicasFails(t *testing.T) {
 		t.Fatalf("a ro/ read of replicas that stay different: %v, want ErrReplicasDisagree", err)
 	}
 	t.Logf("as the client sees it: %v", err)
+}
+
+// holds says whether node's copy of oid begins with p.
+func (m *memoryReplicas) holds(node string, oid object.OID, p []byte) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	data := m.objects[node][oid]
+	return len(data) >= len(p) && bytes.Equal(data[:len(p)], p)
+}
+
+// TestReadBarrierWaitsForARoundStartedAfterIt: a ro/ read that arrives
+// while a sync runs (begun before the read, so it may miss what was
+// committed since) waits for the next one, and the reads that arrive
+// meanwhile share it: two rounds for three reads.
+func TestReadBarrierWaitsForARoundStartedAfterIt(t *testing.T) {
+	var b readBarrier
+	started := make(chan int64, 4)
+	release := make(chan struct{})
+	var rounds atomic.Int64
+	sync := func(ctx context.Context) error {
+		started <- rounds.Add(1)
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	wait := func() <-chan error {
+		done := make(chan error, 1)
+		go func() { done <- b.wait(context.Background(), sync) }()
+		return done
+	}
+	first := wait()
+	if n := <-started; n != 1 {
+		t.Fatalf("round %d started first", n)
+	}
+	second, third := wait(), wait()
+	// Both arrived while round 1 ran: give them time to join a round.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b.mu.Lock()
+		joined := b.next != nil && b.next.waiters == 2
+		b.mu.Unlock()
+		if joined {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the reads arriving during round 1 did not wait for a next round")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	release <- struct{}{}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if n := <-started; n != 2 {
+		t.Fatalf("round %d started after round 1", n)
+	}
+	select {
+	case <-second:
+		t.Fatal("a read that arrived while round 1 ran returned with round 1")
+	case <-third:
+		t.Fatal("a read that arrived while round 1 ran returned with round 1")
+	default:
+	}
+	release <- struct{}{}
+	for _, done := range []<-chan error{second, third} {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := rounds.Load(); n != 2 {
+		t.Fatalf("%d rounds for three reads, want 2", n)
+	}
 }

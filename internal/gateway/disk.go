@@ -120,6 +120,11 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 	defer release()
 	vdi, chain := state.current()
 	if d.readOnly && !vdi.Snapshot {
+		// What the writer committed before this read began (a snapshot
+		// moving the name to a new VDI) is applied here first (agree.go).
+		if err := g.syncForRead(ctx); err != nil {
+			return err
+		}
 		vdi, chain = g.followName(state)
 		if !vdi.Snapshot {
 			// Written through another node: a read returns only what

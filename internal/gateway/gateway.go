@@ -184,6 +184,9 @@ type Gateway struct {
 	// locks (handover.go).
 	writer *writerLock
 
+	// readSync batches the log syncs of ro/ reads of live VDIs (agree.go).
+	readSync readBarrier
+
 	// layers answers for chains' layers and diffs, and runs the merge
 	// and flatten jobs (layers.go, merge.go).
 	layers *layers
