@@ -84,7 +84,6 @@ func TestScenarioMergeAndFlattenUnderFaults(t *testing.T) {
 	}
 }
 
-
 // snapshotOnLaggingNode: n3 and n4 apply the log 800 ms late (within
 // their leases) while the clients' VDIs are snapshotted through their
 // writers. Their readers of ro/NAME read the VDI the name had before the
