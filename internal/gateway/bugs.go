@@ -9,7 +9,7 @@ package gateway
 // guard.
 const (
 	// bugOneReplicaReads: a ro/ open of a live VDI read one replica, the
-	// nearest, like the writer: a reader through one node could read a
+	// nearest, like the writer, without syncing with the leader first: a reader through one node could read a
 	// write in flight (or the map entry of an object's first write) from
 	// a replica it had reached, and a later reader through another node
 	// the older data from one it had not yet (found by the simulator's

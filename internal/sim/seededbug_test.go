@@ -169,13 +169,19 @@ func TestScenarioFigure4FindsSeededBug(t *testing.T) {
 // TestScenarioResumedNodeFindsSeededBug: the resumed-node scenario, which
 // passes on the real code (TestScenarioResumedNode), fails with the
 // seeded bug lease-by-contact: a stale read by a reader on a returning
-// node.
+// node. As for TestSimulatorFindsSeededBugLeaseByContact, the readers
+// read as before gateway/agree.go (one-replica-reads), which otherwise
+// hides it.
 func TestScenarioResumedNodeFindsSeededBug(t *testing.T) {
 	const bug = "lease-by-contact"
 	if err := setSeededBug(bug, true); err != nil {
 		t.Fatal(err)
 	}
 	defer setSeededBug(bug, seededBug == bug)
+	if err := setSeededBug("one-replica-reads", true); err != nil {
+		t.Fatal(err)
+	}
+	defer setSeededBug("one-replica-reads", seededBug == "one-replica-reads")
 	saved := seededBug
 	seededBug = bug
 	defer func() { seededBug = saved }()
@@ -187,7 +193,8 @@ func TestScenarioResumedNodeFindsSeededBug(t *testing.T) {
 			return
 		}
 		if r.Err != nil {
-			t.Fatalf("seed %d failed otherwise than by a stale read: %v", seed, r.Err)
+			t.Logf("seed %d failed otherwise than by a stale read (one-replica-reads alone can): %s", seed, problems(r.Err))
+			continue
 		}
 		t.Logf("seed %d passed", seed)
 	}
