@@ -167,6 +167,14 @@ func (g *Gateway) readAgreed(ctx context.Context, oid object.OID, copies int, p 
 			}
 		}
 		switch {
+		case retry == nil && answered == 0 && len(badBlocks) > 0:
+			// Every replica failed, some with bad blocks: take each
+			// block from where it is good, as a one-replica read does.
+			err := g.heal.readBlockwise(ctx, rv, oid, copies, p, offset)
+			if err == nil || errors.Is(err, object.ErrChecksum) {
+				return err
+			}
+			return hard
 		case retry == nil && answered == 0:
 			return hard
 		case retry != nil:
@@ -235,15 +243,14 @@ type barrierRound struct {
 	waiters int // the reads waiting for it (guarded by readBarrier.mu)
 }
 
-// syncTimeout bounds one sync of the barrier (a leader round trip; a
-// leader election or a node cut off from the leader takes longer, and
-// the read then fails: the node's lease runs out meanwhile anyway).
-const syncTimeout = 5 * time.Second
+// syncRetry is the pause between two tries of a round's sync while this
+// node knows no leader (an election under way, a leader just killed).
+const syncRetry = 100 * time.Millisecond
 
 // wait returns once this node applied everything committed before it
 // was called. The syncs run under life, which ends them all (the
 // gateway's).
-func (b *readBarrier) wait(ctx, life context.Context, sync func(context.Context) error) error {
+func (b *readBarrier) wait(ctx, life context.Context, limit time.Duration, sync func(context.Context) error) error {
 	b.mu.Lock()
 	r := b.next
 	if r == nil {
@@ -253,7 +260,7 @@ func (b *readBarrier) wait(ctx, life context.Context, sync func(context.Context)
 	r.waiters++
 	if !b.running {
 		b.running, b.next = true, nil
-		go b.run(life, r, sync)
+		go b.run(life, limit, r, sync)
 	}
 	b.mu.Unlock()
 	select {
@@ -264,10 +271,22 @@ func (b *readBarrier) wait(ctx, life context.Context, sync func(context.Context)
 	}
 }
 
-func (b *readBarrier) run(life context.Context, r *barrierRound, sync func(context.Context) error) {
+// run runs rounds until no read waits. A round tries its sync again
+// while it fails (no leader known yet: a leader election takes a few
+// seconds), for at most limit, as a request waits for the cluster.
+func (b *readBarrier) run(life context.Context, limit time.Duration, r *barrierRound, sync func(context.Context) error) {
 	for {
-		ctx, cancel := context.WithTimeout(life, syncTimeout)
-		r.err = sync(ctx)
+		ctx, cancel := context.WithTimeout(life, limit)
+		for {
+			r.err = sync(ctx)
+			if r.err == nil || ctx.Err() != nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(syncRetry):
+			}
+		}
 		cancel()
 		close(r.done)
 		b.mu.Lock()
@@ -290,7 +309,7 @@ func (g *Gateway) syncForRead(ctx context.Context) error {
 	if !ok || bugOneReplicaReads {
 		return nil
 	}
-	if err := g.readSync.wait(ctx, g.ctx, s.Sync); err != nil {
+	if err := g.readSync.wait(ctx, g.ctx, g.options.RetryTimeout, s.Sync); err != nil {
 		return fmt.Errorf("a read of a VDI written through another node must first know what the cluster committed, and this node could not catch up with the leader: %w", err)
 	}
 	return nil

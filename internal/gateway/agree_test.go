@@ -178,7 +178,7 @@ func TestReadBarrierWaitsForARoundStartedAfterIt(t *testing.T) {
 	}
 	wait := func() <-chan error {
 		done := make(chan error, 1)
-		go func() { done <- b.wait(context.Background(), context.Background(), sync) }()
+		go func() { done <- b.wait(context.Background(), context.Background(), time.Minute, sync) }()
 		return done
 	}
 	first := wait()
