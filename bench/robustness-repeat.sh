@@ -20,6 +20,6 @@ for i in $(seq 1 "$runs"); do
     echo "run $i FAILED after $((i - 1)) passing runs in a row ($(( $(date +%s) - started )) s in all)"
     exit 1
   fi
-  echo "run $i passed in $(( $(date +%s) - run_started )) s: $(echo "$out" | grep -oE 'seed [0-9]+' | head -1 || true); $(echo "$out" | grep -oE '[0-9]+ operations|faults injected: [^;]*; client errors: [0-9]+; verification failures: [0-9]+; acknowledged writes lost: [0-9]+' | head -2 | tr '\n' ' ' || true)"
+  echo "run $i passed in $(( $(date +%s) - run_started )) s: $(echo "$out" | grep -oE 'seed [0-9]+' | head -1 || true); $(echo "$out" | grep -oE '[0-9]+ operations|faults injected: [^;]*;( clients moved [^;]*;)? client errors: [0-9]+; verification failures: [0-9]+; acknowledged writes lost: [0-9]+' | head -2 | tr '\n' ' ' || true)"
 done
 echo "$runs of $runs runs passed in a row in $(( $(date +%s) - started )) s"
