@@ -41,3 +41,44 @@ func VDI(oid OID) VDIID { return VDIID(oid>>32) & 0xffffff }
 
 // Type returns an object's type.
 func Type(oid OID) int { return int(oid >> 56) }
+
+// Chunks of erasure-coded objects (internal/ec, gateway/ec.go). A data
+// object of a VDI with a scheme K+M keeps its bytes as K+M chunks, each
+// an object of its own on its own node: chunk c of data object O in slot
+// s has O's VDI and index and the type ChunkType0 + c + s*ChunkSlotStride.
+// A fold writes a new generation of an object's chunks into the slot the
+// current one does not use, so the current chunks are never overwritten.
+const (
+	ChunkType0      = 16
+	ChunkSlotStride = 16
+	MaxChunks       = 11 // K+M is at most 8+3
+)
+
+// ChunkOID is the id of chunk c (0 <= c < MaxChunks) of data object data
+// in slot (0 or 1).
+func ChunkOID(data OID, c, slot int) OID {
+	t := ChunkType0 + c + (slot&1)*ChunkSlotStride
+	return OID(uint64(t)<<56 | uint64(data)&(1<<56-1))
+}
+
+// IsChunk says whether oid is a chunk of an erasure-coded object: it has
+// one copy, placed by its object's head rather than by the epoch, and no
+// epoch stamp proves it current (its bytes are checked against the
+// head's checksums instead).
+func IsChunk(oid OID) bool {
+	t := Type(oid)
+	return (t >= ChunkType0 && t < ChunkType0+MaxChunks) ||
+		(t >= ChunkType0+ChunkSlotStride && t < ChunkType0+ChunkSlotStride+MaxChunks)
+}
+
+// ChunkOf returns the data object, chunk index and slot of a chunk id;
+// ok is false for an id that is not a chunk.
+func ChunkOf(oid OID) (data OID, c, slot int, ok bool) {
+	if !IsChunk(oid) {
+		return 0, 0, 0, false
+	}
+	t := Type(oid) - ChunkType0
+	slot = t / ChunkSlotStride
+	c = t % ChunkSlotStride
+	return OID(uint64(TypeData)<<56 | uint64(oid)&(1<<56-1)), c, slot, true
+}
