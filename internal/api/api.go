@@ -60,6 +60,9 @@ type (
 		Handover bool `json:"handover,omitempty"`
 		// Copies is the VDI's own number of copies (0: the cluster's).
 		Copies int `json:"copies,omitempty"`
+		// EC makes the VDI erasure-coded with this scheme, "K+M" as in
+		// "4+2" ("": copies); not with Copies.
+		EC string `json:"ec,omitempty"`
 	}
 	// FinalizeResponse is the cluster's feature level after a finalize.
 	FinalizeResponse struct {
@@ -394,7 +397,7 @@ func NewServer(c *cluster.Cluster, data DataPath, sec Security, logger *slog.Log
 			return nil, err
 		}
 		exclusive := req.Exclusive
-		return c.CreateVDIWith(r.Context(), req.Name, req.Size, cluster.VDISettings{Exclusive: &exclusive}, req.Copies)
+		return c.CreateVDIWith(r.Context(), req.Name, req.Size, cluster.VDISettings{Exclusive: &exclusive}, req.Copies, req.EC)
 	})
 	s.handle(mux, "GET /v1/vdis/{name}", func(r *http.Request) (any, error) {
 		c.SyncForRead(r.Context())

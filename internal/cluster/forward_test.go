@@ -84,7 +84,7 @@ func FuzzForwardRequests(f *testing.F) {
 		return err
 	})
 	create, _ := encoded("", "", func(c *statemachine.Commands) error {
-		_, err := c.CreateVDI(context.Background(), "disk", 1<<30, false, 0, nil)
+		_, err := c.CreateVDI(context.Background(), "disk", 1<<30, false, 0, "", nil)
 		return err
 	})
 	f.Add(forwardRequestFrame(1, lock))

@@ -163,7 +163,14 @@ func (l *Local) CreateVDIWith(name string, size uint64, exclusive bool) (VDI, er
 // (`--copies`; 0: the cluster's), refused below FeatureVDICopies's level
 // as Cluster.CreateVDIWith refuses it.
 func (l *Local) CreateVDIWithCopies(name string, size uint64, exclusive bool, copies int) (VDI, error) {
-	return l.cmds.CreateVDI(context.Background(), name, size, exclusive, copies, l.requires)
+	return l.cmds.CreateVDI(context.Background(), name, size, exclusive, copies, "", l.requires)
+}
+
+// CreateVDIWithScheme commits a new erasure-coded VDI (`--ec K+M`; ""
+// for copies), refused below FeatureErasureCoding's level as
+// Cluster.CreateVDIWith refuses it.
+func (l *Local) CreateVDIWithScheme(name string, size uint64, exclusive bool, scheme string) (VDI, error) {
+	return l.cmds.CreateVDI(context.Background(), name, size, exclusive, 0, scheme, l.requires)
 }
 
 // requires is Cluster.Requires on Local: feature's level, or an error

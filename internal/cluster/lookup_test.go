@@ -22,7 +22,7 @@ func TestLookupVDIWithoutLeader(t *testing.T) {
 	h := newHarness(t)
 	h.join("a", "", "1")
 	h.as("a").Format(context.Background(), 1, 4<<20)
-	if _, err := h.as("a").CreateVDI(context.Background(), "w", 1<<30, false, 0, nil); err != nil {
+	if _, err := h.as("a").CreateVDI(context.Background(), "w", 1<<30, false, 0, "", nil); err != nil {
 		t.Fatal(err)
 	}
 	// A raft server never bootstrapped nor contacted: it knows no leader.

@@ -57,6 +57,7 @@ const (
 	GossipKeyUse        = statemachine.GossipKeyUse
 	LevelBase           = statemachine.LevelBase
 	LevelCopyDigests    = statemachine.LevelCopyDigests
+	LevelErasureCoding  = statemachine.LevelErasureCoding
 	LevelSessionProof   = statemachine.LevelSessionProof
 	LevelSecurity       = statemachine.LevelSecurity
 	LevelVDICopies      = statemachine.LevelVDICopies
@@ -102,6 +103,7 @@ var (
 	ErrUpgradeRequired       = statemachine.ErrUpgradeRequired
 	FeatureCARotation        = statemachine.FeatureCARotation
 	FeatureDataScope         = statemachine.FeatureDataScope
+	FeatureErasureCoding     = statemachine.FeatureErasureCoding
 	FeatureGossipKeyRotation = statemachine.FeatureGossipKeyRotation
 	FeatureJoinTokens        = statemachine.FeatureJoinTokens
 	FeatureLayerMerge        = statemachine.FeatureLayerMerge

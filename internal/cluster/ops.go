@@ -223,14 +223,16 @@ func (c *Cluster) Format(ctx context.Context, copies int, objectSize uint64) (Fo
 
 // CreateVDI creates a VDI; the first committed create of a name wins.
 func (c *Cluster) CreateVDI(ctx context.Context, name string, size uint64) (VDI, error) {
-	return c.CreateVDIWith(ctx, name, size, VDISettings{}, 0)
+	return c.CreateVDIWith(ctx, name, size, VDISettings{}, 0, "")
 }
 
 // CreateVDIWith creates a VDI with settings: open to writer handover
 // unless settings.Exclusive is true (handover.go), with copies copies (0:
-// the cluster's number; another number needs FeatureVDICopies).
-func (c *Cluster) CreateVDIWith(ctx context.Context, name string, size uint64, settings VDISettings, copies int) (VDI, error) {
-	return c.cmds().CreateVDI(ctx, name, size, settings.Exclusive != nil && *settings.Exclusive, copies, c.Requires)
+// the cluster's number; another number needs FeatureVDICopies), or
+// erasure-coded with scheme ("K+M"; "" for copies; needs
+// FeatureErasureCoding, refused with copies).
+func (c *Cluster) CreateVDIWith(ctx context.Context, name string, size uint64, settings VDISettings, copies int, scheme string) (VDI, error) {
+	return c.cmds().CreateVDI(ctx, name, size, settings.Exclusive != nil && *settings.Exclusive, copies, scheme, c.Requires)
 }
 
 // SnapshotVDI freezes a VDI's content as NAME@TAG; the name continues as

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/herd-storage/herd/internal/ec"
 )
 
 // checkBudget bounds what State.Check costs the FSM per applied entry
@@ -143,6 +145,12 @@ func (s *State) Check() error {
 		if (v.Copies != s.Format.Copies && s.Level() < LevelVDICopies) || v.Copies < 1 || v.Copies > MaxCopies || v.ObjectSize != s.Format.ObjectSize {
 			return fmt.Errorf("vdi %s has copies %d and object size %d, the format %+v", v.FullName(), v.Copies, v.ObjectSize, *s.Format)
 		}
+		if err := checkScheme(s, v.EC, v.Copies); err != nil {
+			return fmt.Errorf("vdi %s: %v", v.FullName(), err)
+		}
+		if v.EC != "" && v.Ack == AckZone {
+			return fmt.Errorf("vdi %s is erasure-coded (%s) and acknowledges in the writer's zone", v.FullName(), v.EC)
+		}
 		if err := ValidateSize(v.Size, v.ObjectSize); err != nil {
 			return fmt.Errorf("vdi %s: %v", v.FullName(), err)
 		}
@@ -153,6 +161,11 @@ func (s *State) Check() error {
 		// and a parent is kept (as a snapshot) while children read it.
 		if v.Parent != 0 && (v.Parent >= v.ID || s.Snapshots[v.Parent] == nil) {
 			return fmt.Errorf("vdi %s (id %d) has parent %d, which is not an older snapshot", v.FullName(), v.ID, v.Parent)
+		}
+		// Snapshots, clones and rollbacks inherit the scheme: a tree
+		// has one.
+		if v.Parent != 0 && s.Snapshots[v.Parent].EC != v.EC {
+			return fmt.Errorf("vdi %s has erasure coding %q, its parent %s %q", v.FullName(), v.EC, s.Snapshots[v.Parent].FullName(), s.Snapshots[v.Parent].EC)
 		}
 		return nil
 	}
@@ -200,7 +213,30 @@ func (s *State) Check() error {
 		if _, live := ids[g.ID]; live || garbage[g.ID] || g.ID < 1 || g.ID >= s.NextVDIID {
 			return fmt.Errorf("garbage %+v: live %v, listed twice %v", g, live, garbage[g.ID])
 		}
+		if err := checkScheme(s, g.EC, g.Copies); err != nil {
+			return fmt.Errorf("garbage %+v: %v", g, err)
+		}
 		garbage[g.ID] = true
+	}
+	return nil
+}
+
+// checkScheme checks a recorded erasure-coding scheme: none, or one in
+// its canonical text, recorded from LevelErasureCoding on, with M+1
+// copies.
+func checkScheme(s *State, text string, copies int) error {
+	if text == "" {
+		return nil
+	}
+	if s.Level() < LevelErasureCoding {
+		return fmt.Errorf("erasure coding %q at feature level %d", text, s.Level())
+	}
+	scheme, err := ec.Parse(text)
+	if err != nil {
+		return err
+	}
+	if scheme.String() != text || copies != scheme.M+1 {
+		return fmt.Errorf("erasure coding %q (%s) with %d copies, want %d", text, scheme, copies, scheme.M+1)
 	}
 	return nil
 }

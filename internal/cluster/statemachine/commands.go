@@ -84,9 +84,11 @@ func (c *Commands) NodeLeave(ctx context.Context, id, reason string) (uint64, er
 }
 
 // CreateVDI creates a VDI, exclusive or not, with copies copies (0: the
-// cluster's number). Another number than the cluster's needs
-// FeatureVDICopies, which requires checks (nil: no check).
-func (c *Commands) CreateVDI(ctx context.Context, name string, size uint64, exclusive bool, copies int, requires func(Feature) error) (VDI, error) {
+// cluster's number) or erasure-coded with scheme ("K+M"; "": copies).
+// Another number than the cluster's needs FeatureVDICopies, a scheme
+// FeatureErasureCoding, which requires checks (nil: no check). A scheme
+// and copies are not asked for together: an erasure-coded VDI has M+1.
+func (c *Commands) CreateVDI(ctx context.Context, name string, size uint64, exclusive bool, copies int, scheme string, requires func(Feature) error) (VDI, error) {
 	var v VDI
 	if err := ValidateName(name); err != nil {
 		return v, err
@@ -95,7 +97,23 @@ func (c *Commands) CreateVDI(ctx context.Context, name string, size uint64, excl
 		return v, err
 	}
 	command := vdiCreateCommand{Name: name, Size: size, Exclusive: exclusive, Time: now()}
-	if copies != 0 {
+	if scheme != "" {
+		if copies != 0 {
+			return v, errCopiesWithScheme(scheme, copies)
+		}
+		parsed, err := parseScheme(scheme)
+		if err != nil {
+			return v, err
+		}
+		// Below the level an older binary would drop the field and
+		// create a VDI of copies.
+		if requires != nil {
+			if err := requires(FeatureErasureCoding); err != nil {
+				return v, err
+			}
+		}
+		command.EC = parsed.String()
+	} else if copies != 0 {
 		if err := validateCopies(copies); err != nil {
 			return v, err
 		}

@@ -49,6 +49,25 @@ func TestLogEncodingUnchanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	fmt.Fprintf(&out, "snapshot %s\n", snapshot)
+	// Commands added since: more lines, and the snapshot again.
+	for _, later := range laterPayloads {
+		data, err := encodeCommand(later.command, later.payload)
+		if err != nil {
+			t.Fatalf("command %d %+v: %v", later.command, later.payload, err)
+		}
+		fmt.Fprintf(&out, "%d %s\n", later.command, hex.EncodeToString(data))
+		res, err := h.apply(later.command, later.payload)
+		value, _ := json.Marshal(res)
+		code := "ok"
+		if err != nil {
+			code = ErrorCode(err)
+		}
+		fmt.Fprintf(&out, "  -> %s %s\n", value, code)
+	}
+	if snapshot, err = h.fsm.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(&out, "snapshot %s\n", snapshot)
 	const golden = "testdata/log_encoding.golden"
 	if *updateGolden {
 		if err := os.WriteFile(golden, out.Bytes(), 0o644); err != nil {

@@ -54,7 +54,9 @@ func describe(s *State, t commandType, data []byte, value any) {
 		}
 	case commandVDICreate:
 		var c vdiCreateCommand
-		if json.Unmarshal(data, &c) == nil {
+		if v, ok := value.(VDI); ok && v.EC != "" {
+			s.note("vdi", "vdi %q created (%d bytes, erasure coding %s)", v.Name, v.Size, v.EC)
+		} else if json.Unmarshal(data, &c) == nil {
 			s.note("vdi", "vdi %q created (%d bytes)", c.Name, c.Size)
 		}
 	case commandVDIDelete:

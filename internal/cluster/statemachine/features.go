@@ -53,9 +53,14 @@ const (
 	// a node certificate alone signs no session. Below it a holder also
 	// signs a request without the secret (older builds send none).
 	LevelSessionProof = 5
+	// LevelErasureCoding: erasure-coded VDIs (`vdi create --ec K+M`): the
+	// scheme in the create command and in the VDI (older binaries would
+	// drop it and create a VDI of copies), and everything of the data
+	// path that only an erasure-coded VDI uses (docs/EC-DESIGN.md).
+	LevelErasureCoding = 6
 
 	// SupportedLevel is the highest level this binary supports.
-	SupportedLevel = LevelSessionProof
+	SupportedLevel = LevelErasureCoding
 )
 
 // Feature is one change gated by a level.
@@ -65,8 +70,9 @@ type Feature struct {
 }
 
 var (
-	FeatureVDICopies = Feature{Name: "a VDI's own number of copies (vdi create --copies)", Level: LevelVDICopies}
-	FeatureDataScope = Feature{Name: "read-only tokens that may read VDI data (token create --read-only --data)", Level: LevelSecurity}
+	FeatureVDICopies     = Feature{Name: "a VDI's own number of copies (vdi create --copies)", Level: LevelVDICopies}
+	FeatureErasureCoding = Feature{Name: "erasure-coded VDIs (vdi create --ec)", Level: LevelErasureCoding}
+	FeatureDataScope     = Feature{Name: "read-only tokens that may read VDI data (token create --read-only --data)", Level: LevelSecurity}
 )
 
 // ErrUpgradeRequired: the feature needs a cluster level not reached yet.

@@ -72,6 +72,10 @@ type (
 		// Gated by FeatureVDICopies: below its level the field is
 		// ignored, as older binaries (which drop it) do.
 		Copies int `json:"copies,omitempty"`
+		// EC is the VDI's erasure-coding scheme, "K+M" ("": copies).
+		// Gated by FeatureErasureCoding: below its level the field is
+		// ignored, as older binaries (which drop it) do.
+		EC string `json:"ec,omitempty"`
 	}
 	vdiDeleteCommand struct {
 		Name string `json:"name"`
@@ -783,8 +787,20 @@ func applyVDICreate(s *State, data []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	copies := s.Format.Copies
-	if c.Copies != 0 && s.Level() >= FeatureVDICopies.Level {
+	copies, scheme := s.Format.Copies, ""
+	if c.EC != "" && s.Level() >= FeatureErasureCoding.Level {
+		if c.Copies != 0 {
+			return nil, errCopiesWithScheme(c.EC, c.Copies)
+		}
+		sc, err := parseScheme(c.EC)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkSchemeCreate(s, sc); err != nil {
+			return nil, err
+		}
+		copies, scheme = sc.M+1, sc.String()
+	} else if c.Copies != 0 && s.Level() >= FeatureVDICopies.Level {
 		if err := validateCopies(c.Copies); err != nil {
 			return nil, err
 		}
@@ -793,7 +809,7 @@ func applyVDICreate(s *State, data []byte) (any, error) {
 		}
 		copies = c.Copies
 	}
-	v := &VDI{ID: id, Name: c.Name, Size: c.Size, Copies: copies, ObjectSize: s.Format.ObjectSize, Created: c.Time, Since: s.Epoch(), Exclusive: c.Exclusive}
+	v := &VDI{ID: id, Name: c.Name, Size: c.Size, Copies: copies, EC: scheme, ObjectSize: s.Format.ObjectSize, Created: c.Time, Since: s.Epoch(), Exclusive: c.Exclusive}
 	s.VDIs[c.Name] = v
 	return *v, nil
 }
@@ -832,7 +848,7 @@ func removeVDI(s *State, v *VDI) {
 			return
 		}
 		delete(s.Snapshots, v.ID)
-		s.Garbage = append(s.Garbage, Garbage{ID: v.ID, Size: v.Size, ObjectSize: v.ObjectSize, Copies: v.Copies})
+		s.Garbage = append(s.Garbage, Garbage{ID: v.ID, Size: v.Size, ObjectSize: v.ObjectSize, Copies: v.Copies, EC: v.EC})
 		parent, ok := s.Snapshots[v.Parent]
 		if !ok || !parent.Deleted {
 			return
@@ -891,7 +907,7 @@ func applyVDISnapshot(s *State, data []byte) (any, error) {
 	snapshot := *v
 	snapshot.Snapshot, snapshot.Tag, snapshot.SnapshotTime = true, tag, c.Time
 	s.Snapshots[snapshot.ID] = &snapshot
-	child := &VDI{ID: id, Name: v.Name, Size: v.Size, Copies: v.Copies, ObjectSize: v.ObjectSize, Created: v.Created, Since: s.Epoch(), Parent: snapshot.ID}
+	child := &VDI{ID: id, Name: v.Name, Size: v.Size, Copies: v.Copies, EC: v.EC, ObjectSize: v.ObjectSize, Created: v.Created, Since: s.Epoch(), Parent: snapshot.ID}
 	keepSettings(child, v)
 	s.VDIs[c.Name] = child
 	return SnapshotResult{Snapshot: snapshot, VDI: *child}, nil
@@ -917,7 +933,7 @@ func applyVDIClone(s *State, data []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &VDI{ID: id, Name: c.Name, Size: parent.Size, Copies: parent.Copies, ObjectSize: parent.ObjectSize, Created: c.Time, Since: s.Epoch(), Parent: parent.ID}
+	v := &VDI{ID: id, Name: c.Name, Size: parent.Size, Copies: parent.Copies, EC: parent.EC, ObjectSize: parent.ObjectSize, Created: c.Time, Since: s.Epoch(), Parent: parent.ID}
 	s.VDIs[c.Name] = v
 	return *v, nil
 }
@@ -938,13 +954,19 @@ func applyVDIRollback(s *State, data []byte) (any, error) {
 	if l, held := s.Locks[vdiLockKey(c.Name)]; held {
 		return nil, fmt.Errorf("vdi %q is open for writing through node %s (session %s); close it first: %w", c.Name, l.Node, l.Session, ErrBusy)
 	}
+	if v.Ack == AckZone && target.EC != "" {
+		// The name keeps its settings (keepSettings), the VDI takes the
+		// snapshot's scheme: a VDI of that name deleted and created again
+		// without it may have --ack zone, which erasure coding has not.
+		return nil, fmt.Errorf("%w: vdi %q acknowledges writes in the writer's zone (--ack zone) and snapshot %s is erasure-coded (%s), which --ack zone is not for: set --ack all first", ErrInvalid, c.Name, target.FullName(), target.EC)
+	}
 	id, err := newVDIID(s)
 	if err != nil {
 		return nil, err
 	}
 	delete(s.VDIs, c.Name)
 	removeVDI(s, v)
-	w := &VDI{ID: id, Name: c.Name, Size: target.Size, Copies: target.Copies, ObjectSize: target.ObjectSize, Created: v.Created, Since: s.Epoch(), Parent: target.ID}
+	w := &VDI{ID: id, Name: c.Name, Size: target.Size, Copies: target.Copies, EC: target.EC, ObjectSize: target.ObjectSize, Created: v.Created, Since: s.Epoch(), Parent: target.ID}
 	keepSettings(w, v)
 	s.VDIs[c.Name] = w
 	return *w, nil

@@ -97,6 +97,29 @@ var fuzzPayloads = map[commandType][]any{
 		nodeMaintenanceCommand{ID: "zz", Until: t0.Add(time.Hour), Time: t0}, nodeMaintenanceCommand{ID: "a", Until: t0.Add(30 * 24 * time.Hour), Time: t0}},
 }
 
+// laterPayload is a command added to the log after fuzzPayloads' golden
+// encoding was fixed (TestLogEncodingUnchanged): applied, in this order,
+// after fuzzPayloads, so that the lines before stay as they were.
+type laterPayload struct {
+	command commandType
+	payload any
+}
+
+// laterPayloads: erasure-coded VDIs (LevelErasureCoding), their
+// inheritance, the --ack zone refusal and the garbage record's scheme.
+var laterPayloads = []laterPayload{
+	{commandVDICreate, vdiCreateCommand{Name: "early-ec", Size: 1 << 20, EC: "2+1", Time: t0}}, // below the level: copies
+	{commandFeatureLevel, featureLevelCommand{Level: LevelErasureCoding, Time: t0}},
+	{commandVDICreate, vdiCreateCommand{Name: "ec", Size: 1 << 20, EC: "2+1", Time: t0}},
+	{commandVDICreate, vdiCreateCommand{Name: "wide", Size: 1 << 20, EC: "8+3", Time: t0}},
+	{commandVDICreate, vdiCreateCommand{Name: "both", Size: 1 << 20, EC: "2+1", Copies: 2, Time: t0}},
+	{commandVDICreate, vdiCreateCommand{Name: "bad", Size: 1 << 20, EC: "2+0", Time: t0}},
+	{commandVDISet, vdiSetCommand{Name: "ec", Settings: VDISettings{Ack: ptr(AckZone)}}},
+	{commandVDISnapshot, vdiSnapshotCommand{Name: "ec", Tag: "s1", Time: t0}},
+	{commandVDIClone, vdiCloneCommand{Snapshot: "ec@s1", Name: "ec-clone", Time: t0}},
+	{commandVDIDelete, vdiDeleteCommand{Name: "ec-clone"}},
+}
+
 // appendEntry appends one log entry to a fuzz input: its length as a
 // uvarint, then the entry.
 func appendEntry(dst, entry []byte) []byte {
@@ -152,6 +175,14 @@ func FuzzFSMApply(f *testing.F) {
 		for _, garbage := range []string{"", "{", "null", "[]", `{"name":5,"id":"x","copies":"2"}`, "\x01\xff\xff\xff\xff\x0f"} {
 			f.Add(appendEntry(nil, append([]byte{byte(command)}, garbage...)))
 		}
+	}
+	for _, later := range laterPayloads {
+		entry, err := encodeCommand(later.command, later.payload)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(appendEntry(nil, entry))
+		sequence = appendEntry(sequence, entry)
 	}
 	f.Add(sequence)
 	f.Add(appendEntry(nil, []byte{77, '{', '}'}))                          // a command from a newer binary: halts

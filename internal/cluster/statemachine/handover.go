@@ -225,6 +225,13 @@ func applyVDISet(s *State, data []byte) (any, error) {
 		}
 		return nil, fmt.Errorf("vdi %q: %w", c.Name, ErrNotFound)
 	}
+	if c.Settings.Ack != nil && *c.Settings.Ack == AckZone && v.EC != "" {
+		// Acknowledging in the writer's zone leaves the other zones'
+		// replicas behind until the next FLUSH; an erasure-coded VDI's
+		// chunks are spread over the zones by design, and its write
+		// needs every chunk it changes.
+		return nil, fmt.Errorf("%w: vdi %q is erasure-coded (%s): --ack zone needs copies", ErrInvalid, v.Name, v.EC)
+	}
 	if c.Settings.Exclusive != nil {
 		v.Exclusive = *c.Settings.Exclusive
 		if v.Exclusive {

@@ -104,6 +104,13 @@ func applyNodeSet(s *State, data []byte) (any, error) {
 		saved := *n
 		*n = next
 		err := checkCopiesPlaceable(s, s.largestCopies())
+		if err == nil {
+			// Erasure-coded VDIs: K+M nodes, at most M in a zone.
+			nodes, _ := chunkNodes(s, "")
+			if why := s.schemesShortfall(nodes, "the change would leave"); why != "" {
+				err = fmt.Errorf("%w: %s", ErrTooFewNodes, why)
+			}
+		}
 		*n = saved
 		if err != nil {
 			return nil, fmt.Errorf("zone %q for node %s: %w", next.Zone, c.ID, err)
@@ -159,6 +166,16 @@ func applyNodeDrain(s *State, data []byte) (any, error) {
 		if copies := s.largestCopies(); placeable < copies || (zoned && len(zones) < copies) {
 			return nil, fmt.Errorf("%w: draining node %s would leave %d nodes (%d zones) to hold %d copies of every object; add a node first",
 				ErrTooFewNodes, c.ID, placeable, len(zones), copies)
+		}
+		// Erasure-coded VDIs need K+M such nodes, at most M in a zone.
+		var left []*Node
+		for _, id := range s.AliveNodes() {
+			if m := s.Nodes[id]; id != c.ID && !m.Full && !m.Draining {
+				left = append(left, m)
+			}
+		}
+		if why := s.schemesShortfall(left, "the drain would leave"); why != "" {
+			return nil, fmt.Errorf("%w: draining node %s: %s; add a node first", ErrTooFewNodes, c.ID, why)
 		}
 	}
 	n.Draining = c.Drain

@@ -179,7 +179,7 @@ func applyVDILayer(s *State, data []byte) (any, error) {
 		child := kids[0]
 		child.Parent = layer.Parent
 		delete(s.Snapshots, layer.ID)
-		s.Garbage = append(s.Garbage, Garbage{ID: layer.ID, Size: layer.Size, ObjectSize: layer.ObjectSize, Copies: layer.Copies})
+		s.Garbage = append(s.Garbage, Garbage{ID: layer.ID, Size: layer.Size, ObjectSize: layer.ObjectSize, Copies: layer.Copies, EC: layer.EC})
 		s.note("vdi", "deleted snapshot %s (vdi %d) merged into %s (vdi %d): the chain is one shorter, its objects are freed", layer.FullName(), layer.ID, child.FullName(), child.ID)
 		return *child, nil
 	case layerFlatten:

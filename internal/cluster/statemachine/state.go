@@ -147,10 +147,18 @@ type Format struct {
 // starts empty and inherits every object from its ancestors until it
 // writes its own copy (copy-on-write).
 type VDI struct {
-	ID         uint32    `json:"id"`
-	Name       string    `json:"name"`
-	Size       uint64    `json:"size"`
-	Copies     int       `json:"copies"`
+	ID     uint32 `json:"id"`
+	Name   string `json:"name"`
+	Size   uint64 `json:"size"`
+	Copies int    `json:"copies"`
+	// EC is the VDI's erasure-coding scheme, "K+M" (ec.Parse), or ""
+	// for a VDI of copies. An erasure-coded VDI's data is folded into
+	// chunks, one copy each on K+M nodes; its map objects and its data
+	// objects (which hold the recent writes not folded yet) are
+	// replicated with Copies = M+1 copies (docs/EC-DESIGN.md).
+	// Snapshots, clones and rollbacks inherit it, as they do Copies.
+	// Set only from LevelErasureCoding on (FeatureErasureCoding).
+	EC         string    `json:"ec,omitempty"`
 	ObjectSize uint64    `json:"object_size"`
 	Created    time.Time `json:"created"`
 	// Since is the epoch in which the VDI's id was handed out: no object
@@ -210,6 +218,9 @@ type Garbage struct {
 	Size       uint64 `json:"size"`
 	ObjectSize uint64 `json:"object_size"`
 	Copies     int    `json:"copies"`
+	// EC is the deleted VDI's erasure-coding scheme (VDI.EC), "" for one
+	// of copies.
+	EC string `json:"ec,omitempty"`
 }
 
 // Lock is a cluster-wide lock: the first committed claim wins.
