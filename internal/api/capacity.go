@@ -23,7 +23,8 @@ type Capacity struct {
 	UsedBytes uint64 `json:"used_bytes"`
 	FreeBytes uint64 `json:"free_bytes"`
 	// Copies is the mean number of copies, weighted by the VDIs' sizes
-	// (the format's when there is no VDI).
+	// (the format's when there is no VDI); an erasure-coded VDI counts
+	// (K+M)/K (VDI.SpaceFactor).
 	Copies float64 `json:"copies"`
 	// UsableBytes is RawBytes divided by Copies: the VDI data the raw
 	// space can hold.
@@ -118,7 +119,7 @@ func computeCapacity(nodes []NodeEntry, vdis []cluster.VDI, format int, limit fl
 	var weighted float64
 	for _, v := range vdis {
 		c.ProvisionedBytes += v.Size
-		weighted += float64(v.Size) * float64(v.Copies)
+		weighted += float64(v.Size) * v.SpaceFactor()
 	}
 	c.Copies = float64(format)
 	if c.ProvisionedBytes > 0 {
@@ -135,9 +136,23 @@ func computeCapacity(nodes []NodeEntry, vdis []cluster.VDI, format int, limit fl
 	if zoned {
 		kind = "zones"
 	}
-	maxCopies := format
+	// The domains an object needs: its copies, or an erasure-coded
+	// VDI's chunks, one a node and at most M a zone (and the M+1 copies
+	// of its map objects, in Copies).
+	need, needWhat, fewer := format, fmt.Sprintf("%d copies", format), "its objects keep one copy fewer"
 	for _, v := range vdis {
-		maxCopies = max(maxCopies, v.Copies)
+		if v.Copies > need {
+			need, needWhat = v.Copies, fmt.Sprintf("%d copies", v.Copies)
+		}
+		if scheme, ok := v.Scheme(); ok {
+			chunks := scheme.Chunks()
+			if zoned {
+				chunks = (scheme.Chunks() + scheme.M - 1) / scheme.M
+			}
+			if chunks > need {
+				need, needWhat, fewer = chunks, "erasure coding "+scheme.String(), "its objects keep one copy or chunk fewer"
+			}
+		}
 	}
 	domains := make([]string, 0, len(domainBytes))
 	for d := range domainBytes {
@@ -151,8 +166,8 @@ func computeCapacity(nodes []NodeEntry, vdis []cluster.VDI, format int, limit fl
 	}
 	c.FreeElsewhere = c.FreeBytes - domainFree[c.LargestShare]
 	switch {
-	case c.Domains <= maxCopies:
-		c.Note = fmt.Sprintf("%d alive %s for %d copies: a lost one's share cannot be re-created elsewhere (its objects keep one copy fewer until it returns)", c.Domains, kind, maxCopies)
+	case c.Domains <= need:
+		c.Note = fmt.Sprintf("%d alive %s for %s: a lost one's share cannot be re-created elsewhere (%s until it returns)", c.Domains, kind, needWhat, fewer)
 	case c.FreeElsewhere < c.LargestShareBytes:
 		c.RecoveryShort = true
 		c.Note = fmt.Sprintf("the free space of the other %s (%s) could not hold a recovery of %s's share (%s)", kind, size.Format(c.FreeElsewhere), c.LargestShare, size.Format(c.LargestShareBytes))

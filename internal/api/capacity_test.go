@@ -137,6 +137,44 @@ func TestCapacity(t *testing.T) {
 		}
 	})
 
+	t.Run("erasure coding", func(t *testing.T) {
+		var nodes []NodeEntry
+		for _, id := range []string{"a", "b", "c", "d", "e", "f"} {
+			nodes = append(nodes, node(id, "", cluster.NodeAlive, 0, 100*gib, ""))
+		}
+		// 4+2 takes 1.5 times its size (its 3 copies of maps are left
+		// out), weighted with a VDI of 3 copies: (30*1.5 + 10*3) / 40.
+		ec := cluster.VDI{Name: "ec", Size: 30 * gib, Copies: 3, EC: "4+2"}
+		c := computeCapacity(nodes, []cluster.VDI{ec, vdi("vm", 10*gib, 3)}, 3, 1)
+		if c.Copies != 1.875 || c.UsableBytes != 320*gib {
+			t.Fatalf("%+v; want 1.875 raw bytes per byte, 320 GiB usable", c)
+		}
+		// 6 nodes for 6 chunks: a lost node's chunks have nowhere to go.
+		if c.Recoverable || !strings.Contains(c.Note, "6 alive nodes for erasure coding 4+2") || !strings.Contains(c.Note, "one copy or chunk fewer") {
+			t.Fatalf("6 nodes for 4+2: recoverable %v, note %q", c.Recoverable, c.Note)
+		}
+		nodes = append(nodes, node("g", "", cluster.NodeAlive, 0, 100*gib, ""))
+		if c := computeCapacity(nodes, []cluster.VDI{ec}, 3, 1); !c.Recoverable {
+			t.Fatalf("7 nodes for 4+2: %+v", c)
+		}
+		// Zones: 4+2 needs 3 zones of 2 (at most M a zone), as its maps'
+		// 3 copies do, so a lost zone of 3 cannot be re-created; of 4 it
+		// can. 2+1 needs 3 zones of 1, which 2 copies would not.
+		for i := range nodes {
+			nodes[i].Zone = []string{"z1", "z2", "z3", "z4"}[i%4]
+		}
+		if c := computeCapacity(nodes, []cluster.VDI{ec}, 3, 1); !c.Recoverable || c.Domains != 4 {
+			t.Fatalf("4 zones for 4+2: %+v", c)
+		}
+		if c := computeCapacity(nodes[:3], []cluster.VDI{ec}, 3, 1); c.Recoverable || !strings.Contains(c.Note, "3 alive zones for 3 copies") {
+			t.Fatalf("3 zones for 4+2: %+v", c)
+		}
+		small := cluster.VDI{Name: "small", Size: gib, Copies: 2, EC: "2+1"}
+		if c := computeCapacity(nodes[:3], []cluster.VDI{small}, 2, 1); c.Recoverable || !strings.Contains(c.Note, "3 alive zones for erasure coding 2+1") {
+			t.Fatalf("3 zones for 2+1: %+v", c)
+		}
+	})
+
 	t.Run("a node with a usage error", func(t *testing.T) {
 		nodes := []NodeEntry{
 			node("a", "", cluster.NodeAlive, 10*gib, 90*gib, ""),

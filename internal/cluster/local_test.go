@@ -292,3 +292,105 @@ func TestLocalFinalizeUpgrade(t *testing.T) {
 		}
 	})
 }
+
+// An erasure-coded VDI through the cluster layer, as `vdi create --ec`
+// asks for it: refused below LevelErasureCoding naming the node to
+// upgrade; then refused with too few nodes, in zones that cannot hold
+// its chunks, with copies, and with a bad scheme, each saying why; then
+// created with M+1 copies, its scheme read back by id (VDIScheme, as
+// every layer finds it from an object id).
+func TestLocalErasureCodedVDI(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := NewLocal()
+		defer l.Close()
+		for _, id := range []string{"a", "b", "c", "d", "e", "f"} {
+			if _, err := l.NodeJoin(Node{ID: id, Incarnation: id + ".1"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := l.Format(3, MinObjectSize); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := l.FinalizeUpgrade(LevelSessionProof); err != nil {
+			t.Fatal(err)
+		}
+		l.SetBuild("b", Build{Version: "0.9", Level: LevelSessionProof})
+		_, err := l.CreateVDIWithScheme("db", 1<<20, false, "2+1")
+		if !errors.Is(err, ErrUpgradeRequired) || !strings.Contains(err.Error(), "erasure-coded VDIs (vdi create --ec) needs cluster feature level 6, the cluster is at 5; upgrade herd on b (runs herd 0.9, level 5)") {
+			t.Fatalf("vdi create --ec 2+1 at level 5: %v", err)
+		}
+		// Refused before it is proposed: a bad scheme, or copies with it,
+		// whatever the level.
+		for _, bad := range []struct{ scheme, want string }{
+			{"4+0", "invalid argument: ec: invalid scheme 4+0: M (parity chunks) must be 1..3, not 0"},
+			{"9+1", "invalid argument: ec: invalid scheme 9+1: K (data chunks) must be 2..8, not 9"},
+			{"x", `invalid argument: ec: invalid scheme "x": want K+M data and parity chunks, as in "4+2"`},
+		} {
+			if _, err := l.CreateVDIWithScheme("db", 1<<20, false, bad.scheme); !errors.Is(err, ErrInvalid) || err.Error() != bad.want {
+				t.Errorf("scheme %q: %v, want %q", bad.scheme, err, bad.want)
+			}
+		}
+		if _, err := l.cmds.CreateVDI(context.Background(), "db", 1<<20, false, 3, "2+1", l.requires); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "copies 3 and erasure coding 2+1 cannot be asked for together") {
+			t.Fatalf("copies with a scheme: %v", err)
+		}
+
+		l.SetBuild("b", Build{Version: "1.0", Level: LevelErasureCoding})
+		if level, err := l.FinalizeUpgrade(LevelErasureCoding); err != nil || level != LevelErasureCoding {
+			t.Fatalf("finalize to %d: %d, %v", LevelErasureCoding, level, err)
+		}
+		for _, id := range []string{"d", "e", "f"} {
+			if _, err := l.NodeLeave(id, "test"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err = l.CreateVDIWithScheme("db", 1<<20, false, "4+2")
+		if want := "not enough nodes: erasure coding 4+2 needs 6 nodes, the cluster has 3 (start more nodes, or use a scheme of fewer chunks)"; !errors.Is(err, ErrTooFewNodes) || err.Error() != want {
+			t.Fatalf("4+2 on 3 nodes: %v, want %q", err, want)
+		}
+		for _, id := range []string{"d", "e", "f"} {
+			if _, err := l.NodeJoin(Node{ID: id, Incarnation: id + ".2", Zone: "z2"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// a, b, c without a zone, d, e, f in z2: at most 2 chunks each.
+		_, err = l.CreateVDIWithScheme("db", 1<<20, false, "4+2")
+		if want := "not enough nodes: erasure coding 4+2 needs 6 nodes with at most 2 in a zone, the cluster has zones that hold 4 chunks: (no zone) (3 nodes, 2 chunks), z2 (3 nodes, 2 chunks) (start more nodes, or use a scheme of fewer chunks)"; !errors.Is(err, ErrTooFewNodes) || err.Error() != want {
+			t.Fatalf("4+2 in two zones of 3: %v, want %q", err, want)
+		}
+		for id, zone := range map[string]string{"a": "z1", "b": "z1", "c": "z3", "f": "z3"} {
+			if _, err := l.cmds.SetNode(context.Background(), id, NodeSettings{Zone: &zone}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		v, err := l.CreateVDIWithScheme("db", 1<<20, false, "4+2")
+		if err != nil || v.EC != "4+2" || v.Copies != 3 {
+			t.Fatalf("4+2 on 6 nodes: %+v, %v", v, err)
+		}
+		// Moving c out of z3 would leave f alone there: 5 chunks.
+		zone := "z2"
+		if _, err := l.cmds.SetNode(context.Background(), "c", NodeSettings{Zone: &zone}); !errors.Is(err, ErrTooFewNodes) || !strings.Contains(err.Error(), `vdi "db": erasure coding 4+2 needs 6 nodes with at most 2 in a zone, the change would leave zones that hold 5 chunks: z1 (2 nodes, 2 chunks), z2 (3 nodes, 2 chunks), z3 (1 node, 1 chunk)`) {
+			t.Fatalf("moving c out of z3: %v", err)
+		}
+		if scheme, ok := l.VDIScheme(v.ID); !ok || scheme.K != 4 || scheme.M != 2 {
+			t.Fatalf("VDIScheme(%d) = %v, %v", v.ID, scheme, ok)
+		}
+		if copies, ok := l.VDICopies(v.ID); !ok || copies != 3 {
+			t.Fatalf("VDICopies(%d) = %d, %v", v.ID, copies, ok)
+		}
+		member := l.Member("a", "a.1", 0)
+		defer member.Stop()
+		member.SetConnected(true)
+		synctest.Wait()
+		if member.Applied() != l.Len() {
+			t.Fatalf("the member applied %d of %d entries", member.Applied(), l.Len())
+		}
+		if scheme, ok := member.VDIScheme(v.ID); !ok || scheme.String() != "4+2" {
+			t.Fatalf("a member's VDIScheme(%d) = %v, %v", v.ID, scheme, ok)
+		}
+		if v, err := l.CreateVDIWithCopies("plain", 1<<20, false, 0); err != nil || v.EC != "" {
+			t.Fatalf("a VDI of copies: %+v, %v", v, err)
+		} else if _, ok := l.VDIScheme(v.ID); ok {
+			t.Fatal("a VDI of copies has a scheme")
+		}
+	})
+}

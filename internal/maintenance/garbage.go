@@ -17,7 +17,7 @@ import (
 func (m *Maintenance) CollectGarbage(ctx context.Context, data Data, garbage cluster.Garbage) error {
 	objects := (garbage.Size + garbage.ObjectSize - 1) / garbage.ObjectSize
 	perMap := objmap.PerObject(garbage.ObjectSize)
-	vdi := cluster.VDI{ID: garbage.ID, Size: garbage.Size, ObjectSize: garbage.ObjectSize, Copies: garbage.Copies}
+	vdi := cluster.VDI{ID: garbage.ID, Size: garbage.Size, ObjectSize: garbage.ObjectSize, Copies: garbage.Copies, EC: garbage.EC}
 	work := make(chan object.OID)
 	errs := make(chan error, 16)
 	var wg sync.WaitGroup

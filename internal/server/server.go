@@ -606,10 +606,10 @@ func nodeGauges(c *cluster.Cluster, objects *store.Store, rec *recovery.Recovery
 			v := version.Get()
 			return []metrics.Sample{{Labels: []string{v.Version, v.Commit, strconv.Itoa(cluster.SupportedLevel), strconv.Itoa(store.FormatVersion), strconv.Itoa(objproto.ObjectProtocolVersion)}, Value: 1}}
 		}},
-		{Name: "herd_cluster_provisioned_raw_bytes", Help: "The writable VDIs' sizes times their copies: the raw space they are promised (the same on every node; compare with the sum of herd_disk_capacity_bytes).", Read: func() []metrics.Sample {
+		{Name: "herd_cluster_provisioned_raw_bytes", Help: "The writable VDIs' sizes times their copies, or (K+M)/K for an erasure-coded VDI: the raw space they are promised (the same on every node; compare with the sum of herd_disk_capacity_bytes).", Read: func() []metrics.Sample {
 			var promised float64
 			for _, v := range c.VDIs() {
-				promised += float64(v.Size) * float64(v.Copies)
+				promised += float64(v.Size) * v.SpaceFactor()
 			}
 			return one(promised)
 		}},
