@@ -120,14 +120,19 @@ func TestHelpGolden(t *testing.T) {
 }
 
 // fakeNode is an admin API that answers every request with canned JSON
-// (null where it has none) and records the requests.
+// (null where it has none) and records the requests. answers, if set,
+// are its own, in place of fakeAnswers' for the same request.
 type fakeNode struct {
 	mu       sync.Mutex
 	requests []string
+	answers  map[string]string
 }
 
 var fakeAnswers = map[string]string{
-	"GET /v1/vdis":                         `[{"id":1,"name":"vm1","size":10737418240,"copies":3,"object_size":4194304,"created":"2026-01-02T03:04:05Z"},{"id":2,"name":"db","size":1073741824,"copies":2,"object_size":4194304,"created":"2026-01-03T03:04:05Z","exclusive":true}]`,
+	"GET /v1/vdis":                         `[{"id":1,"name":"vm1","size":10737418240,"copies":3,"object_size":4194304,"created":"2026-01-02T03:04:05Z"},{"id":2,"name":"db","size":1073741824,"copies":2,"object_size":4194304,"created":"2026-01-03T03:04:05Z","exclusive":true},{"id":10,"name":"ec1","size":1073741824,"copies":3,"ec":"4+2","object_size":4194304,"created":"2026-01-06T03:04:05Z"}]`,
+	"GET /v1/vdis/ec1":                     `{"id":10,"name":"ec1","size":1073741824,"copies":3,"ec":"4+2","object_size":4194304,"created":"2026-01-06T03:04:05Z","parent":9}`,
+	"GET /v1/vdis/ec1@s1":                  `{"id":9,"name":"ec1","size":1073741824,"copies":3,"ec":"4+2","object_size":4194304,"created":"2026-01-06T03:04:05Z","snapshot":true,"tag":"s1","snapshot_time":"2026-01-07T03:04:05Z"}`,
+	"PUT /v1/vdis/ec1/settings":            `!400 {"error":"invalid argument: vdi \"ec1\" is erasure-coded (4+2): --ack zone needs copies","code":"invalid"}`,
 	"GET /v1/vdis/vm1":                     `{"id":1,"name":"vm1","size":10737418240,"copies":3,"object_size":4194304,"created":"2026-01-02T03:04:05Z","unclean":true,"ack":"zone","parent":7}`,
 	"GET /v1/vdis/vm1@s1":                  `{"id":7,"name":"vm1","size":10737418240,"copies":3,"object_size":4194304,"created":"2026-01-02T03:04:05Z","snapshot":true,"tag":"s1","snapshot_time":"2026-01-04T03:04:05Z"}`,
 	"GET /v1/vdis/gone":                    `!404 {"error":"vdi gone: not found","code":"not_found"}`,
@@ -138,7 +143,7 @@ var fakeAnswers = map[string]string{
 	"GET /v1/cluster/health":               `{"status":"WARN","reasons":[{"level":"WARN","what":"node-b is dead"}]}`,
 	"GET /v1/recovery":                     `[{"node":"node-a","address":"10.0.0.1","status":{"epoch":5,"state":"pulling","objects":10,"copied":4,"remaining":6,"bytes":100,"rate_bytes_per_second":1048576,"bytes_remaining":6291456,"eta_seconds":6,"limits":{}}},{"node":"node-b","address":"10.0.0.2","status":{"state":"idle"},"error":"unreachable"},{"node":"node-c","address":"10.0.0.3","status":{"state":"idle","limits":{}}}]`,
 	"GET /v1/scrub":                        `[{"node":"node-a","address":"10.0.0.1","status":{"state":"running","objects":10,"done":3,"bytes_verified":12582912,"deep":true,"max_rate_bytes_per_second":52428800,"last_complete":"2026-01-01T00:00:00Z"}}]`,
-	"GET /v1/tree":                         `[{"id":1,"name":"vm1","size":10737418240,"created":"2026-01-02T03:04:05Z","parent":7},{"id":7,"name":"vm1","size":10737418240,"created":"2026-01-02T03:04:05Z","snapshot":true,"tag":"s1","snapshot_time":"2026-01-04T03:04:05Z"},{"id":8,"name":"clone","size":10737418240,"created":"2026-01-02T03:04:05Z","parent":7,"flatten":true}]`,
+	"GET /v1/tree":                         `[{"id":1,"name":"vm1","size":10737418240,"created":"2026-01-02T03:04:05Z","parent":7},{"id":7,"name":"vm1","size":10737418240,"created":"2026-01-02T03:04:05Z","snapshot":true,"tag":"s1","snapshot_time":"2026-01-04T03:04:05Z"},{"id":8,"name":"clone","size":10737418240,"created":"2026-01-02T03:04:05Z","parent":7,"flatten":true},{"id":9,"name":"ec1","size":1073741824,"copies":3,"ec":"4+2","created":"2026-01-06T03:04:05Z","snapshot":true,"tag":"s1","snapshot_time":"2026-01-07T03:04:05Z"},{"id":10,"name":"ec1","size":1073741824,"copies":3,"ec":"4+2","created":"2026-01-06T03:04:05Z","parent":9}]`,
 	"GET /v1/events?after=0":               `[{"index":1,"time":"2026-01-01T00:00:00Z","kind":"epoch","text":"epoch 1"},{"index":2,"kind":"vdi","text":"vdi vm1 created"}]`,
 	"POST /v1/vdis/vm1/check":              `{"vdi":"vm1","objects":4,"consistent":3,"mismatched":1,"problems":["object 3: replicas differ"]}`,
 	"GET /v1/vdis/vm1/diff?since=vm1%40s1": `{"vdi":"vm1","since":"vm1@s1","size":10737418240,"object_size":4194304,"changed_bytes":4194304,"extents":[{"offset":0,"length":4194304}]}`,
@@ -150,13 +155,20 @@ func (f *fakeNode) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.requests = append(f.requests, strings.TrimSpace(key+" "+string(body)))
 	f.mu.Unlock()
-	answer, ok := fakeAnswers[key]
+	answer, ok := f.answers[key]
+	if !ok {
+		answer, ok = fakeAnswers[key]
+	}
 	if !ok {
 		answer = "null"
 	}
-	if rest, ok := strings.CutPrefix(answer, "!404 "); ok {
-		w.WriteHeader(http.StatusNotFound)
-		answer = rest
+	// "!NNN " answers with status NNN.
+	if len(answer) > 5 && answer[0] == '!' && answer[4] == ' ' {
+		var status int
+		if _, err := fmt.Sscanf(answer[1:4], "%d", &status); err == nil {
+			w.WriteHeader(status)
+			answer = answer[5:]
+		}
 	}
 	io.WriteString(w, answer)
 }
@@ -194,6 +206,17 @@ func TestCommandsGolden(t *testing.T) {
 	t.Setenv("HERD_TOKEN", token)
 	address := strings.TrimPrefix(node.URL, "https://")
 	dir := t.TempDir()
+	// A node whose herd knows erasure-coded VDIs (the first's supports
+	// feature level 3), for the command lines that give --addr UPGRADED.
+	upgraded := &fakeNode{answers: map[string]string{
+		"GET /v1/cluster": `{"node_id":"node-a","formatted":true,"format":{"copies":3,"object_size":4194304,"created":"2026-01-01T00:00:00Z"},"epoch":5,"leader":"node-a","leader_address":"10.0.0.1","voters":["node-a"],"quorum":true,"quorum_detail":"1 of 1 voters","nodes_alive":6,"nodes_total":6,"vdis":2,"feature_level":6,"supported_feature_level":6}`,
+		"POST /v1/vdis":   `{"id":11,"name":"a","size":10737418240,"copies":2,"ec":"3+1","object_size":4194304,"created":"2026-01-08T03:04:05Z"}`,
+	}}
+	upgradedNode := httptest.NewUnstartedServer(upgraded)
+	upgradedNode.TLS = &tls.Config{Certificates: []tls.Certificate{certificate}}
+	upgradedNode.StartTLS()
+	defer upgradedNode.Close()
+	upgradedAddress := strings.TrimPrefix(upgradedNode.URL, "https://")
 
 	// Every command with no arguments and with too many, then the
 	// command lines below.
@@ -244,9 +267,19 @@ func TestCommandsGolden(t *testing.T) {
 		{"vdi", "create", "a", "10G", "--copies", "2"},
 		{"vdi", "create", "a", "10G", "--copies", "0"},
 		{"vdi", "create", "a", "ten"},
+		{"vdi", "create", "a", "10G", "--ec", "4+2"},
+		{"vdi", "create", "a", "10G", "--ec", "3+1", "--addr", upgradedAddress},
+		{"vdi", "create", "a", "10G", "--ec", "3+2", "--copies", "3"},
+		{"vdi", "create", "a", "10G", "--ec", "4+0"},
+		{"vdi", "create", "a", "10G", "--ec", "9+1"},
+		{"vdi", "create", "a", "10G", "--ec", "x"},
+		{"vdi", "create", "a", "10G", "--ec", "04+2"},
 		{"vdi", "info", "vm1"},
 		{"vdi", "info", "vm1@s1"},
 		{"vdi", "info", "gone"},
+		{"vdi", "info", "ec1"},
+		{"vdi", "info", "ec1@s1"},
+		{"vdi", "set", "ec1", "--ack", "zone"},
 		{"vdi", "delete", "vm1@s1"},
 		{"vdi", "resize", "vm1", "20G"},
 		{"vdi", "resize", "vm1", "-1"},
@@ -299,10 +332,17 @@ func TestCommandsGolden(t *testing.T) {
 		{"backup", "restore", filepath.Join(dir, "nostore"), "id", "new"},
 		{"lock", "list"},
 	}...)
-	placeholders := regexp.MustCompile(regexp.QuoteMeta(address) + "|" + regexp.QuoteMeta(dir) + "|herd-admin\\.[^\\s\"]+|[0-9a-f]{16}\\.[0-9a-f]+")
+	// The longer address first: one may start with the other.
+	addresses := []string{regexp.QuoteMeta(address), regexp.QuoteMeta(upgradedAddress)}
+	if len(upgradedAddress) > len(address) {
+		addresses[0], addresses[1] = addresses[1], addresses[0]
+	}
+	placeholders := regexp.MustCompile(strings.Join(addresses, "|") + "|" + regexp.QuoteMeta(dir) + "|herd-admin\\.[^\\s\"]+|[0-9a-f]{16}\\.[0-9a-f]+")
 	clean := func(s string) string {
 		return placeholders.ReplaceAllStringFunc(s, func(m string) string {
 			switch {
+			case m == upgradedAddress:
+				return "UPGRADED"
 			case m == address:
 				return "ADDRESS"
 			case m == dir:
@@ -319,7 +359,7 @@ func TestCommandsGolden(t *testing.T) {
 				args = append([]string{"--json"}, args...)
 			}
 			stdout, stderr, code := run(args...)
-			requests := fake.take()
+			requests := append(fake.take(), upgraded.take()...)
 			header := strings.Join(line, " ")
 			if json {
 				header = "--json " + header

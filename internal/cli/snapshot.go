@@ -144,6 +144,9 @@ func printTree(w *tabwriter.Writer, entries []api.TreeEntry) {
 		case !e.Snapshot:
 			name += " (current)"
 		}
+		if e.EC != "" {
+			name += " [ec " + e.EC + "]"
+		}
 		fmt.Fprintf(w, "%s%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", strings.Repeat("  ", depth), name, e.ID, tag, at.Local().Format(time.DateTime),
 			size.Format(e.Size), size.Format(e.AllocatedBytes), size.Format(e.SharedBytes), size.Format(e.UniqueBytes))
 		for _, c := range children[e.ID] {

@@ -7,7 +7,10 @@ package cli
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -15,6 +18,7 @@ import (
 
 	"github.com/herd-storage/herd/internal/api"
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/ec"
 	"github.com/herd-storage/herd/internal/maintenance"
 	"github.com/herd-storage/herd/internal/size"
 )
@@ -30,8 +34,13 @@ func vdiCommand(g *globals) *cobra.Command {
 
 // printVDI is the table of one VDI or snapshot.
 func printVDI(w *tabwriter.Writer, v cluster.VDI) {
-	fmt.Fprintf(w, "Name:\t%s\nID:\t%d\nSize:\t%s (%d bytes)\nCopies:\t%d\nObject size:\t%s\nCreated:\t%s\n",
-		v.FullName(), v.ID, size.Format(v.Size), v.Size, v.Copies, size.Format(v.ObjectSize), v.Created.Local().Format(time.DateTime))
+	fmt.Fprintf(w, "Name:\t%s\nID:\t%d\nSize:\t%s (%d bytes)\n", v.FullName(), v.ID, size.Format(v.Size), v.Size)
+	if _, ok := v.Scheme(); ok {
+		fmt.Fprintf(w, "Redundancy:\terasure coding %s (%sx space; its map objects and recent writes: %d copies)\n", v.EC, spaceFactor(v), v.Copies)
+	} else {
+		fmt.Fprintf(w, "Copies:\t%d\n", v.Copies)
+	}
+	fmt.Fprintf(w, "Object size:\t%s\nCreated:\t%s\n", size.Format(v.ObjectSize), v.Created.Local().Format(time.DateTime))
 	if v.Unclean {
 		fmt.Fprintf(w, "Unclean:\tits writer's node died; replicas are made identical when it is next opened for writing (or by vdi check --repair)\n")
 	}
@@ -56,9 +65,24 @@ func printVDI(w *tabwriter.Writer, v cluster.VDI) {
 	}
 }
 
+// spaceFactor is the raw space a byte of an erasure-coded VDI takes,
+// (K+M)/K, as "1.5" or "1.67".
+func spaceFactor(v cluster.VDI) string {
+	return strconv.FormatFloat(math.Round(v.SpaceFactor()*100)/100, 'f', -1, 64)
+}
+
+// redundancy is a VDI's copies, or its scheme, for a table's column.
+func redundancy(v cluster.VDI) string {
+	if v.EC != "" {
+		return "ec " + v.EC
+	}
+	return strconv.Itoa(v.Copies)
+}
+
 func vdiCreateCommand(g *globals) *cobra.Command {
 	var handover, exclusive bool
 	var copies int
+	var scheme string
 	cmd := &cobra.Command{
 		Use:   "create NAME SIZE",
 		Short: "create a thin VDI (SIZE like 10G, 512M, 1TiB)",
@@ -69,11 +93,33 @@ func vdiCreateCommand(g *globals) *cobra.Command {
 				return usage(err)
 			}
 			req := api.CreateVDIRequest{Name: a[0], Size: bytes, Exclusive: exclusive}
-			copiesGiven := cmd.Flags().Changed("copies")
+			copiesGiven, ecGiven := cmd.Flags().Changed("copies"), cmd.Flags().Changed("ec")
+			if copiesGiven && ecGiven {
+				return usage(fmt.Errorf("--copies and --ec cannot be used together: an erasure-coded VDI keeps M+1 copies of its map objects and recent writes by itself"))
+			}
 			if copiesGiven && (copies < 1 || copies > cluster.MaxCopies) {
 				return usage(fmt.Errorf("--copies %d: must be between 1 and %d", copies, cluster.MaxCopies))
 			}
+			if ecGiven {
+				parsed, err := ec.Parse(scheme)
+				if err != nil {
+					return usage(fmt.Errorf("--ec: %s", strings.TrimPrefix(err.Error(), "ec: ")))
+				}
+				scheme = parsed.String()
+			}
 			return call(g, func(c *api.Client, ctx context.Context) (cluster.VDI, error) {
+				if ecGiven {
+					// A node that does not know the field refuses it, or
+					// (older still) ignores it and creates copies.
+					info, err := c.Info(ctx)
+					if err != nil {
+						return cluster.VDI{}, err
+					}
+					if info.SupportedLevel < cluster.FeatureErasureCoding.Level {
+						return cluster.VDI{}, fmt.Errorf("--ec: the node at %s runs a herd that does not know erasure-coded VDIs; ask an upgraded node (--addr), or upgrade this one", g.addr)
+					}
+					req.EC = scheme
+				}
 				if copiesGiven {
 					// A node older than feature levels would ignore the
 					// field and create the VDI with the cluster's copies.
@@ -91,6 +137,7 @@ func vdiCreateCommand(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().IntVar(&copies, "copies", 0, "this VDI's number of copies (default: the cluster's, from cluster format); needs cluster feature level 2")
+	cmd.Flags().StringVar(&scheme, "ec", "", "erasure-code the VDI's data with `K+M` data and parity chunks (K 2..8, M 1..3; e.g. 4+2: survives 2 lost nodes for 1.5x space), on K+M nodes, at most M in a zone; its map objects and recent writes keep M+1 copies; not with --copies; needs cluster feature level 6")
 	cmd.Flags().BoolVar(&exclusive, "exclusive", false, "refuse a second writer while the VDI is open for writing; without it a writer through another node takes the writer lock over (live migration)")
 	cmd.Flags().BoolVar(&handover, "handover", false, "the default now (kept for scripts)")
 	cmd.Flags().MarkHidden("handover")
@@ -119,13 +166,15 @@ func vdiListCommand(g *globals) *cobra.Command {
 				}
 				return vdis, nil
 			}, func(w *tabwriter.Writer, vdis []cluster.VDI) {
+				// COPIES: the VDI's copies, or "ec K+M" for an
+				// erasure-coded one.
 				fmt.Fprintln(w, "NAME\tID\tSIZE\tCOPIES\tCREATED\tWRITER")
 				for _, v := range vdis {
 					writer := "-"
 					if l, ok := writers[cluster.VDILockKey(v.Name)]; ok {
 						writer = l.Node
 					}
-					fmt.Fprintf(w, "%s\t%d\t%s\t%d\t%s\t%s\n", v.Name, v.ID, size.Format(v.Size), v.Copies, v.Created.Local().Format(time.DateTime), writer)
+					fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\n", v.Name, v.ID, size.Format(v.Size), redundancy(v), v.Created.Local().Format(time.DateTime), writer)
 				}
 			})
 		},

@@ -164,7 +164,7 @@ function renderVDIs(tree) {
       const kind = v.snapshot ? 'snapshot' : 'vdi';
       rows.push([cell('\u00a0\u00a0'.repeat(depth) + (depth ? '└ ' : '') + name), kind, cell(bytes(v.size), 'num'),
         cell(bytes(v.allocated_bytes || 0), 'num'), cell(bytes(v.shared_bytes || 0), 'num'), cell(bytes(v.unique_bytes || 0), 'num'),
-        v.copies, when(v.snapshot ? v.snapshot_time : v.created), v.unclean ? cell('unclean: repaired at its next open', 'down') : '']);
+        v.ec ? `ec ${v.ec}` : v.copies, when(v.snapshot ? v.snapshot_time : v.created), v.unclean ? cell('unclean: repaired at its next open', 'down') : '']);
       walk(v.id, depth + 1);
     }
   };
