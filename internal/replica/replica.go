@@ -19,6 +19,15 @@
 //     epoch after the request's) answers STALE_EPOCH with its stamp, and
 //     is not removed either: the requester is behind. A missing copy may
 //     only be created by a write that says so (object.Flags.Create).
+//   - Chunks of erasure-coded objects (object.IsChunk) are the exception:
+//     one copy each, placed by their object's head and verified end to
+//     end against its checksums by the gateway, never recovered. A chunk
+//     is read, written, zeroed and removed whatever its older stamp (a
+//     change stamps it with the request's epoch as usual), never sent
+//     to recovery, and a missing one reads as object.ErrNotFound at once.
+//     A chunk stamped after the request's epoch is still refused to
+//     changes (STALE_EPOCH: the requester is behind, and the store
+//     never lowers a stamp); reads serve it.
 //   - Stamps never go back (the store refuses it) and a recovered copy is
 //     installed whole (store.Replace): a node's answer about its copy is
 //     always the truth about a complete copy, which the proof of
@@ -141,12 +150,18 @@ func (r *Replica) Exclusive(oid object.OID, fn func(stamp object.Epoch, found bo
 // So it is refused as from a stale epoch, naming the copy's stamp as the
 // epoch to catch up to: the requester waits for a newer epoch and
 // retries there, as after any STALE_EPOCH.
+//
+// A chunk of an erasure-coded object (object.IsChunk) passes whatever
+// its older stamp: it has one copy, which recovery never restamps or
+// fetches, and its bytes are checked against its object's head by the
+// gateway, not proven current by stamps. A later stamp still refuses it
+// (the change would lower the stamp).
 func (r *Replica) fence(epoch object.Epoch, oid object.OID) error {
 	stamp, err := r.store.Epoch(oid)
 	if err != nil {
 		return err
 	}
-	if stamp < epoch {
+	if stamp < epoch && !object.IsChunk(oid) {
 		return fmt.Errorf("%w: object %016x on this node is from epoch %d, now %d", object.ErrNotRecovered, oid, stamp, epoch)
 	}
 	return behind(epoch, oid, stamp)
@@ -177,10 +192,15 @@ type Served struct {
 }
 
 // Recover makes this node's copy of oid current in epoch, once the
-// request's epoch is admitted.
+// request's epoch is admitted. A chunk of an erasure-coded object has
+// nothing to recover (its one copy is served whatever its stamp; only
+// its writer gateway rewrites it): done at once.
 func (s Served) Recover(ctx context.Context, epoch object.Epoch, oid object.OID) error {
 	if err := s.Check(ctx, epoch); err != nil {
 		return err
+	}
+	if object.IsChunk(oid) {
+		return nil
 	}
 	return s.Recoverer(ctx, epoch, oid)
 }
@@ -232,8 +252,13 @@ func (r *Replica) stillServing(epoch object.Epoch) error {
 	return nil
 }
 
-// Read serves a read of this node's copy.
+// Read serves a read of this node's copy. A chunk of an erasure-coded
+// object is read whatever its stamp (see fence), as Fetch reads; a
+// missing one answers object.ErrNotFound.
 func (r *Replica) Read(ctx context.Context, epoch object.Epoch, oid object.OID, p []byte, offset uint32) (object.Epoch, error) {
+	if object.IsChunk(oid) {
+		return r.readAny(ctx, epoch, oid, p, offset)
+	}
 	if err := r.Check(ctx, epoch); err != nil {
 		return 0, err
 	}

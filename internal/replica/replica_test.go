@@ -181,3 +181,108 @@ func TestServedRoutesRecoverToRecovery(t *testing.T) {
 		t.Fatalf("WRITE through Served: %+v", response)
 	}
 }
+
+// TestChunkServedWhateverItsStamp: a chunk of an erasure-coded object has
+// one copy, never recovered, checked by its gateway against its object's
+// head: stamped with an older epoch it is still read, written (and so
+// restamped with the epoch), zeroed, stat'ed and removed, and RECOVER of
+// it is done at once without the node's recovery. A data object stamped
+// the same way is refused as not recovered, as ever.
+func TestChunkServedWhateverItsStamp(t *testing.T) {
+	c := newEpochs(7)
+	r, s := newTestReplica(t, c)
+	ctx := context.Background()
+	data := object.DataOID(1, 3)
+	chunk := object.ChunkOID(data, 2, 1)
+	old := bytes.Repeat([]byte{0x55}, 4096)
+	for _, oid := range []object.OID{data, chunk} {
+		if err := r.Write(ctx, 7, oid, old, 0, object.FlagCreate); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.set(10)
+
+	buffer := make([]byte, 4096)
+	if _, err := r.Read(ctx, 10, data, buffer, 0); !errors.Is(err, object.ErrNotRecovered) {
+		t.Errorf("read in epoch 10 of a data object stamped 7: %v; want not recovered", err)
+	}
+	if err := r.Write(ctx, 10, data, old, 0, 0); !errors.Is(err, object.ErrNotRecovered) {
+		t.Errorf("write in epoch 10 of a data object stamped 7: %v; want not recovered", err)
+	}
+	if err := r.Zero(ctx, 10, data, 0, 4096, object.FlagNoHole); !errors.Is(err, object.ErrNotRecovered) {
+		t.Errorf("WRITE_ZEROES in epoch 10 of a data object stamped 7: %v; want not recovered", err)
+	}
+	response, _ := r.ServeObject(ctx, &objproto.ObjectRequest{Opcode: objproto.ObjectRead, Epoch: 10, OID: data, Length: 4096}, nil)
+	if response.Status != objproto.ObjectStatusNotRecovered {
+		t.Errorf("READ in epoch 10 of a data object stamped 7 over the object protocol: %+v; want NOT_RECOVERED", response)
+	}
+
+	stamp, err := r.Read(ctx, 10, chunk, buffer, 0)
+	if err != nil || stamp != 7 || !bytes.Equal(buffer, old) {
+		t.Fatalf("read in epoch 10 of a chunk stamped 7: stamp %d, %v, same data: %v; want its data, stamp 7", stamp, err, bytes.Equal(buffer, old))
+	}
+	response, body := r.ServeObject(ctx, &objproto.ObjectRequest{Opcode: objproto.ObjectRead, Epoch: 10, OID: chunk, Length: 4096}, nil)
+	if response.Status != objproto.ObjectStatusOK || response.ObjectEpoch != 7 || !bytes.Equal(body, old) {
+		t.Errorf("READ in epoch 10 of a chunk stamped 7 over the object protocol: %+v; want OK with its data, stamp 7", response)
+	}
+	if response.Release != nil {
+		response.Release.Release()
+	}
+	if stamp, _, err := r.Stat(ctx, 10, chunk); err != nil || stamp != 7 {
+		t.Errorf("stat in epoch 10 of a chunk stamped 7: %d, %v", stamp, err)
+	}
+	recovered := 0
+	served := Served{Replica: r, Recoverer: func(context.Context, object.Epoch, object.OID) error { recovered++; return nil }}
+	if err := served.Recover(ctx, 10, chunk); err != nil || recovered != 0 {
+		t.Errorf("RECOVER of a chunk: %v, recovery called %d times; want done, never called", err, recovered)
+	}
+	if err := served.Recover(ctx, 9, chunk); !errors.Is(err, object.ErrStaleEpoch) {
+		t.Errorf("RECOVER of a chunk in epoch 9 of 10: %v; want a stale epoch (every request's check)", err)
+	}
+	newer := bytes.Repeat([]byte{0x66}, 4096)
+	if err := r.Write(ctx, 10, chunk, newer, 4096, 0); err != nil {
+		t.Fatalf("write in epoch 10 of a chunk stamped 7: %v", err)
+	}
+	if stamp, err := s.Epoch(chunk); err != nil || stamp != 10 {
+		t.Errorf("the chunk's stamp after a write in epoch 10: %d, %v; want 10", stamp, err)
+	}
+	if err := r.Zero(ctx, 10, chunk, 0, 4096, object.FlagNoHole); err != nil {
+		t.Errorf("WRITE_ZEROES in epoch 10 of a chunk: %v", err)
+	}
+	two := make([]byte, 8192)
+	if _, err := r.Read(ctx, 10, chunk, two, 0); err != nil || !bytes.Equal(two[:4096], make([]byte, 4096)) || !bytes.Equal(two[4096:], newer) {
+		t.Errorf("read back of the chunk: %v; want zeros then the write", err)
+	}
+
+	// Written in epoch 10, read by a node back at epoch 9 (replaying its
+	// log): served; a change is refused as stale, the stamp never goes
+	// back.
+	c.set(9)
+	if _, err := r.Read(ctx, 9, chunk, buffer, 4096); err != nil || !bytes.Equal(buffer, newer) {
+		t.Errorf("read in epoch 9 of a chunk stamped 10: %v", err)
+	}
+	if err := r.Write(ctx, 9, chunk, old, 0, 0); !errors.Is(err, object.ErrStaleEpoch) {
+		t.Errorf("write in epoch 9 of a chunk stamped 10: %v; want a stale epoch", err)
+	}
+	c.set(11)
+
+	// Every request still passes the request epoch's check.
+	if _, err := r.Read(ctx, 10, chunk, buffer, 0); !errors.Is(err, object.ErrStaleEpoch) {
+		t.Errorf("read in epoch 10 of 11 of a chunk: %v; want a stale epoch", err)
+	}
+	// A missing chunk reads as not found, at once.
+	missing := object.ChunkOID(data, 0, 0)
+	if _, err := r.Read(ctx, 11, missing, buffer, 0); !errors.Is(err, object.ErrNotFound) {
+		t.Errorf("read of a missing chunk: %v; want not found", err)
+	}
+	response, _ = r.ServeObject(ctx, &objproto.ObjectRequest{Opcode: objproto.ObjectRead, Epoch: 11, OID: missing, Length: 4096}, nil)
+	if response.Status != objproto.ObjectStatusNotFound {
+		t.Errorf("READ of a missing chunk over the object protocol: %+v; want NOT_FOUND", response)
+	}
+	if err := r.Remove(ctx, 11, chunk); err != nil {
+		t.Errorf("remove in epoch 11 of a chunk stamped 10: %v", err)
+	}
+	if _, err := s.Epoch(chunk); !errors.Is(err, object.ErrNotFound) {
+		t.Errorf("after the remove: %v; want not found", err)
+	}
+}
