@@ -25,6 +25,12 @@
 //   - No copy is deleted before its replacement exists: a surplus copy is
 //     removed only when every replica of the current epoch holds a copy
 //     stamped with it, flushed, and only while that epoch lasts.
+//   - Chunks of erasure-coded objects (object.IsChunk) are never touched:
+//     each has one copy, on the node its object's head names (not the
+//     epoch's placement), written only by its VDI's writer gateway and
+//     checked by it against the head's checksums, not proven current by
+//     stamps. The pass neither fetches, restamps, counts nor removes
+//     them, and RecoverObject of one has nothing to do.
 //
 // Lock order: the replica's exclusive object lock (replica.Exclusive) is
 // taken after the throttle's worker slot and never while waiting for the
@@ -364,6 +370,9 @@ func (r *Recovery) recover(ctx context.Context, epoch object.Epoch) error {
 			if stamp == 0 {
 				continue // never a source: no complete copy is stamped 0
 			}
+			if object.IsChunk(oid) {
+				continue // placed by its object's head, never recovered
+			}
 			switch b, ok := newest[oid]; {
 			case !ok || stamp > b.stamp:
 				newest[oid] = best{stamp: stamp, holders: []cluster.Node{node}}
@@ -525,7 +534,15 @@ func (r *Recovery) recover(ctx context.Context, epoch object.Epoch) error {
 // node of the epoch for its stamp of the object and proceeds as the
 // background pass does. object.ErrNoCopy if no reachable copy is provably
 // current, object.ErrNotFound if no node holds the object.
+//
+// A chunk of an erasure-coded object (object.IsChunk) has nothing to
+// recover: nil at once. Its one copy is served whatever its stamp
+// (replica.Replica), only its VDI's writer gateway writes it, and the
+// gateway checks its bytes against the checksums in its object's head.
 func (r *Recovery) RecoverObject(ctx context.Context, epoch object.Epoch, oid object.OID) error {
+	if object.IsChunk(oid) {
+		return nil
+	}
 	rv, err := r.layouts.Current()
 	if err != nil {
 		return err
@@ -829,6 +846,9 @@ func (r *Recovery) removeSurplusOnce(ctx context.Context, epoch object.Epoch) (i
 	var unknown int
 	placed := map[object.OID][]cluster.Node{}
 	err = r.local.List(func(oid object.OID, stamp object.Epoch) error {
+		if object.IsChunk(oid) {
+			return nil // one copy, on the node its object's head names: never surplus
+		}
 		n, known := copies.of(oid)
 		if !known {
 			unknown++
