@@ -31,6 +31,14 @@
 // Copies with the same stamp must be identical; copies that verify but
 // differ are reported (logged, counted: `herd vdi check --repair` makes
 // them identical), since no checksum can tell which is right.
+//
+// Chunks of erasure-coded objects (object.IsChunk) are read and verified
+// like any copy, but have no replica: one copy each, on the node their
+// object's head names. A bad block in one is never "repaired" from
+// another node (which holds no copy of that id, or an unrelated one the
+// epoch's placement of the id happens to name): it is counted as
+// unrepairable and logged, and left to the VDI's gateway, which checks
+// chunks against their object's head. Deep passes do not compare them.
 package scrub
 
 import (
@@ -111,7 +119,9 @@ type Status struct {
 	BytesVerified uint64    `json:"bytes_verified"`
 	// Counts over the node's life (since it started): chunks that
 	// failed their checksums, blocks repaired from another replica,
-	// chunks with blocks no replica had good, copies given checksums.
+	// chunks with blocks no replica had good (and those of an
+	// erasure-coded object's chunk, which has no replica: left to its
+	// gateway), copies given checksums.
 	ChecksumErrors uint64 `json:"checksum_errors"`
 	Repaired       uint64 `json:"blocks_repaired"`
 	Unrepairable   uint64 `json:"unrepairable"`
@@ -411,6 +421,9 @@ func (sc *Scrubber) object(ctx context.Context, oid object.OID, buffer []byte) e
 // compare reads every replica of oid, when this node is its first in
 // the current placement, and reports copies that differ under one stamp.
 func (sc *Scrubber) compare(ctx context.Context, stamp object.Epoch, oid object.OID) error {
+	if object.IsChunk(oid) {
+		return nil // one copy, placed by its object's head: no replica to compare
+	}
 	rv, err := sc.layouts.Current()
 	if err != nil || rv.Format.Copies == 0 || stamp != rv.Number {
 		return err // not current: recovery's business first
@@ -492,7 +505,18 @@ func (sc *Scrubber) upgrade(oid object.OID) (bool, error) {
 }
 
 // repair rewrites the bad blocks of a chunk from another current replica.
+// A chunk of an erasure-coded object has none: its bad blocks are
+// reported and left to its gateway.
 func (sc *Scrubber) repair(ctx context.Context, stamp object.Epoch, oid object.OID, chunk []byte, offset uint32) error {
+	if data, c, slot, ok := object.ChunkOf(oid); ok {
+		sc.mu.Lock()
+		sc.status.Unrepairable++
+		sc.mu.Unlock()
+		sc.options.Logger.Error("scrub: blocks of a chunk of an erasure-coded object fail their checksum; a chunk has no replica to repair it from: left to the vdi's gateway, whose reads check chunks against their object's head",
+			"vdi_id", object.VDI(oid), "object", fmt.Sprintf("%016x", oid), "data_object", fmt.Sprintf("%016x", data), "chunk", c, "slot", slot,
+			"object_offset", offset, "bytes", len(chunk))
+		return nil
+	}
 	rv, err := sc.layouts.Current()
 	if err != nil {
 		return err

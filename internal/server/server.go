@@ -700,7 +700,7 @@ func scrubGauges(sc *scrub.Scrubber) []metrics.Gauge {
 			}
 			return one(float64(st.LastComplete.Unix()))
 		}},
-		{Name: "herd_scrub_unrepairable_blocks_total", Help: "Blocks scrub passes found bad on every replica (their data is lost), since the node started.", Counter: true, Read: func() []metrics.Sample { return one(float64(sc.Status().Unrepairable)) }},
+		{Name: "herd_scrub_unrepairable_blocks_total", Help: "Blocks scrub passes found bad on every replica (their data is lost), or bad in a chunk of an erasure-coded object (one copy: left to its gateway), since the node started.", Counter: true, Read: func() []metrics.Sample { return one(float64(sc.Status().Unrepairable)) }},
 	}
 }
 
