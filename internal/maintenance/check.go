@@ -78,6 +78,9 @@ func (m *Maintenance) checkVDI(ctx context.Context, data Data, vdi cluster.VDI, 
 			oids = append(oids, object.DataOID(object.VDIID(vdi.ID), uint32(i)))
 		}
 	}
+	// Never chunks of erasure-coded objects (object.IsChunk): each has
+	// one copy, on the node its object's head names, so there are no
+	// replicas to compare, and its gateway checks it against that head.
 	for _, oid := range oids {
 		if err := m.checkObject(ctx, oid, vdi, repair, false, &report); err != nil {
 			return report, err

@@ -166,7 +166,13 @@ func (f *fakeReplicas) Flush(ctx context.Context, node cluster.Node, epoch objec
 }
 
 func (f *fakeReplicas) List(ctx context.Context, node cluster.Node, epoch object.Epoch) (map[object.OID]object.Epoch, error) {
-	panic("not used")
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[object.OID]object.Epoch{}
+	for oid, c := range f.nodes[node.ID] {
+		out[object.OID(oid)] = c.stamp
+	}
+	return out, nil
 }
 
 func (f *fakeReplicas) Remove(ctx context.Context, node cluster.Node, epoch object.Epoch, oid object.OID) error {

@@ -3,6 +3,8 @@ package maintenance
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sort"
 	"sync"
 	"time"
 
@@ -12,8 +14,11 @@ import (
 )
 
 // CollectGarbage frees the objects of VDIs nothing reads any more, then
-// records that in the log. Called periodically on the leader; safe to
-// repeat after a crash (removing an absent object is not an error).
+// records that in the log: the data objects its map says it owns, the
+// chunks of those that are erasure-coded (found by listing every node:
+// removeChunks), then its map objects. Called periodically on the
+// leader; safe to repeat after a crash (removing an absent object is not
+// an error).
 func (m *Maintenance) CollectGarbage(ctx context.Context, data Data, garbage cluster.Garbage) error {
 	objects := (garbage.Size + garbage.ObjectSize - 1) / garbage.ObjectSize
 	perMap := objmap.PerObject(garbage.ObjectSize)
@@ -63,9 +68,52 @@ func (m *Maintenance) CollectGarbage(ctx context.Context, data Data, garbage clu
 	if failed != nil {
 		return failed
 	}
+	// Before the map objects, though the chunks are found without them:
+	// a failure here is retried as a whole, like any other.
+	if err := m.removeChunks(ctx, vdi.ID); err != nil {
+		return err
+	}
 	for k := uint64(0); k*perMap < objects; k++ {
 		if err := data.RemoveObject(ctx, object.MapOID(object.VDIID(vdi.ID), uint32(k)), vdi.Copies); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// removeChunks removes the chunks of a freed VDI's erasure-coded data
+// objects (object.IsChunk) from every node of the current epoch. The
+// data objects' removal does not reach them: a chunk has one copy, on the
+// node its object's head named when it was written, not where the
+// epoch's placement puts its id, and that head is gone (or going) with
+// the VDI. So every node's objects are listed, and those that are chunks
+// of the VDI's objects (their ids carry its id; ids are never reused)
+// removed there. A node that does not answer fails the collection, which
+// is retried. A node out of the epoch keeps its chunks, as it keeps its
+// copies of the VDI's other objects (orphans of a freed VDI).
+func (m *Maintenance) removeChunks(ctx context.Context, id uint32) error {
+	rv, err := m.layouts.Current()
+	if err != nil {
+		return err
+	}
+	ids := make([]string, 0, len(rv.Nodes))
+	for nodeID := range rv.Nodes {
+		ids = append(ids, nodeID)
+	}
+	sort.Strings(ids)
+	for _, nodeID := range ids {
+		node := rv.Nodes[nodeID]
+		listed, err := m.replicas.List(ctx, node, rv.Number)
+		if err != nil {
+			return fmt.Errorf("listing node %s for the chunks of freed vdi %d: %w", nodeID, id, err)
+		}
+		for oid := range listed {
+			if !object.IsChunk(oid) || uint32(object.VDI(oid)) != id {
+				continue
+			}
+			if err := m.replicas.Remove(ctx, node, rv.Number, oid); err != nil && !errors.Is(err, object.ErrNotFound) {
+				return fmt.Errorf("removing chunk %016x of freed vdi %d on node %s: %w", oid, id, nodeID, err)
+			}
 		}
 	}
 	return nil
