@@ -531,6 +531,14 @@ func (d dataPath) Space(ctx context.Context) (map[uint32]maintenance.Space, erro
 
 // Usage is what this node's objects take on its disks, and the free
 // space left there.
+//
+// Objects counts the copies of replicated objects only: chunks of
+// erasure-coded objects (object.IsChunk) take their bytes in UsedBytes
+// but are not counted. A drain is done when the node holds no objects
+// (`node list`'s "drained", `cluster health`), and recovery never moves a
+// chunk (one copy, placed by its object's head, not by the epoch): the
+// gateway's fold moves chunks off a drained node, so counted here they
+// would hold a drain's completion until every VDI was next folded.
 func (d dataPath) Usage() (api.Usage, error) {
 	var u api.Usage
 	err := d.store.List(func(oid object.OID, _ store.Info) error {
@@ -538,7 +546,9 @@ func (d dataPath) Usage() (api.Usage, error) {
 		if err != nil {
 			return nil // removed meanwhile
 		}
-		u.Objects++
+		if !object.IsChunk(oid) {
+			u.Objects++
+		}
 		u.UsedBytes += info.AllocatedBytes
 		return nil
 	})
