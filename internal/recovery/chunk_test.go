@@ -199,4 +199,11 @@ func TestPassLeavesChunksAlone(t *testing.T) {
 	if stamp, _ := s.Epoch(chunkHere); stamp != 1 {
 		t.Errorf("RecoverObject of the chunk held here restamped it %d", stamp)
 	}
+	every := func(string) bool { return true }
+	if err := r.Proof().Current(chunkHere, 2, rv, 1, every); !errors.Is(err, object.ErrInvalid) {
+		t.Errorf("proof of currency of a chunk: %v; want refused as invalid", err)
+	}
+	if err := r.Proof().Current(placed, 2, rv, 1, every); err != nil {
+		t.Errorf("proof of currency of a data object stamped in the previous epoch: %v", err)
+	}
 }

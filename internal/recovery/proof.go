@@ -96,7 +96,15 @@ func (p *Proof) Survey(ctx context.Context, rv *layout.Epoch, oid object.OID) (s
 // (paused, cut off, busy, or not yet in this epoch): that clears when
 // they answer or the epoch that drops them arrives, so it is retried,
 // never reported as data the cluster cannot serve.
+//
+// A chunk of an erasure-coded object (object.IsChunk) is refused
+// (object.ErrInvalid): it has one copy, on the node its object's head
+// names rather than where the epochs placed its id, so no stamp or
+// witness says anything about it.
 func (p *Proof) Current(oid object.OID, copies int, rv *layout.Epoch, newest object.Epoch, answered func(string) bool) error {
+	if object.IsChunk(oid) {
+		return fmt.Errorf("%w: object %016x is a chunk of an erasure-coded object: no epoch stamp proves it current (its gateway checks it against its object's head)", object.ErrInvalid, oid)
+	}
 	epoch := rv.Number
 	if newest+1 >= epoch {
 		return nil // the common case: stamped in the previous epoch
