@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 
 	"github.com/herd-storage/herd/internal/cluster"
@@ -16,11 +17,14 @@ import (
 
 // garbageData is the gateway as garbage collection uses it: it reads a
 // VDI's map objects and removes objects from every node of the fake
-// cluster, as the gateway removes them from their replicas.
+// cluster, as the gateway removes them from their replicas. Safe for
+// concurrent use, as collection removes objects from several goroutines.
 type garbageData struct {
 	replicas *fakeReplicas
 	nodes    []string
-	maps     map[object.OID][]uint32
+
+	mu   sync.Mutex
+	maps map[object.OID][]uint32
 }
 
 func (d *garbageData) Map(ctx context.Context, vdi cluster.VDI) ([]uint32, error) {
@@ -28,6 +32,8 @@ func (d *garbageData) Map(ctx context.Context, vdi cluster.VDI) ([]uint32, error
 }
 
 func (d *garbageData) ReadObject(ctx context.Context, oid object.OID, copies int, p []byte, offset uint32) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	entries, ok := d.maps[oid]
 	if !ok {
 		return object.ErrNoObject
@@ -42,7 +48,9 @@ func (d *garbageData) ReadObject(ctx context.Context, oid object.OID, copies int
 }
 
 func (d *garbageData) RemoveObject(ctx context.Context, oid object.OID, copies int) error {
+	d.mu.Lock()
 	delete(d.maps, oid)
+	d.mu.Unlock()
 	for _, n := range d.nodes {
 		d.replicas.Remove(ctx, cluster.Node{ID: n}, 0, oid)
 	}
@@ -101,6 +109,8 @@ func TestGarbageRemovesChunks(t *testing.T) {
 			t.Errorf("object %016x of vdi %d was removed from %s", c.oid, kept, c.node)
 		}
 	}
+	data.mu.Lock()
+	defer data.mu.Unlock()
 	if _, ok := data.maps[object.MapOID(freed, 0)]; ok {
 		t.Errorf("the freed vdi's map object is left")
 	}
