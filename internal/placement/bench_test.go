@@ -44,3 +44,25 @@ func BenchmarkNew(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkChunks measures placing a 4+2 stripe (6 chunks, at most 2 per
+// zone).
+func BenchmarkChunks(b *testing.B) {
+	for _, shape := range []struct{ count, zones int }{{12, 0}, {12, 3}, {100, 0}, {1000, 5}} {
+		name := fmt.Sprintf("nodes=%d", shape.count)
+		if shape.zones > 0 {
+			name += fmt.Sprintf("/zones=%d", shape.zones)
+		}
+		b.Run(name, func(b *testing.B) {
+			ring := mustNew(b, testNodes(shape.count, mixedWeights, shape.zones, 1))
+			b.ReportAllocs()
+			key := uint64(0)
+			for b.Loop() {
+				if _, err := ring.Chunks(key, 6, 2); err != nil {
+					b.Fatal(err)
+				}
+				key++
+			}
+		})
+	}
+}

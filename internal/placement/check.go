@@ -62,7 +62,7 @@ func invariant(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvariant, fmt.Sprintf(format, args...))
 }
 
-// checkDomains verifies domainOf and domainWeights: one domain per node
+// checkDomains verifies domainOf, domainWeights and domainSizes: one domain per node
 // without zones, one per distinct zone (in zone order) with zones.
 func (r *Ring) checkDomains() error {
 	domains := len(r.domainWeights)
@@ -76,8 +76,12 @@ func (r *Ring) checkDomains() error {
 			}
 		}
 	}
+	if len(r.domainSizes) != domains {
+		return invariant("%d domain sizes for %d domains", len(r.domainSizes), domains)
+	}
 	zoneOf := make([]string, domains)
 	sums := make([]uint64, domains)
+	sizes := make([]int32, domains)
 	used := make([]bool, domains)
 	for i, node := range r.nodes {
 		domain := int(r.domainOf[i])
@@ -89,6 +93,7 @@ func (r *Ring) checkDomains() error {
 		}
 		zoneOf[domain], used[domain] = node.Zone, true
 		sums[domain] += node.Weight
+		sizes[domain]++
 	}
 	for domain := range domains {
 		if !used[domain] {
@@ -96,6 +101,9 @@ func (r *Ring) checkDomains() error {
 		}
 		if sums[domain] != r.domainWeights[domain] {
 			return invariant("domain %d weight %d, nodes sum to %d", domain, r.domainWeights[domain], sums[domain])
+		}
+		if sizes[domain] != r.domainSizes[domain] {
+			return invariant("domain %d has %d nodes, recorded as %d", domain, sizes[domain], r.domainSizes[domain])
 		}
 		if r.zoned && domain > 0 && zoneOf[domain-1] >= zoneOf[domain] {
 			return invariant("zones %q and %q out of order", zoneOf[domain-1], zoneOf[domain])

@@ -30,6 +30,21 @@
 // successive-sampling correction, see weight.go for the derivation,
 // the measurements, and why zoned rings are not corrected).
 //
+// # Erasure-coded chunks
+//
+// Ring.Chunks places the K+M chunks of a stripe, one node per chunk
+// position, as CRUSH's "indep" mode does: each position c ranks the
+// nodes by the same straw2 scores with a key of its own, chunkKey(key,
+// c) = mix64(objectKey(key) ⊕ mix64(c + chunkSalt)), and takes its best
+// node; a node two positions want goes to the one with the better score
+// on it, and the other takes its next best (no zone may hold more than
+// perZone chunks when zones are set). A node leaving moves the chunks it
+// held and, when the stripe is a small part of the ring, almost nothing
+// else (a ranking cut into K+M positions would shift every position
+// after the lost one). The weights are Replicas' for K+M copies. Its
+// cost is a Replicas lookup per position: about 2 µs for 4+2 on 12
+// nodes (BenchmarkChunks).
+//
 // # Why not Sheepdog's virtual nodes
 //
 // Sheepdog hashed each node to 64 points of a ring (FNV-1a, scaled by
@@ -71,5 +86,6 @@
 // are safe for concurrent use. Callers must refuse a copy count above
 // MaxCopies (the number of zones when zones are set, otherwise of nodes):
 // Replicas then returns fewer ids than asked. A copy count below 1 is a
-// programming error and panics.
+// programming error and panics. Chunks, whose stripes cannot be shorter
+// than asked, returns an error instead when the ring cannot place them.
 package placement

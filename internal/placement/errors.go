@@ -2,7 +2,7 @@ package placement
 
 import "errors"
 
-// Errors returned by New and Check. Most are wrapped with the offending
+// Errors returned by New, Chunks and Check. Most are wrapped with the offending
 // node's id or other detail, so test with errors.Is.
 var (
 	// ErrNoNodes: the node set is empty, so no object has a home.
@@ -23,6 +23,12 @@ var (
 	// The chance is about n²/2⁶⁵ for n nodes; the caller should give the
 	// joining node a new id.
 	ErrNodeKeyCollision = errors.New("placement: node id hash collision")
+	// ErrChunkCount: Chunks was asked for a number of chunks outside 1 to
+	// MaxChunks, or for fewer than one chunk per zone.
+	ErrChunkCount = errors.New("placement: bad chunk count")
+	// ErrTooFewNodes: the ring cannot place the chunks Chunks was asked
+	// for on distinct nodes within the per-zone limit.
+	ErrTooFewNodes = errors.New("placement: too few nodes for the chunks")
 	// ErrInvariant: Check found a ring that New could not have built. This is
 	// a bug (or memory corruption), never an operating error.
 	ErrInvariant = errors.New("placement: invariant violated")

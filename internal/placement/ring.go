@@ -30,6 +30,7 @@ type Ring struct {
 	// the sorted distinct zones, or i itself when no node has a zone.
 	domainOf      []int32
 	domainWeights []uint64 // total weight of each domain
+	domainSizes   []int32  // number of nodes in each domain
 	zoned         bool
 	totalWeight   uint64
 	// weightsByCopies[k-1][i] is the weight node i competes with when k
@@ -91,16 +92,20 @@ func New(nodes []Node) (*Ring, error) {
 		slices.Sort(zones)
 		zones = slices.Compact(zones)
 		ring.domainWeights = make([]uint64, len(zones))
+		ring.domainSizes = make([]int32, len(zones))
 		for i, node := range sorted {
 			domain, _ := slices.BinarySearch(zones, node.Zone)
 			ring.domainOf[i] = int32(domain)
 			ring.domainWeights[domain] += node.Weight // cannot overflow: total did not
+			ring.domainSizes[domain]++
 		}
 	} else {
 		ring.domainWeights = make([]uint64, len(sorted))
+		ring.domainSizes = make([]int32, len(sorted))
 		for i, node := range sorted {
 			ring.domainOf[i] = int32(i)
 			ring.domainWeights[i] = node.Weight
+			ring.domainSizes[i] = 1
 		}
 	}
 

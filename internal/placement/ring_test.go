@@ -257,6 +257,8 @@ func TestCheckFindsDamage(t *testing.T) {
 		"total":          func(r *Ring) { r.totalWeight++ },
 		"domain":         func(r *Ring) { r.domainOf[4] = 99 },
 		"domain weight":  func(r *Ring) { r.domainWeights[0]-- },
+		"domain size":    func(r *Ring) { r.domainSizes[1]++ },
+		"domain sizes":   func(r *Ring) { r.domainSizes = r.domainSizes[:2] },
 		"zone flag":      func(r *Ring) { r.zoned = !r.zoned },
 		"tables":         func(r *Ring) { r.weightsByCopies = r.weightsByCopies[:1] },
 		"zero effective": func(r *Ring) { r.weightsByCopies[0] = slices.Clone(r.weightsByCopies[0]); r.weightsByCopies[0][5] = 0 },
