@@ -57,6 +57,42 @@ func (e *Epoch) ReplicasOf(oid object.OID, copies int) []cluster.Node {
 	return out
 }
 
+// ChunkHomes returns the nodes that hold the k+m chunks of data object
+// oid, erasure-coded with k data and m parity chunks, if its chunks are
+// placed in this epoch: element c is chunk c's home, all distinct, and no
+// zone holds more than m of them when the epoch has zones (placement's
+// Ring.Chunks keyed by the data object's id). Unlike ReplicasOf it does
+// not settle for fewer: it returns an error when the epoch has too few
+// nodes, or zones, for k+m chunks (wrapping placement.ErrTooFewNodes),
+// and for counts out of range or an oid that is not a data object.
+func (e *Epoch) ChunkHomes(oid object.OID, k, m int) ([]cluster.Node, error) {
+	switch {
+	case k < 1 || m < 1 || k+m > object.MaxChunks:
+		return nil, fmt.Errorf("layout: chunks of object %016x: %d data and %d parity chunks, want at least 1 of each and at most %d in all", oid, k, m, object.MaxChunks)
+	case object.Type(oid) != object.TypeData:
+		return nil, fmt.Errorf("layout: chunks of object %016x: type %d is not a data object", oid, object.Type(oid))
+	}
+	ids, err := e.ring.Chunks(uint64(oid), k+m, m)
+	if err != nil {
+		return nil, fmt.Errorf("layout: epoch %d: %d+%d chunks of object %016x: %w", e.Number, k, m, oid, err)
+	}
+	if len(ids) != k+m {
+		invariants.Fail("layout: epoch %d places the %d+%d chunks of object %016x on %v", e.Number, k, m, oid, ids)
+	}
+	out := make([]cluster.Node, 0, len(ids))
+	for i, id := range ids {
+		// Checked in every build (at most object.MaxChunks homes): a
+		// chunk outside the epoch, or two on one node, would make a
+		// stripe that survives fewer losses than its scheme says.
+		n, ok := e.Nodes[id]
+		if !ok || slices.Contains(ids[:i], id) {
+			invariants.Fail("layout: epoch %d places the chunks of object %016x on %v: node %s is not a member or is placed twice", e.Number, oid, ids, id)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
 // Member says whether node id is one of the epoch's nodes.
 func (e *Epoch) Member(id string) bool {
 	_, ok := e.Nodes[id]
