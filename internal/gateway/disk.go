@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/ec"
 	"github.com/herd-storage/herd/internal/layout"
 	"github.com/herd-storage/herd/internal/object"
 	"github.com/herd-storage/herd/internal/objmap"
@@ -149,7 +150,7 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 			clear(buffer)
 			return nil
 		}
-		err = g.read(ctx, object.DataOID(object.VDIID(owner), pc.index), vdi.Copies, buffer, pc.within)
+		err = d.readData(ctx, vdi, owner, pc.index, buffer, pc.within)
 		if err != nil && owner != vdi.ID && isGone(err) {
 			// An ancestor's object freed after a merge or flatten took
 			// its layer out of the chain (merge.go): read through the
@@ -166,10 +167,27 @@ func (d *Disk) ReadAt(ctx context.Context, p []byte, offset uint64) error {
 				clear(buffer)
 				return nil
 			}
-			err = g.read(ctx, object.DataOID(object.VDIID(owner), pc.index), vdi.Copies, buffer, pc.within)
+			err = d.readData(ctx, vdi, owner, pc.index, buffer, pc.within)
 		}
 		return err
 	})
+}
+
+// readData reads p at within of object index, which VDI owner (vdi or
+// one of its ancestors) owns.
+func (d *Disk) readData(ctx context.Context, vdi cluster.VDI, owner, index uint32, p []byte, within uint32) error {
+	g := d.gateway
+	oid := object.DataOID(object.VDIID(owner), index)
+	conf, err := g.ecOf(vdi)
+	if err != nil {
+		return err
+	}
+	if conf != nil {
+		writer := !d.readOnly && owner == vdi.ID
+		live := d.readOnly && !vdi.Snapshot && owner == vdi.ID
+		return g.ecRead(ctx, d.state, conf, oid, p, within, writer, live)
+	}
+	return g.read(ctx, oid, vdi.Copies, p, within)
 }
 
 // WriteAt writes p at offset; with fua, durable on every replica before it returns.
@@ -230,6 +248,25 @@ func (d *Disk) writePiece(ctx context.Context, vdi cluster.VDI, chain []uint32, 
 	// Zone mode (lag.go): without FUA, acknowledged once this zone's
 	// replicas have it.
 	near := !fua && state.limiter.ackZone.Load()
+	conf, err := g.ecOf(vdi)
+	if err != nil {
+		return err
+	}
+	if conf != nil {
+		// Erasure-coded (ec.go): --ack zone is refused for such a VDI.
+		if owner == vdi.ID {
+			return g.ecWrite(ctx, state, conf, oid, p, within, object.Flags(0).With(object.FlagSync, fua))
+		}
+		if owner != 0 && (within != 0 || uint64(len(p)) != vdi.ObjectSize) {
+			err = g.copyObject(ctx, vdi, owner, index, fua, func(data []byte) { copy(data[within:], p) })
+		} else {
+			err = g.ecWrite(ctx, state, conf, oid, p, within, (object.FlagCreate|object.FlagFresh).With(object.FlagSync, fua))
+		}
+		if err != nil {
+			return err
+		}
+		return g.setEntry(ctx, state, vdi, vdi.ID, index, vdi.ID, fua)
+	}
 	if owner == vdi.ID {
 		if near {
 			_, err := g.lag.writeNear(ctx, oid, vdi.Copies, p, within, 0, vdi.ObjectSize, nil)
@@ -290,11 +327,25 @@ func (g *Gateway) copyObject(ctx context.Context, vdi cluster.VDI, owner, index 
 	// A pooled buffer holds another copy's data: clear it, so that a
 	// read that filled less than all of it can never leak that data.
 	clear(data)
-	if err := g.read(ctx, object.DataOID(object.VDIID(owner), index), vdi.Copies, data, 0); err != nil {
+	conf, err := g.ecOf(vdi)
+	if err != nil {
+		return err
+	}
+	from, to := object.DataOID(object.VDIID(owner), index), object.DataOID(object.VDIID(vdi.ID), index)
+	if conf != nil {
+		// The ancestor's object is read as a reader would; this VDI's
+		// starts afresh with it, a full stripe.
+		if err := g.ecRead(ctx, nil, conf, from, data, 0, false, false); err != nil {
+			return fmt.Errorf("copy-on-write of object %d from vdi %d: %w", index, owner, err)
+		}
+		change(data)
+		return g.ecWrite(ctx, g.writerState(vdi), conf, to, data, 0, (object.FlagCreate|object.FlagFresh).With(object.FlagSync, fua))
+	}
+	if err := g.read(ctx, from, vdi.Copies, data, 0); err != nil {
 		return fmt.Errorf("copy-on-write of object %d from vdi %d: %w", index, owner, err)
 	}
 	change(data)
-	return g.write(ctx, object.DataOID(object.VDIID(vdi.ID), index), vdi.Copies, data, 0, object.FlagCreate.With(object.FlagSync, fua))
+	return g.write(ctx, to, vdi.Copies, data, 0, object.FlagCreate.With(object.FlagSync, fua))
 }
 
 // Flush makes every write acknowledged before it durable on every replica.
@@ -367,6 +418,13 @@ func (d *Disk) zeroPiece(ctx context.Context, vdi cluster.VDI, chain []uint32, p
 	}
 	whole := pc.within == 0 && pc.length == vdi.ObjectSize
 	oid := object.DataOID(object.VDIID(vdi.ID), pc.index)
+	conf, err := g.ecOf(vdi)
+	if err != nil {
+		return err
+	}
+	if conf != nil {
+		return d.ecZeroPiece(ctx, vdi, chain, conf, owner, pc, noHole, fua)
+	}
 	if whole && !noHole {
 		value := uint32(0)
 		if len(chain) > 1 {
@@ -441,5 +499,49 @@ func (d *Disk) Close() error {
 		d.state.mu.Unlock()
 		d.gateway.release(d.state, kind)
 	})
+	return nil
+}
+
+// ecZeroPiece is zeroPiece for an erasure-coded VDI (ec.go): a whole
+// object is freed (unless noHole), a part written with zeros.
+func (d *Disk) ecZeroPiece(ctx context.Context, vdi cluster.VDI, chain []uint32, conf *ecConf, owner uint32, pc piece, noHole, fua bool) error {
+	g, state := d.gateway, d.state
+	whole := pc.within == 0 && pc.length == vdi.ObjectSize
+	oid := object.DataOID(object.VDIID(vdi.ID), pc.index)
+	if whole && !noHole {
+		value := uint32(0)
+		if len(chain) > 1 {
+			value = objmap.Tombstone // do not inherit an ancestor's data
+		}
+		if err := g.setEntry(ctx, state, vdi, vdi.ID, pc.index, value, fua); err != nil {
+			return err
+		}
+		if owner == vdi.ID {
+			return g.ecRemove(ctx, state, conf, oid)
+		}
+		return nil
+	}
+	if owner != vdi.ID {
+		if whole {
+			// An object of zeros: an empty one, with no head.
+			err := g.ecWrite(ctx, state, conf, oid, zeros(ec.BlockSize), 0, (object.FlagCreate|object.FlagFresh).With(object.FlagSync, fua))
+			if err != nil {
+				return err
+			}
+		} else if err := g.copyObject(ctx, vdi, owner, pc.index, fua, func(data []byte) {
+			clear(data[pc.within : uint64(pc.within)+pc.length])
+		}); err != nil {
+			return err
+		}
+		return g.setEntry(ctx, state, vdi, vdi.ID, pc.index, vdi.ID, fua)
+	}
+	flags := object.Flags(0).With(object.FlagSync, fua)
+	for done := uint64(0); done < pc.length; {
+		n := min(pc.length-done, 1<<20)
+		if err := g.ecWrite(ctx, state, conf, oid, zeros(n), pc.within+uint32(done), flags); err != nil {
+			return err
+		}
+		done += n
+	}
 	return nil
 }

@@ -214,6 +214,9 @@ type Gateway struct {
 	// replicas are still to get them, and lands them (lag.go).
 	lag *zoneLag
 
+	// ec is the state of erasure-coded objects this gateway writes (ec.go).
+	ec ecState
+
 	// objectLocks order a whole-object copy to a replica that lacks the
 	// object against writes to it: writes hold their object's lock
 	// shared, a copy exclusively. A VDI has one writer gateway, so this

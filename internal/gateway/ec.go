@@ -1,0 +1,783 @@
+package gateway
+
+// Erasure-coded data objects (docs/ARCHITECTURE.md, "Erasure-coded
+// VDIs"; the layout is internal/ec's Layout).
+//
+// A data object of a VDI with a scheme K+M is an ordinary replicated
+// object of M+1 copies (the "overlay object") that holds the blocks
+// written since its last fold, an entry per block and two head slots,
+// plus K+M chunk objects of one copy each holding its folded bytes.
+//
+//   - A write puts whole blocks into the overlay (reading a partial
+//     block's current content first), then their entries (tag, CRC):
+//     two replicated writes, in that order.
+//   - A fold reads the object's current content, encodes it, writes a
+//     new generation of K+M chunks into the chunk slot the current one
+//     does not use (synced), then the head of the new generation into
+//     its head slot (synced on every replica): only then does anything
+//     read the new chunks, and the old ones are removed after it. The
+//     overlay's blocks become stale with the new head (their tag is
+//     the old generation's) and are trimmed.
+//   - A read takes each block from the overlay when its entry says so
+//     and the bytes check against it, otherwise from its data chunk,
+//     checked against the head's sums; a chunk that is missing,
+//     unreachable or fails its sums is decoded from any K others, and
+//     rewritten in place by the writer's gateway.
+//
+// Only the VDI's writer gateway changes an object (overlay, entries,
+// chunks, heads), under the object's ecObject lock, and it keeps the
+// object's entries and head in memory while it holds the writer lock.
+// Readers elsewhere (ro/, snapshots) read entries and heads each time,
+// and a ro/ reader of a live VDI checks after its read that the head it
+// used is still current.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/ec"
+	"github.com/herd-storage/herd/internal/layout"
+	"github.com/herd-storage/herd/internal/object"
+	"github.com/herd-storage/herd/internal/waitlock"
+)
+
+// ecFoldIdle is how long an object's overlay stays unwritten before the
+// background folder folds it; ecFoldTick is how often it looks.
+var (
+	ecFoldIdle = 5 * time.Second
+	ecFoldTick = time.Second
+)
+
+// ecConf is what the data path needs of a VDI's scheme.
+type ecConf struct {
+	scheme ec.Scheme
+	layout ec.Layout
+	codec  *ec.Codec
+	copies int // of the overlay object: M+1
+}
+
+// ecView is an object's entries and current head.
+type ecView struct {
+	head    ec.Head
+	hasHead bool
+	entries []ec.Entry
+}
+
+func (v *ecView) gen() uint32 {
+	if !v.hasHead {
+		return 0
+	}
+	return v.head.Generation
+}
+
+// overlaid counts the blocks the overlay holds.
+func (v *ecView) overlaid() int {
+	n := 0
+	for _, e := range v.entries {
+		if e.Tag == v.gen()+1 {
+			n++
+		}
+	}
+	return n
+}
+
+// ecObject is the writer gateway's state of one object: its lock and,
+// while valid (same writer lock generation), its view.
+type ecObject struct {
+	lock      waitlock.RWLock
+	view      *ecView // guarded by lock
+	lockGen   uint64
+	lastWrite time.Time
+	lastUse   atomic.Int64 // unix nanoseconds of the last request
+	state     *vdiState
+	conf      *ecConf
+	// dead: left ecState.objects (set under lock held exclusively);
+	// whoever finds it so looks the object up again.
+	dead bool
+}
+
+// ecEvictAfter is how long the writer keeps the view of an object with
+// nothing to fold that no request used.
+var ecEvictAfter = 30 * time.Second
+
+// ecState is the gateway's erasure-coding state.
+type ecState struct {
+	mu      sync.Mutex
+	confs   map[string]*ecConf // by scheme and object size
+	objects map[object.OID]*ecObject
+	folder  bool // the background folder runs
+}
+
+// ecOf returns the erasure-coding configuration of vdi, nil for a VDI of
+// copies.
+func (g *Gateway) ecOf(vdi cluster.VDI) (*ecConf, error) {
+	if vdi.EC == "" {
+		return nil, nil
+	}
+	key := fmt.Sprintf("%s/%d", vdi.EC, vdi.ObjectSize)
+	g.ec.mu.Lock()
+	defer g.ec.mu.Unlock()
+	if c, ok := g.ec.confs[key]; ok {
+		return c, nil
+	}
+	scheme, err := ec.Parse(vdi.EC)
+	if err != nil {
+		return nil, fmt.Errorf("vdi %q: %w", vdi.Name, err)
+	}
+	l, err := ec.NewLayout(scheme, int64(vdi.ObjectSize))
+	if err != nil {
+		return nil, fmt.Errorf("vdi %q: %w", vdi.Name, err)
+	}
+	codec, err := ec.NewCodec(scheme)
+	if err != nil {
+		return nil, err
+	}
+	if vdi.Copies != scheme.M+1 {
+		return nil, fmt.Errorf("vdi %q: erasure coding %s with %d copies of its replicated objects, want %d", vdi.Name, scheme, vdi.Copies, scheme.M+1)
+	}
+	c := &ecConf{scheme: scheme, layout: l, codec: codec, copies: vdi.Copies}
+	if g.ec.confs == nil {
+		g.ec.confs = map[string]*ecConf{}
+	}
+	g.ec.confs[key] = c
+	return c, nil
+}
+
+// writerState returns the state of vdi's writable open through this
+// gateway, nil if there is none (a merge job copying objects).
+func (g *Gateway) writerState(vdi cluster.VDI) *vdiState {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.open[vdi.Name]
+}
+
+// lockGenOf is the generation of the writer lock state holds (0 for no
+// state).
+func lockGenOf(state *vdiState) uint64 {
+	if state == nil {
+		return 0
+	}
+	state.mu.Lock()
+	defer state.mu.Unlock()
+	return state.lockGen
+}
+
+// ecLoad reads oid's entries and heads (one read of the replicated
+// object's tail).
+func (g *Gateway) ecLoad(ctx context.Context, conf *ecConf, oid object.OID) (*ecView, error) {
+	l := conf.layout
+	tail := make([]byte, l.Size()-l.EntriesOffset())
+	if err := g.read(ctx, oid, conf.copies, tail, uint32(l.EntriesOffset())); err != nil {
+		return nil, err
+	}
+	v := &ecView{entries: make([]ec.Entry, l.Blocks())}
+	for i := range v.entries {
+		v.entries[i] = ec.DecodeEntry(tail[int64(i)*ec.EntrySize:])
+	}
+	h0 := tail[l.HeadOffset(0)-l.EntriesOffset():][:l.HeadSize()]
+	h1 := tail[l.HeadOffset(1)-l.EntriesOffset():][:l.HeadSize()]
+	head, ok, err := l.Current(h0, h1)
+	if err != nil {
+		return nil, fmt.Errorf("%w: object %016x: %v", object.ErrCorrupt, oid, err)
+	}
+	v.head, v.hasHead = head, ok
+	return v, nil
+}
+
+// ecObjectOf returns the writer's state of oid, its view loaded and
+// valid for the writer lock state holds now, with its lock held
+// (exclusively when write); the caller calls the returned unlock.
+func (g *Gateway) ecObjectOf(ctx context.Context, state *vdiState, conf *ecConf, oid object.OID, write bool) (*ecObject, func(), error) {
+	g.ec.mu.Lock()
+	if g.ec.objects == nil {
+		g.ec.objects = map[object.OID]*ecObject{}
+	}
+	o, ok := g.ec.objects[oid]
+	if !ok {
+		o = &ecObject{state: state, conf: conf}
+		g.ec.objects[oid] = o
+	}
+	if !g.ec.folder {
+		g.ec.folder = true
+		go g.ecFolder()
+	}
+	g.ec.mu.Unlock()
+	gen := lockGenOf(state)
+	o.lastUse.Store(time.Now().UnixNano())
+	// The view is loaded under the exclusive lock; a reader that finds
+	// it missing takes that first.
+	o.lock.Lock()
+	if o.dead {
+		o.lock.Unlock()
+		return g.ecObjectOf(ctx, state, conf, oid, write)
+	}
+	if o.view == nil || o.lockGen != gen {
+		v, err := g.ecLoad(ctx, conf, oid)
+		if err != nil {
+			o.lock.Unlock()
+			return nil, nil, err
+		}
+		o.view, o.lockGen, o.state, o.conf = v, gen, state, conf
+	}
+	if write {
+		return o, o.lock.Unlock, nil
+	}
+	o.lock.Unlock()
+	o.lock.RLock()
+	if o.dead || o.view == nil || o.lockGen != gen {
+		o.lock.RUnlock()
+		return g.ecObjectOf(ctx, state, conf, oid, write)
+	}
+	return o, o.lock.RUnlock, nil
+}
+
+// ecRead reads p at offset of data object oid of an erasure-coded VDI.
+// writer: this gateway holds the VDI's writer lock (state's); live: a
+// ro/ read of a VDI written elsewhere, which checks its head again.
+func (g *Gateway) ecRead(ctx context.Context, state *vdiState, conf *ecConf, oid object.OID, p []byte, offset uint32, writer, live bool) error {
+	if writer {
+		o, unlock, err := g.ecObjectOf(ctx, state, conf, oid, false)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		return g.ecReadView(ctx, conf, oid, o.view, p, offset, true)
+	}
+	for attempt := 0; ; attempt++ {
+		v, err := g.ecLoad(ctx, conf, oid)
+		if err != nil {
+			return err
+		}
+		err = g.ecReadView(ctx, conf, oid, v, p, offset, false)
+		if !live {
+			return err
+		}
+		// The writer may have folded meanwhile (and trimmed the
+		// overlay, or reused the chunks' slot): what was read holds
+		// only if the view is still the current one.
+		after, lerr := g.ecLoad(ctx, conf, oid)
+		if lerr != nil {
+			return lerr
+		}
+		if after.gen() == v.gen() && sameEntries(after, v, offset, len(p)) {
+			return err
+		}
+		if attempt >= 20 {
+			return fmt.Errorf("%w: object %016x folded by its writer during 20 reads in a row", object.ErrUnavailable, oid)
+		}
+	}
+}
+
+func sameEntries(a, b *ecView, offset uint32, n int) bool {
+	first, last := int64(offset)/ec.BlockSize, (int64(offset)+int64(n)-1)/ec.BlockSize
+	for i := first; i <= last; i++ {
+		if a.entries[i] != b.entries[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// ecReadView reads p at offset as view v says; repair: rewrite chunk
+// blocks found bad (the writer's gateway only).
+func (g *Gateway) ecReadView(ctx context.Context, conf *ecConf, oid object.OID, v *ecView, p []byte, offset uint32, repair bool) error {
+	first := int64(offset) / ec.BlockSize
+	last := (int64(offset) + int64(len(p)) - 1) / ec.BlockSize
+	blocks := make([]byte, (last-first+1)*ec.BlockSize)
+	fromChunks := make([]bool, last-first+1)
+	gen := v.gen()
+	// The overlay's runs first.
+	for b := first; b <= last; {
+		if v.entries[b].Tag != gen+1 {
+			fromChunks[b-first] = true
+			b++
+			continue
+		}
+		end := b
+		for end+1 <= last && v.entries[end+1].Tag == gen+1 {
+			end++
+		}
+		run := blocks[(b-first)*ec.BlockSize : (end-first+1)*ec.BlockSize]
+		if err := g.read(ctx, oid, conf.copies, run, uint32(b*ec.BlockSize)); err != nil {
+			return err
+		}
+		for i := b; i <= end; i++ {
+			switch ec.Resolve(v.entries[i], gen, blocks[(i-first)*ec.BlockSize:][:ec.BlockSize]) {
+			case ec.FromChunks:
+				fromChunks[i-first] = true
+			case ec.Corrupt:
+				return fmt.Errorf("%w: object %016x block %d: overlay bytes match neither its entry nor its previous content", object.ErrCorrupt, oid, i)
+			}
+		}
+		b = end + 1
+	}
+	// Then the chunks, a run of blocks of one data chunk at a time.
+	for b := first; b <= last; {
+		if !fromChunks[b-first] {
+			b++
+			continue
+		}
+		chunk := b / conf.layout.ChunkBlocks()
+		end := b
+		for end+1 <= last && fromChunks[end+1-first] && (end+1)/conf.layout.ChunkBlocks() == chunk {
+			end++
+		}
+		run := blocks[(b-first)*ec.BlockSize : (end-first+1)*ec.BlockSize]
+		if !v.hasHead {
+			clear(run)
+		} else {
+			within := (b - chunk*conf.layout.ChunkBlocks()) * ec.BlockSize
+			if err := g.ecReadChunk(ctx, conf, oid, v, int(chunk), run, within, repair); err != nil {
+				return err
+			}
+		}
+		b = end + 1
+	}
+	copy(p, blocks[int64(offset)-first*ec.BlockSize:])
+	return nil
+}
+
+// chunkNode returns the node table's entry of a chunk's home, if the
+// node is a member of rv.
+func (g *Gateway) chunkNode(rv *layout.Epoch, id string) (cluster.Node, bool) {
+	n, ok := rv.Nodes[id]
+	return n, ok
+}
+
+// ecFetch reads [within, within+len(p)) of chunk c of v's generation
+// from its home and checks every block against the head: nil only when
+// all of them match.
+func (g *Gateway) ecFetch(ctx context.Context, rv *layout.Epoch, conf *ecConf, oid object.OID, v *ecView, c int, p []byte, within int64) error {
+	node, ok := g.chunkNode(rv, v.head.Homes[c])
+	if !ok {
+		return fmt.Errorf("%w: chunk %d's home %s is not in epoch %d", object.ErrUnavailable, c, v.head.Homes[c], rv.Number)
+	}
+	scope, cancel := layout.Scoped(ctx, g.cluster, rv.Number, readTimeout)
+	defer cancel()
+	coid := object.ChunkOID(oid, c, int(v.head.Generation%2))
+	if _, err := g.replicas.Read(scope, node, rv.Number, coid, p, uint32(within)); err != nil {
+		return unanswered(ctx, scope, err)
+	}
+	for i := int64(0); i < int64(len(p))/ec.BlockSize; i++ {
+		block := within/ec.BlockSize + i
+		if ec.Checksum(p[i*ec.BlockSize:][:ec.BlockSize]) != v.head.Sums[c][block] {
+			return fmt.Errorf("%w: chunk %d of object %016x (generation %d) on %s: block %d does not match its head", object.ErrChecksum, c, oid, v.head.Generation, node.ID, block)
+		}
+	}
+	return nil
+}
+
+// ecReadChunk reads p from data chunk c at within: from the chunk, or
+// decoded from K others when it cannot be read or fails its sums.
+func (g *Gateway) ecReadChunk(ctx context.Context, conf *ecConf, oid object.OID, v *ecView, c int, p []byte, within int64, repair bool) error {
+	rv, err := g.layouts.Current()
+	if err != nil {
+		return err
+	}
+	first := g.ecFetch(ctx, rv, conf, oid, v, c, p, within)
+	if first == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	shards, err := g.ecDecode(ctx, rv, conf, oid, v, within, int64(len(p)), c)
+	if err != nil {
+		return fmt.Errorf("object %016x: chunk %d: %v; decoding from the others: %w", oid, c, first, err)
+	}
+	copy(p, shards[c])
+	g.logger.Debug("gateway: degraded read of an erasure-coded object", "object", fmt.Sprintf("%016x", oid), "chunk", c, "cause", first)
+	if repair {
+		g.ecRepair(ctx, rv, oid, v, c, shards[c], within)
+	}
+	return nil
+}
+
+// ecDecode reads [within, within+n) of every chunk but skip, keeps those
+// that match the head, and decodes the stripe's range from K of them.
+func (g *Gateway) ecDecode(ctx context.Context, rv *layout.Epoch, conf *ecConf, oid object.OID, v *ecView, within, n int64, skip int) ([][]byte, error) {
+	total := conf.scheme.Chunks()
+	shards := make([][]byte, total)
+	errs := make([]error, total)
+	var wg sync.WaitGroup
+	for c := range total {
+		if c == skip {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, n)
+			if errs[c] = g.ecFetch(ctx, rv, conf, oid, v, c, buf, within); errs[c] == nil {
+				shards[c] = buf
+			}
+		}()
+	}
+	wg.Wait()
+	good := 0
+	for _, s := range shards {
+		if s != nil {
+			good++
+		}
+	}
+	if good < conf.scheme.K {
+		return nil, fmt.Errorf("%w: %d of %d chunks of generation %d readable, %d needed: %v", ec.ErrTooFewChunks, good, total, v.head.Generation, conf.scheme.K, errors.Join(errs...))
+	}
+	if err := conf.codec.Reconstruct(shards); err != nil {
+		return nil, err
+	}
+	return shards, nil
+}
+
+// ecRepair rewrites [within, within+len(p)) of chunk c with bytes decoded
+// from the others (that match the head), where its home is a member; a
+// chunk whose home left is refolded by the folder instead.
+func (g *Gateway) ecRepair(ctx context.Context, rv *layout.Epoch, oid object.OID, v *ecView, c int, p []byte, within int64) {
+	node, ok := g.chunkNode(rv, v.head.Homes[c])
+	if !ok {
+		return
+	}
+	scope, cancel := layout.Scoped(ctx, g.cluster, rv.Number, readTimeout)
+	defer cancel()
+	coid := object.ChunkOID(oid, c, int(v.head.Generation%2))
+	err := g.replicas.Write(scope, node, rv.Number, coid, p, uint32(within), object.FlagCreate|object.FlagSync)
+	if err != nil {
+		g.logger.Warn("gateway: rewriting a chunk block decoded from the others", "object", fmt.Sprintf("%016x", oid), "chunk", c, "node", node.ID, "err", err)
+		return
+	}
+	g.logger.Info("gateway: repaired a chunk of an erasure-coded object from the others", "object", fmt.Sprintf("%016x", oid), "chunk", c, "node", node.ID, "offset", within, "bytes", len(p))
+}
+
+// ecWrite writes p at offset of data object oid (this gateway is the
+// writer). flags may carry FlagCreate|FlagFresh (the object's first
+// write in its VDI: whatever a copy held before is gone) and FlagSync.
+func (g *Gateway) ecWrite(ctx context.Context, state *vdiState, conf *ecConf, oid object.OID, p []byte, offset uint32, flags object.Flags) error {
+	fresh := flags.Has(object.FlagFresh)
+	var o *ecObject
+	var unlock func()
+	var err error
+	if fresh {
+		// Nothing to load: whatever a copy held is replaced.
+		o, unlock = g.ecFreshObject(state, conf, oid)
+	} else if o, unlock, err = g.ecObjectOf(ctx, state, conf, oid, true); err != nil {
+		return err
+	}
+	defer unlock()
+	v := o.view
+	l := conf.layout
+	if offset == 0 && int64(len(p)) == l.Geometry.ObjectSize {
+		// A whole object: a full stripe, folded as it is.
+		if err := g.ecFold(ctx, conf, oid, v, p, fresh); err != nil {
+			return err
+		}
+		o.view, o.lastWrite = v, time.Now()
+		return nil
+	}
+	first := int64(offset) / ec.BlockSize
+	last := (int64(offset) + int64(len(p)) - 1) / ec.BlockSize
+	blocks := make([]byte, (last-first+1)*ec.BlockSize)
+	// The partial blocks at either end are read first (not for a fresh
+	// object: it is zeros).
+	for _, b := range []int64{first, last} {
+		partial := (b == first && int64(offset)%ec.BlockSize != 0) || (b == last && (int64(offset)+int64(len(p)))%ec.BlockSize != 0)
+		if partial && !fresh {
+			if err := g.ecReadView(ctx, conf, oid, v, blocks[(b-first)*ec.BlockSize:][:ec.BlockSize], uint32(b*ec.BlockSize), true); err != nil {
+				return fmt.Errorf("reading the rest of a partial block: %w", err)
+			}
+		}
+	}
+	copy(blocks[int64(offset)-first*ec.BlockSize:], p)
+	gen := v.gen()
+	entries := make([]ec.Entry, last-first+1)
+	raw := make([]byte, len(entries)*ec.EntrySize)
+	for i := range entries {
+		old := v.entries[first+int64(i)]
+		e := ec.Entry{Tag: gen + 1, CRC: ec.Checksum(blocks[int64(i)*ec.BlockSize:][:ec.BlockSize])}
+		if old.Tag == gen+1 {
+			// Overwritten in place: after a power loss the block may
+			// hold what the last write left.
+			e.HasPrev, e.Prev = true, old.CRC
+		}
+		entries[i] = e
+		e.Encode(raw[i*ec.EntrySize:])
+	}
+	sync := flags & object.FlagSync
+	// The blocks, then their entries: an entry never points at bytes
+	// that did not reach the overlay, but for a power loss, which the
+	// entries' sums catch (ec.Resolve).
+	if err := g.write(ctx, oid, conf.copies, blocks, uint32(first*ec.BlockSize), flags); err != nil {
+		o.view = nil // what the replicas hold is for the repair to say
+		return err
+	}
+	if err := g.write(ctx, oid, conf.copies, raw, uint32(l.EntriesOffset()+first*ec.EntrySize), sync|object.FlagCreate); err != nil {
+		o.view = nil
+		return err
+	}
+	copy(v.entries[first:], entries)
+	o.view, o.lastWrite = v, time.Now()
+	if v.overlaid() == len(v.entries) {
+		// The overlay holds the whole object: fold it now, a full
+		// stripe, rather than keep M+1 copies of it.
+		content := make([]byte, l.Geometry.ObjectSize)
+		if err := g.ecReadView(ctx, conf, oid, v, content, 0, true); err != nil {
+			return nil // the write is done; the folder tries again
+		}
+		if err := g.ecFold(ctx, conf, oid, v, content, false); err != nil {
+			g.logger.Debug("gateway: folding a full overlay", "object", fmt.Sprintf("%016x", oid), "err", err)
+		}
+	}
+	return nil
+}
+
+// ecFreshObject returns the writer's state of an object starting afresh,
+// with an empty view, locked exclusively.
+func (g *Gateway) ecFreshObject(state *vdiState, conf *ecConf, oid object.OID) (*ecObject, func()) {
+	gen := lockGenOf(state)
+	g.ec.mu.Lock()
+	if g.ec.objects == nil {
+		g.ec.objects = map[object.OID]*ecObject{}
+	}
+	o, ok := g.ec.objects[oid]
+	if !ok {
+		o = &ecObject{state: state, conf: conf}
+		g.ec.objects[oid] = o
+	}
+	g.ec.mu.Unlock()
+	o.lastUse.Store(time.Now().UnixNano())
+	o.lock.Lock()
+	if o.dead {
+		o.lock.Unlock()
+		return g.ecFreshObject(state, conf, oid)
+	}
+	o.view = &ecView{entries: make([]ec.Entry, conf.layout.Blocks())}
+	o.lockGen, o.state, o.conf = gen, state, conf
+	return o, o.lock.Unlock
+}
+
+// ecFold makes content (the whole object) the next generation of oid's
+// chunks, and v its view. fresh: the object starts with it (its
+// replicated object is emptied by the head's write).
+func (g *Gateway) ecFold(ctx context.Context, conf *ecConf, oid object.OID, v *ecView, content []byte, fresh bool) error {
+	rv, err := g.layouts.Current()
+	if err != nil {
+		return err
+	}
+	homes, err := g.ecHomes(rv, conf, oid)
+	if err != nil {
+		return fmt.Errorf("folding object %016x: %w", oid, err)
+	}
+	data, err := conf.layout.Geometry.Split(content)
+	if err != nil {
+		return err
+	}
+	parity, err := conf.codec.Encode(data)
+	if err != nil {
+		return err
+	}
+	chunks := append(data, parity...)
+	next := ec.Head{Generation: v.gen() + 1, Homes: make([]string, len(chunks)), Sums: make([][]uint32, len(chunks))}
+	slot := int(next.Generation % 2)
+	errs := make([]error, len(chunks))
+	var wg sync.WaitGroup
+	for c, chunk := range chunks {
+		next.Homes[c] = homes[c].ID
+		sums := make([]uint32, len(chunk)/ec.BlockSize)
+		for i := range sums {
+			sums[i] = ec.Checksum(chunk[i*ec.BlockSize:][:ec.BlockSize])
+		}
+		next.Sums[c] = sums
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			scope, cancel := layout.Scoped(ctx, g.cluster, rv.Number, roundTimeout)
+			defer cancel()
+			err := g.replicas.Write(scope, homes[c], rv.Number, object.ChunkOID(oid, c, slot), chunk, 0, object.FlagCreate|object.FlagFresh|object.FlagSync)
+			if err != nil {
+				errs[c] = fmt.Errorf("chunk %d on %s: %w", c, homes[c].ID, unanswered(ctx, scope, err))
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("folding object %016x into generation %d: %w", oid, next.Generation, err)
+	}
+	raw, err := conf.layout.EncodeHead(next)
+	if err != nil {
+		return err
+	}
+	flags := object.FlagSync | object.FlagCreate
+	if fresh {
+		flags |= object.FlagFresh
+	}
+	if err := g.write(ctx, oid, conf.copies, raw, uint32(conf.layout.HeadOffset(slot)), flags); err != nil {
+		return fmt.Errorf("folding object %016x: writing the head of generation %d: %w", oid, next.Generation, err)
+	}
+	old, hadHead, overlaid := v.head, v.hasHead, v.overlaid()
+	v.head, v.hasHead = next, true
+	if overlaid > 0 && !fresh {
+		// The overlay's blocks are stale now: free their space.
+		err := g.mutateOp(ctx, oid, conf.copies, replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
+			return g.replicas.Zero(ctx, node, rv.Number, oid, 0, uint32(conf.layout.Geometry.ObjectSize), 0)
+		}})
+		if err != nil {
+			g.logger.Debug("gateway: trimming a folded overlay", "object", fmt.Sprintf("%016x", oid), "err", err)
+		}
+	}
+	if hadHead {
+		g.ecRemoveChunks(ctx, rv, oid, old)
+	}
+	return nil
+}
+
+// ecHomes places oid's chunks in rv.
+func (g *Gateway) ecHomes(rv *layout.Epoch, conf *ecConf, oid object.OID) ([]cluster.Node, error) {
+	return rv.ChunkHomes(oid, conf.scheme.K, conf.scheme.M)
+}
+
+// ecRemoveChunks removes the chunks of head h from the homes that are
+// members of rv; the others keep them until their VDI is freed.
+func (g *Gateway) ecRemoveChunks(ctx context.Context, rv *layout.Epoch, oid object.OID, h ec.Head) {
+	var wg sync.WaitGroup
+	for c, id := range h.Homes {
+		node, ok := g.chunkNode(rv, id)
+		if !ok {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			scope, cancel := layout.Scoped(ctx, g.cluster, rv.Number, readTimeout)
+			defer cancel()
+			err := g.replicas.Remove(scope, node, rv.Number, object.ChunkOID(oid, c, int(h.Generation%2)))
+			if err != nil && !errors.Is(err, object.ErrNotFound) {
+				g.logger.Debug("gateway: removing an old chunk", "object", fmt.Sprintf("%016x", oid), "chunk", c, "node", id, "err", err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// ecRemove removes data object oid: its replicated object, then its
+// chunks (best effort: what is left is freed with its VDI).
+func (g *Gateway) ecRemove(ctx context.Context, state *vdiState, conf *ecConf, oid object.OID) error {
+	o, unlock, err := g.ecObjectOf(ctx, state, conf, oid, true)
+	if err != nil {
+		if !errors.Is(err, object.ErrNoObject) && !errors.Is(err, object.ErrNotFound) {
+			return err
+		}
+		return g.remove(ctx, oid, conf.copies)
+	}
+	defer unlock()
+	v := o.view
+	if err := g.remove(ctx, oid, conf.copies); err != nil {
+		return err
+	}
+	o.view = nil
+	if v.hasHead {
+		if rv, err := g.layouts.Current(); err == nil {
+			g.ecRemoveChunks(ctx, rv, oid, v.head)
+		}
+	}
+	return nil
+}
+
+// ecFolder folds, in the background, the overlays of objects not written
+// for ecFoldIdle, and refolds objects whose chunks' homes left the
+// epoch, for every EC VDI this gateway writes.
+func (g *Gateway) ecFolder() {
+	ticker := time.NewTicker(ecFoldTick)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-g.ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		g.ecFoldIdle()
+	}
+}
+
+func (g *Gateway) ecFoldIdle() {
+	rv, err := g.layouts.Current()
+	if err != nil {
+		return
+	}
+	g.ec.mu.Lock()
+	objects := make(map[object.OID]*ecObject, len(g.ec.objects))
+	for oid, o := range g.ec.objects {
+		objects[oid] = o
+	}
+	g.ec.mu.Unlock()
+	for oid, o := range objects {
+		if g.ctx.Err() != nil {
+			return
+		}
+		o.lock.Lock()
+		if g.ecFoldIfDue(rv, oid, o) {
+			o.dead = true
+			g.ec.mu.Lock()
+			delete(g.ec.objects, oid)
+			g.ec.mu.Unlock()
+		}
+		o.lock.Unlock()
+	}
+}
+
+// ecFoldIfDue folds o (locked) if its overlay is idle, or refolds it if
+// a chunk's home left the epoch, while its state still holds the lock
+// its view was loaded under. It says whether o may be forgotten.
+func (g *Gateway) ecFoldIfDue(rv *layout.Epoch, oid object.OID, o *ecObject) (evict bool) {
+	unused := time.Since(time.Unix(0, o.lastUse.Load())) >= ecEvictAfter
+	v := o.view
+	if v == nil {
+		return unused
+	}
+	state := o.state
+	valid := false
+	if state != nil {
+		state.mu.Lock()
+		valid = state.lockHeld && state.fenced == nil && state.lockGen == o.lockGen
+		state.mu.Unlock()
+	}
+	if !valid {
+		o.view = nil
+		return unused
+	}
+	idle := v.overlaid() > 0 && time.Since(o.lastWrite) >= ecFoldIdle
+	moved := false
+	if v.hasHead {
+		for _, id := range v.head.Homes {
+			if !rv.Member(id) {
+				moved = true
+			}
+		}
+	}
+	if !idle && !moved {
+		return unused && v.overlaid() == 0
+	}
+	if _, err := g.ecHomes(rv, o.conf, oid); err != nil {
+		return false // not placeable in this epoch: degraded until it is
+	}
+	ctx, cancel := context.WithTimeout(g.writer.withFence(g.ctx, state), roundTimeout)
+	defer cancel()
+	content := make([]byte, o.conf.layout.Geometry.ObjectSize)
+	if err := g.ecReadView(ctx, o.conf, oid, v, content, 0, true); err != nil {
+		g.logger.Warn("gateway: reading an erasure-coded object to fold it", "object", fmt.Sprintf("%016x", oid), "err", err)
+		o.view = nil
+		return false
+	}
+	if err := g.ecFold(ctx, o.conf, oid, v, content, false); err != nil {
+		g.logger.Warn("gateway: folding an erasure-coded object", "object", fmt.Sprintf("%016x", oid), "err", err)
+		o.view = nil
+		return false
+	}
+	if moved {
+		g.logger.Info("gateway: refolded an erasure-coded object whose chunks' homes left the epoch", "object", fmt.Sprintf("%016x", oid), "generation", v.head.Generation, "epoch", rv.Number)
+	}
+	return false
+}
