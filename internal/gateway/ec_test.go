@@ -111,7 +111,7 @@ func TestErasureCodedObjectReadsWhatWasWritten(t *testing.T) {
 	}
 	f.write(random(8192), 4096, object.FlagCreate|object.FlagFresh)
 	f.check("overlay only, before any fold")
-	f.write(random(1000), 5000, 0) // a partial block in the overlay
+	f.write(random(1000), 5000, 0)  // a partial block in the overlay
 	f.write(random(700), 300000, 0) // a partial block in no overlay
 	f.check("partial blocks")
 	f.fold()
