@@ -702,7 +702,15 @@ func (g *Gateway) ecFolder() {
 	}
 }
 
-func (g *Gateway) ecFoldIdle() {
+func (g *Gateway) ecFoldIdle() { g.ecFoldWhere(nil) }
+
+// ecFoldClosing folds every overlay of state's objects now: the last
+// writer closes the VDI, and nobody would fold them until it is opened
+// for writing again.
+func (g *Gateway) ecFoldClosing(state *vdiState) { g.ecFoldWhere(state) }
+
+// ecFoldWhere folds what is due (only: every overlay of state's objects).
+func (g *Gateway) ecFoldWhere(only *vdiState) {
 	rv, err := g.layouts.Current()
 	if err != nil {
 		return
@@ -710,28 +718,40 @@ func (g *Gateway) ecFoldIdle() {
 	g.ec.mu.Lock()
 	objects := make(map[object.OID]*ecObject, len(g.ec.objects))
 	for oid, o := range g.ec.objects {
-		objects[oid] = o
+		if only == nil || o.state == only {
+			objects[oid] = o
+		}
 	}
 	g.ec.mu.Unlock()
 	for oid, o := range objects {
 		if g.ctx.Err() != nil {
 			return
 		}
+		// As a request does: io shared first (a handover or a snapshot
+		// waits for the fold to end, and no fold starts under them),
+		// then the object.
+		state := o.state
+		if state != nil {
+			state.io.RLock()
+		}
 		o.lock.Lock()
-		if g.ecFoldIfDue(rv, oid, o) {
+		if g.ecFoldIfDue(rv, oid, o, only != nil) {
 			o.dead = true
 			g.ec.mu.Lock()
 			delete(g.ec.objects, oid)
 			g.ec.mu.Unlock()
 		}
 		o.lock.Unlock()
+		if state != nil {
+			state.io.RUnlock()
+		}
 	}
 }
 
 // ecFoldIfDue folds o (locked) if its overlay is idle, or refolds it if
 // a chunk's home left the epoch, while its state still holds the lock
 // its view was loaded under. It says whether o may be forgotten.
-func (g *Gateway) ecFoldIfDue(rv *layout.Epoch, oid object.OID, o *ecObject) (evict bool) {
+func (g *Gateway) ecFoldIfDue(rv *layout.Epoch, oid object.OID, o *ecObject, now bool) (evict bool) {
 	unused := time.Since(time.Unix(0, o.lastUse.Load())) >= ecEvictAfter
 	v := o.view
 	if v == nil {
@@ -741,14 +761,16 @@ func (g *Gateway) ecFoldIfDue(rv *layout.Epoch, oid object.OID, o *ecObject) (ev
 	valid := false
 	if state != nil {
 		state.mu.Lock()
-		valid = state.lockHeld && state.fenced == nil && state.lockGen == o.lockGen
+		// Only the VDI's own objects: after a snapshot, the objects
+		// written before it are the snapshot's, which nothing changes.
+		valid = state.lockHeld && state.fenced == nil && state.lockGen == o.lockGen && uint32(object.VDI(oid)) == state.vdi.ID
 		state.mu.Unlock()
 	}
 	if !valid {
 		o.view = nil
 		return unused
 	}
-	idle := v.overlaid() > 0 && time.Since(o.lastWrite) >= ecFoldIdle
+	idle := v.overlaid() > 0 && (now || time.Since(o.lastWrite) >= ecFoldIdle)
 	moved := false
 	if v.hasHead {
 		for _, id := range v.head.Homes {

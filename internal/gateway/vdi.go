@@ -279,6 +279,13 @@ func (g *Gateway) release(state *vdiState, kind openKind) {
 		state.readers--
 	}
 	releaseLock := kind == openWriter && state.writers == 0 && state.lockHeld
+	if releaseLock && state.vdi.EC != "" {
+		// Erasure-coded: the overlays are folded while the lock is
+		// still ours (ec.go).
+		state.mu.Unlock()
+		g.ecFoldClosing(state)
+		state.mu.Lock()
+	}
 	if releaseLock {
 		state.lockHeld = false
 		if state.stopWatch != nil {
