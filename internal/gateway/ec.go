@@ -692,6 +692,7 @@ func (g *Gateway) ecRemove(ctx context.Context, state *vdiState, conf *ecConf, o
 func (g *Gateway) ecFolder() {
 	ticker := time.NewTicker(ecFoldTick)
 	defer ticker.Stop()
+	var scanned object.Epoch
 	for {
 		select {
 		case <-g.ctx.Done():
@@ -699,7 +700,112 @@ func (g *Gateway) ecFolder() {
 		case <-ticker.C:
 		}
 		g.ecFoldIdle()
+		if rv, err := g.layouts.Current(); err == nil && rv.Number != scanned {
+			if g.ecScan(rv) {
+				scanned = rv.Number
+			}
+		}
 	}
+}
+
+// ecScan refolds every object of the EC VDIs this gateway writes whose
+// chunks are not where epoch rv places them: a home that left (its
+// chunks are rebuilt, from K others, where the epoch places them now), a
+// node that joined or was drained. It says whether it went through all
+// of them.
+func (g *Gateway) ecScan(rv *layout.Epoch) bool {
+	g.mu.Lock()
+	var states []*vdiState
+	for _, state := range g.open {
+		state.mu.Lock()
+		if state.vdi.EC != "" && state.lockHeld && state.writers > 0 {
+			states = append(states, state)
+		}
+		state.mu.Unlock()
+	}
+	g.mu.Unlock()
+	complete := true
+	for _, state := range states {
+		vdi, _ := state.current()
+		conf, err := g.ecOf(vdi)
+		if err != nil || conf == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(g.writer.withFence(g.ctx, state), roundTimeout)
+		entries, err := g.Map(ctx, vdi)
+		cancel()
+		if err != nil {
+			g.logger.Warn("gateway: reading the map of an erasure-coded vdi to place its chunks", "vdi", vdi.Name, "err", err)
+			complete = false
+			continue
+		}
+		moved := 0
+		for index, owner := range entries {
+			if owner != vdi.ID {
+				continue
+			}
+			if g.ctx.Err() != nil {
+				return false
+			}
+			if current, err := g.layouts.Current(); err != nil || current.Number != rv.Number {
+				return false // the next epoch's scan does it
+			}
+			done, err := g.ecPlace(rv, state, conf, object.DataOID(object.VDIID(vdi.ID), uint32(index)))
+			if err != nil {
+				g.logger.Warn("gateway: placing an erasure-coded object's chunks", "vdi", vdi.Name, "index", index, "err", err)
+				complete = false
+			}
+			if done {
+				moved++
+			}
+		}
+		if moved > 0 {
+			g.logger.Info("gateway: refolded erasure-coded objects onto the epoch's placement", "vdi", vdi.Name, "epoch", rv.Number, "objects", moved)
+		}
+	}
+	return complete
+}
+
+// ecPlace refolds oid if its chunks are not where rv places them, and
+// says whether it did.
+func (g *Gateway) ecPlace(rv *layout.Epoch, state *vdiState, conf *ecConf, oid object.OID) (bool, error) {
+	state.io.RLock()
+	defer state.io.RUnlock()
+	ctx, cancel := context.WithTimeout(g.writer.withFence(g.ctx, state), roundTimeout)
+	defer cancel()
+	o, unlock, err := g.ecObjectOf(ctx, state, conf, oid, true)
+	if errors.Is(err, object.ErrNoObject) || errors.Is(err, object.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	v := o.view
+	if !v.hasHead {
+		return false, nil // never folded: the folder folds its overlay
+	}
+	homes, err := g.ecHomes(rv, conf, oid)
+	if err != nil {
+		return false, nil // not placeable in this epoch: degraded until it is
+	}
+	same := true
+	for c, n := range homes {
+		same = same && v.head.Homes[c] == n.ID
+	}
+	if same {
+		return false, nil
+	}
+	content := make([]byte, conf.layout.Geometry.ObjectSize)
+	if err := g.ecReadView(ctx, conf, oid, v, content, 0, true); err != nil {
+		o.view = nil
+		return false, err
+	}
+	if err := g.ecFold(ctx, conf, oid, v, content, false); err != nil {
+		o.view = nil
+		return false, err
+	}
+	return true, nil
 }
 
 func (g *Gateway) ecFoldIdle() { g.ecFoldWhere(nil) }
