@@ -1,11 +1,12 @@
 // Package ec is the arithmetic of erasure-coded objects: a Reed-Solomon
 // scheme of K data and M parity chunks (Scheme), where each byte of an
-// object lives in those chunks (Geometry), and the coding itself (Codec):
+// object lives in those chunks (Geometry), the coding itself (Codec):
 // parity from data, missing chunks from any K others, and the parity
-// change a small write causes.
+// change a small write causes; and the layout of an erasure-coded
+// object's replicated part (Layout: overlay, block entries, heads).
 //
-// Nothing uses it yet: it is the groundwork for erasure-coded VDIs,
-// designed in docs/EC-DESIGN.md. It is a pure library: no I/O, no
+// The gateway's data path uses it (internal/gateway/ec.go;
+// docs/ARCHITECTURE.md, "Erasure-coded VDIs"). It is a pure library: no I/O, no
 // clock, no dependency inside herd, so that the gateway, recovery and
 // scrub can all share it and its tests can be exhaustive.
 //

@@ -10,7 +10,7 @@ import (
 // without a read before each write; K above 8 makes a degraded read or
 // a rebuild read more chunks than it saves. Every parity chunk is one
 // more write per small write and one more node per stripe (each chunk
-// of a stripe has its own node: docs/EC-DESIGN.md, "Placement"), so M
+// of a stripe has its own node: layout.Epoch.ChunkHomes), so M
 // stops at 3: a stripe of 8+3 already needs 11 nodes.
 const (
 	MinData   = 2
