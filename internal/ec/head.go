@@ -291,3 +291,22 @@ func (l Layout) Current(slot0, slot1 []byte) (h Head, ok bool, err error) {
 	}
 	return h, ok, nil
 }
+
+// ReplicatedSize is the size of the replicated part of a data object of
+// objectSize bytes in scheme text ("K+M"): what recovery, repairs and
+// checks copy and compare of it. For "" (a VDI of copies) it is
+// objectSize.
+func ReplicatedSize(scheme string, objectSize uint64) (uint64, error) {
+	if scheme == "" {
+		return objectSize, nil
+	}
+	s, err := Parse(scheme)
+	if err != nil {
+		return 0, err
+	}
+	l, err := NewLayout(s, int64(objectSize))
+	if err != nil {
+		return 0, err
+	}
+	return uint64(l.Size()), nil
+}

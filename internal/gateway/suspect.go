@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/ec"
 	"github.com/herd-storage/herd/internal/layout"
 	"github.com/herd-storage/herd/internal/object"
 	"github.com/herd-storage/herd/internal/waitlock"
@@ -207,12 +208,17 @@ func (h *healer) suspectsOf(ids []uint32) []object.OID {
 	return out
 }
 
-// objectSizeIn is the size of oid's VDI's objects in c's tree (map
-// objects have the same size as data objects).
+// objectSizeIn is the size of oid's copies in c's tree: its VDI's object
+// size (map objects have the same size as data objects), or for a data
+// object of an erasure-coded VDI its replicated part's (overlay, entries
+// and heads: ec.ReplicatedSize), which a repair copies whole.
 func objectSizeIn(c interface{ Tree() []cluster.VDI }, oid object.OID) (uint64, error) {
 	id := object.VDI(oid)
 	for _, v := range c.Tree() {
 		if object.VDIID(v.ID) == id {
+			if object.Type(oid) == object.TypeData {
+				return ec.ReplicatedSize(v.EC, v.ObjectSize)
+			}
 			return v.ObjectSize, nil
 		}
 	}

@@ -49,6 +49,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/ec"
 	"github.com/herd-storage/herd/internal/layout"
 	"github.com/herd-storage/herd/internal/object"
 	"github.com/herd-storage/herd/internal/replica"
@@ -648,7 +649,7 @@ func (r *Recovery) makeCurrentLocked(ctx context.Context, rv *layout.Epoch, oid 
 				// client needing the object recovers it meanwhile.
 				return errNeedTokens
 			}
-			data := make([]byte, rv.Format.ObjectSize)
+			data := make([]byte, r.copySize(oid, rv.Format.ObjectSize))
 			if _, err := r.replicas.Fetch(ctx, h, rv.Number, oid, data); err != nil {
 				last = fmt.Errorf("fetching from node %s: %w", h.ID, err)
 				continue
@@ -961,4 +962,24 @@ func (c *vdiCopies) of(oid object.OID) (int, bool) {
 		return n, true
 	}
 	return c.format, false
+}
+
+// copySize is how many bytes a copy of oid holds at most: the object
+// size, or for a data object of an erasure-coded VDI the size of its
+// replicated part (overlay, entries and heads past the object's bytes:
+// ec.ReplicatedSize), which a fetch must carry whole.
+func (r *Recovery) copySize(oid object.OID, objectSize uint64) uint64 {
+	if object.Type(oid) != object.TypeData {
+		return objectSize
+	}
+	v, ok := r.cluster.VDIByID(uint32(object.VDI(oid)))
+	if !ok || v.EC == "" {
+		return objectSize
+	}
+	size, err := ec.ReplicatedSize(v.EC, v.ObjectSize)
+	if err != nil {
+		r.logger.Error("recovery: the erasure-coding scheme of a vdi", "vdi", v.Name, "err", err)
+		return objectSize
+	}
+	return size
 }

@@ -118,7 +118,7 @@ func (s *Store) writeTemp(d *diskState, epoch object.Epoch, oid object.OID, data
 		_, err = f.WriteAt(tableFor(data), headerSize)
 	}
 	if err == nil && len(data) > 0 {
-		err = writeData(f, data, dataOffset)
+		err = writeSparse(f, data, dataOffset)
 	}
 	if closeErr := f.Close(); err == nil {
 		err = closeErr
@@ -172,6 +172,40 @@ func (s *Store) removeTemps(d *diskState) {
 			if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 				s.logger.Warn("store: removing a temporary copy left by an earlier process", "path", path, "err", err)
 			}
+		}
+	}
+}
+
+// writeSparse writes data at off (a multiple of blockSize) leaving its
+// blocks of zeros as holes, and makes the file end where data does: a
+// copy installed by recovery stays as thin as the one it came from (a
+// hole reads as zeros, and its checksum entry is a block of zeros', 0).
+func writeSparse(f *os.File, data []byte, off int64) error {
+	zero := func(b []byte) bool {
+		for _, x := range b {
+			if x != 0 {
+				return false
+			}
+		}
+		return true
+	}
+	start := -1 // of the run of blocks with data being gathered
+	for i := 0; ; i += blockSize {
+		more := i < len(data)
+		if more && !zero(data[i:min(i+blockSize, len(data))]) {
+			if start < 0 {
+				start = i
+			}
+			continue
+		}
+		if start >= 0 {
+			if err := writeData(f, data[start:min(i, len(data))], off+int64(start)); err != nil {
+				return err
+			}
+			start = -1
+		}
+		if !more {
+			return f.Truncate(off + int64(len(data)))
 		}
 	}
 }
