@@ -320,7 +320,10 @@ func vdiCheckCommand(g *globals) *cobra.Command {
 			if r.BadBlocks > 0 && !repair {
 				return fmt.Errorf("vdi %s has %d blocks that fail their checksum on some replica (run with --repair, or let the scrub repair them)", a[0], r.BadBlocks)
 			}
-			if r.Mismatched+r.Missing > r.Repaired {
+			if r.BadChunks > 0 && !repair {
+				return fmt.Errorf("vdi %s has %d chunks of erasure-coded objects missing or failing their checksums (listed above; run with --repair once it is closed)", a[0], r.BadChunks)
+			}
+			if r.Mismatched+r.Missing+r.BadChunks > r.Repaired {
 				return fmt.Errorf("vdi %s has replicas that differ or are missing (run with --repair once it is closed)", a[0])
 			}
 			return nil
@@ -336,4 +339,7 @@ func printCheck(w *tabwriter.Writer, r maintenance.CheckReport) {
 	}
 	fmt.Fprintf(w, "%s: %d objects, %d consistent, %d replicas differing, %d missing, %d unavailable, %d blocks failing their checksum (%d lost on every replica), %d repaired\n",
 		r.VDI, r.Objects, r.Consistent, r.Mismatched, r.Missing, r.Unavailable, r.BadBlocks, r.LostBlocks, r.Repaired)
+	if r.Chunks > 0 {
+		fmt.Fprintf(w, "%s: %d chunks of erasure-coded objects checked against their heads, %d missing or bad\n", r.VDI, r.Chunks, r.BadChunks)
+	}
 }

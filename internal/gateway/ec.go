@@ -909,3 +909,76 @@ func (g *Gateway) ecFoldIfDue(rv *layout.Epoch, oid object.OID, o *ecObject, now
 	}
 	return false
 }
+
+// CheckChunks checks the chunks of data object oid of erasure-coded vdi
+// (`herd vdi check`): every chunk of the current generation is read
+// whole from its home and each block checked against the head, and a
+// stripe whose every chunk matches is checked once more by recomputing
+// its parity. With repair, chunks that are missing or fail (at most M)
+// are decoded from the others and written whole to their homes. It
+// returns how many chunks it checked, how many were bad and how many it
+// rewrote, and a line per problem. The caller makes sure no writer
+// changes the object meanwhile (maintenance repairs only a VDI nobody
+// has open for writing).
+func (g *Gateway) CheckChunks(ctx context.Context, vdi cluster.VDI, oid object.OID, repair bool) (checked, bad, repaired int, problems []string, err error) {
+	conf, err := g.ecOf(vdi)
+	if err != nil || conf == nil {
+		return 0, 0, 0, nil, err
+	}
+	v, err := g.ecLoad(ctx, conf, oid)
+	if err != nil || !v.hasHead {
+		return 0, 0, 0, nil, err
+	}
+	rv, err := g.layouts.Current()
+	if err != nil {
+		return 0, 0, 0, nil, err
+	}
+	total := conf.scheme.Chunks()
+	shards := make([][]byte, total)
+	var failed []int
+	for c := range total {
+		buf := make([]byte, conf.layout.Geometry.ChunkSize)
+		checked++
+		if err := g.ecFetch(ctx, rv, conf, oid, v, c, buf, 0); err != nil {
+			if ctx.Err() != nil {
+				return checked, bad, repaired, problems, ctx.Err()
+			}
+			failed = append(failed, c)
+			problems = append(problems, fmt.Sprintf("object %016x: chunk %d (generation %d) on node %s: %v", oid, c, v.head.Generation, v.head.Homes[c], err))
+			continue
+		}
+		shards[c] = buf
+	}
+	bad = len(failed)
+	if bad == 0 {
+		if ok, err := conf.codec.Verify(shards); err != nil || !ok {
+			problems = append(problems, fmt.Sprintf("object %016x: generation %d: every chunk matches its head but the parity is not that of the data (%v)", oid, v.head.Generation, err))
+			bad++
+		}
+		return checked, bad, 0, problems, nil
+	}
+	if bad > conf.scheme.M {
+		problems = append(problems, fmt.Sprintf("object %016x: %d of %d chunks of generation %d are missing or bad, at most %d can be rebuilt: its data is lost", oid, bad, total, v.head.Generation, conf.scheme.M))
+		return checked, bad, 0, problems, nil
+	}
+	if !repair {
+		return checked, bad, 0, problems, nil
+	}
+	if err := conf.codec.Reconstruct(shards); err != nil {
+		return checked, bad, 0, problems, err
+	}
+	for _, c := range failed {
+		node, ok := g.chunkNode(rv, v.head.Homes[c])
+		if !ok {
+			problems = append(problems, fmt.Sprintf("object %016x: chunk %d's home %s is not in epoch %d: the vdi's next writer refolds it", oid, c, v.head.Homes[c], rv.Number))
+			continue
+		}
+		coid := object.ChunkOID(oid, c, int(v.head.Generation%2))
+		if err := g.replicas.Write(ctx, node, rv.Number, coid, shards[c], 0, object.FlagCreate|object.FlagFresh|object.FlagSync); err != nil {
+			problems = append(problems, fmt.Sprintf("object %016x: rewriting chunk %d on node %s: %v", oid, c, node.ID, err))
+			continue
+		}
+		repaired++
+	}
+	return checked, bad, repaired, problems, nil
+}

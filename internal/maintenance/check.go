@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/ec"
 	"github.com/herd-storage/herd/internal/object"
 	"github.com/herd-storage/herd/internal/objmap"
 )
@@ -26,10 +27,15 @@ type CheckReport struct {
 	// BadBlocks counts 4 KiB blocks of replicas that fail their data
 	// checksum; LostBlocks those bad on every replica (never rewritten:
 	// their reads fail), each named in Problems with its VDI offset.
-	BadBlocks  int      `json:"bad_blocks"`
-	LostBlocks int      `json:"lost_blocks"`
-	Repaired   int      `json:"repaired"`
-	Problems   []string `json:"problems,omitempty"`
+	BadBlocks  int `json:"bad_blocks"`
+	LostBlocks int `json:"lost_blocks"`
+	Repaired   int `json:"repaired"`
+	// Chunks counts the chunks of erasure-coded objects checked against
+	// their heads; BadChunks those missing or failing (a stripe whose
+	// parity disagrees with its data counts one).
+	Chunks    int      `json:"chunks,omitempty"`
+	BadChunks int      `json:"bad_chunks,omitempty"`
+	Problems  []string `json:"problems,omitempty"`
 }
 
 // Check compares every replica of every object a VDI owns (its data
@@ -78,13 +84,25 @@ func (m *Maintenance) checkVDI(ctx context.Context, data Data, vdi cluster.VDI, 
 			oids = append(oids, object.DataOID(object.VDIID(vdi.ID), uint32(i)))
 		}
 	}
-	// Never chunks of erasure-coded objects (object.IsChunk): each has
-	// one copy, on the node its object's head names, so there are no
-	// replicas to compare, and its gateway checks it against that head.
+	// Chunks of erasure-coded objects (object.IsChunk) are not replicas
+	// to compare: each has one copy, on the node its object's head
+	// names, and is checked against that head (ChunkChecker).
+	chunks, _ := data.(ChunkChecker)
 	for _, oid := range oids {
 		if err := m.checkObject(ctx, oid, vdi, repair, false, &report); err != nil {
 			return report, err
 		}
+		if vdi.EC == "" || object.Type(oid) != object.TypeData || chunks == nil {
+			continue
+		}
+		checked, bad, repaired, problems, err := chunks.CheckChunks(ctx, vdi, oid, repair)
+		if err != nil {
+			return report, fmt.Errorf("checking the chunks of object %016x: %w", oid, err)
+		}
+		report.Chunks += checked
+		report.BadChunks += bad
+		report.Repaired += repaired
+		report.Problems = append(report.Problems, problems...)
 	}
 	return report, nil
 }
@@ -148,9 +166,17 @@ func (m *Maintenance) checkObject(ctx context.Context, oid object.OID, vdi clust
 	if err != nil {
 		return err
 	}
+	// A data object of an erasure-coded VDI is compared whole: overlay,
+	// entries and heads (ec.ReplicatedSize).
+	size := vdi.ObjectSize
+	if object.Type(oid) == object.TypeData {
+		if size, err = ec.ReplicatedSize(vdi.EC, vdi.ObjectSize); err != nil {
+			return err
+		}
+	}
 	var copies []replicaCopy
 	for _, node := range rv.ReplicasOf(oid, vdi.Copies) {
-		c := replicaCopy{node: node, data: make([]byte, vdi.ObjectSize)}
+		c := replicaCopy{node: node, data: make([]byte, size)}
 		c.stamp, err = m.replicas.Fetch(ctx, node, rv.Number, oid, c.data)
 		if errors.Is(err, object.ErrChecksum) {
 			err = m.fetchBlockwise(ctx, &c, rv.Number, oid)

@@ -66,6 +66,13 @@ type Data interface {
 	RemoveObject(ctx context.Context, oid object.OID, copies int) error
 }
 
+// ChunkChecker is what Data may also do: check (and repair) the chunks
+// of a data object of an erasure-coded VDI against its head
+// (gateway.Gateway.CheckChunks).
+type ChunkChecker interface {
+	CheckChunks(ctx context.Context, vdi cluster.VDI, oid object.OID, repair bool) (checked, bad, repaired int, problems []string, err error)
+}
+
 // Maintenance is one node's maintenance.
 type Maintenance struct {
 	cluster  Cluster

@@ -281,9 +281,9 @@ func checkVDIClean(t *testing.T, c *testcluster.Cluster, node int, vdi string) m
 	if decodeError := json.Unmarshal([]byte(stdout), &report); err != nil || decodeError != nil {
 		t.Fatalf("herd vdi check %s through node %d: %v (decoding: %v)\n%s%s", vdi, node, err, decodeError, stdout, stderr)
 	}
-	if report.Objects == 0 || report.Consistent != report.Objects || report.Mismatched+report.Missing+report.Unavailable+report.Repaired != 0 {
+	if report.Objects == 0 || report.Consistent != report.Objects || report.Mismatched+report.Missing+report.Unavailable+report.Repaired+report.BadChunks != 0 {
 		t.Fatalf("herd vdi check %s through node %d: %+v; want at least one object, each with every replica present and identical", vdi, node, report)
 	}
-	t.Logf("vdi check %s: %d objects, every replica present and identical", vdi, report.Objects)
+	t.Logf("vdi check %s: %d objects, every replica present and identical; %d chunks of erasure-coded objects, each matching its head", vdi, report.Objects, report.Chunks)
 	return report
 }
