@@ -98,7 +98,7 @@ fi
 # -tags invariants only to reuse the unit stage's build of the packages
 # they import; the herd they run is testcluster's, built without it.
 stage "multi-process clusters (test/..., two at once)"
-long_tests='TestComposeCluster|TestRotateCAUnderLoad|TestRollingRestart|TestLibvirtUnprivilegedQEMU|TestNodeJoinRebalances|TestBadNBDClients|TestDashboard|TestLiveMigration|TestRollingUpgradeFromOlderBuild|TestVMOnHerdDisk|TestStaleCopyNeverServed|TestPartitionDuringIO|TestNBDClientsRoundTrip|TestRefusalFloodsBoundTheLog'
+long_tests='TestComposeCluster|TestRotateCAUnderLoad|TestRollingRestart|TestLibvirtUnprivilegedQEMU|TestNodeJoinRebalances|TestBadNBDClients|TestDashboard|TestLiveMigration|TestRollingUpgradeFromOlderBuild|TestVMOnHerdDisk|TestErasureCodedVMBoots|TestStaleCopyNeverServed|TestPartitionDuringIO|TestNBDClientsRoundTrip|TestRefusalFloodsBoundTheLog'
 listed=$(go test -list "^(${long_tests})\$" ./test/e2e | grep -c '^Test' || true)
 if [ "$listed" -ne "$(tr "|" "\n" <<<"$long_tests" | wc -l)" ]; then
   echo "long cluster tests: $listed of $long_tests exist" >&2

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,19 +48,22 @@ func ecCluster(t *testing.T, n int, vdi, size, scheme string) (*testcluster.Clus
 func ecChunks(t *testing.T, c *testcluster.Cluster, vdi uint32, nodes ...int) map[object.OID]map[[2]int][]int {
 	t.Helper()
 	out := map[object.OID]map[[2]int][]int{}
-	for file, holders := range objectFiles(t, c, nodes...) {
-		raw, err := strconv.ParseUint(file, 16, 64)
-		if err != nil {
-			t.Fatalf("object file %s: %v", file, err)
-		}
-		data, chunk, slot, ok := object.ChunkOf(object.OID(raw))
-		if !ok || uint32(object.VDI(data)) != vdi {
-			continue
-		}
-		if out[data] == nil {
-			out[data] = map[[2]int][]int{}
-		}
-		for node := range holders {
+	for _, node := range nodes {
+		// Names only: a chunk being written by a fold may be a file
+		// shorter than its header for a moment.
+		files, _ := filepath.Glob(filepath.Join(c.Node(node).DataDir(), "objects", "*", "*"))
+		for _, path := range files {
+			raw, err := strconv.ParseUint(filepath.Base(path), 16, 64)
+			if err != nil || len(filepath.Base(path)) != 16 {
+				continue // a temporary file, the journal
+			}
+			data, chunk, slot, ok := object.ChunkOf(object.OID(raw))
+			if !ok || uint32(object.VDI(data)) != vdi {
+				continue
+			}
+			if out[data] == nil {
+				out[data] = map[[2]int][]int{}
+			}
 			out[data][[2]int{chunk, slot}] = append(out[data][[2]int{chunk, slot}], node)
 		}
 	}
@@ -124,8 +128,8 @@ func TestErasureCodedVDISurvivesTwoLostNodes(t *testing.T) {
 		t.Fatalf("vdi info cold: %v\n%s%s", err, out, stderr)
 	}
 	writePatterns(t, c.Node(0).NBDURI("cold"))
-	// patternWrites touch objects 0, 1, 2, 3, 4, 5, 8 and 15.
-	folded := waitFolded(t, c, id, 6, 8, all...)
+	// patternWrites touch objects 0, 1, 2, 4, 5, 8 and 15.
+	folded := waitFolded(t, c, id, 6, 7, all...)
 	t.Logf("%d objects folded into 6 chunks each", len(folded))
 
 	c.Node(5).Kill()
@@ -143,9 +147,13 @@ func TestErasureCodedVDISurvivesTwoLostNodes(t *testing.T) {
 		info, err := client(c, 0).Info(ctx(t))
 		return err == nil && info.NodesAlive == 4, fmt.Errorf("%+v %v", info, err)
 	})
+	verifyPatterns(t, c.Node(2).NBDURI("cold"))
 	for _, uri := range []string{c.Node(2).NBDURI("cold"), c.Node(3).NBDURI("ro/cold")} {
-		verifyPatterns(t, uri)
-		if out, err := qemuIOReadOnly(t, uri, ecPatternCommands("read")...); err != nil {
+		var reads []string
+		for i, w := range patternWrites {
+			reads = append(reads, fmt.Sprintf("read -P 0x%02x %d %d", 0x10+i, w.offset, w.length))
+		}
+		if out, err := qemuIOReadOnly(t, uri, append(reads, ecPatternCommands("read")...)...); err != nil {
 			t.Fatalf("reading through %s with nodes 4 and 5 down: %v\n%s", uri, err, out)
 		}
 	}
@@ -160,7 +168,7 @@ func TestErasureCodedVDISurvivesTwoLostNodes(t *testing.T) {
 	}
 	// The writer on node 4 closed: the overlay written while five nodes
 	// ran is folded now.
-	folded = waitFolded(t, c, id, 6, 8, all...)
+	folded = waitFolded(t, c, id, 6, 7, all...)
 	checkVDIClean(t, c, 0, "cold")
 
 	// Rot in data chunk 1 of object 2 (disk bytes 9 MiB + 4 KiB..., a
