@@ -769,6 +769,25 @@ func (g *Gateway) ecScan(rv *layout.Epoch) bool {
 // ecPlace refolds oid if its chunks are not where rv places them, and
 // says whether it did.
 func (g *Gateway) ecPlace(rv *layout.Epoch, state *vdiState, conf *ecConf, oid object.OID) (bool, error) {
+	moved, err := g.ecPlaceOnce(rv, state, conf, oid, false)
+	if errors.Is(err, errNeedsPacing) {
+		// A rebuild reads the object (K chunks' worth): paced like
+		// recovery's copies, from the same budget, with no lock held.
+		ctx, cancel := context.WithTimeout(g.ctx, 10*roundTimeout)
+		err = g.options.Pace(ctx, uint64(conf.layout.Geometry.ObjectSize))
+		cancel()
+		if err != nil {
+			return false, err
+		}
+		moved, err = g.ecPlaceOnce(rv, state, conf, oid, true)
+	}
+	return moved, err
+}
+
+// errNeedsPacing: ecPlaceOnce found a refold due, and was not paced.
+var errNeedsPacing = errors.New("gateway: a refold waits for the recovery rate")
+
+func (g *Gateway) ecPlaceOnce(rv *layout.Epoch, state *vdiState, conf *ecConf, oid object.OID, paced bool) (bool, error) {
 	state.io.RLock()
 	defer state.io.RUnlock()
 	ctx, cancel := context.WithTimeout(g.writer.withFence(g.ctx, state), roundTimeout)
@@ -795,6 +814,9 @@ func (g *Gateway) ecPlace(rv *layout.Epoch, state *vdiState, conf *ecConf, oid o
 	}
 	if same {
 		return false, nil
+	}
+	if !paced && g.options.Pace != nil {
+		return false, errNeedsPacing
 	}
 	content := make([]byte, conf.layout.Geometry.ObjectSize)
 	if err := g.ecReadView(ctx, conf, oid, v, content, 0, true); err != nil {

@@ -165,6 +165,10 @@ type Options struct {
 	// maintenance.RepairUnclean, reading the VDI through g, the gateway
 	// that asks. Nil: such a VDI cannot be opened for writing here.
 	Repair Repair
+	// Pace, if set, paces the bytes a rebuild of erasure-coded objects
+	// reads (a refold after their chunks' homes left the epoch or moved,
+	// ec.go): the node's recovery rate (recovery.Recovery.Pace).
+	Pace func(ctx context.Context, n uint64) error
 }
 
 // Repair is Options.Repair.

@@ -101,6 +101,12 @@ func (t *throttle) wait(ctx context.Context, n uint64) error {
 	return nil
 }
 
+// Pace waits until n more bytes fit this node's recovery rate
+// (--max-rate): the gateway's rebuild of erasure-coded objects whose
+// chunks lost their home reads through it, so that rebuilding and
+// recovering copies share one budget.
+func (r *Recovery) Pace(ctx context.Context, n uint64) error { return r.throttle.wait(ctx, n) }
+
 // SetLimits changes this node's recovery limits, effective at once.
 func (r *Recovery) SetLimits(l Limits) error {
 	if l.Concurrency < 1 || l.Concurrency > maxRecoveryConcurrency {

@@ -303,6 +303,7 @@ func Run(ctx context.Context, o Options) error {
 	gatewayOptions.Repair = func(ctx context.Context, g *gateway.Gateway, vdi cluster.VDI) error {
 		return maint.RepairUnclean(ctx, g, vdi)
 	}
+	gatewayOptions.Pace = rec.Pace
 	gw := gateway.New(c, layouts, replicas, logger, gatewayOptions)
 	defer gw.Close()
 	go rec.Run(ctx)
