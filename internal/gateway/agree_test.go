@@ -141,6 +141,14 @@ func TestReadOnlyReadOfDisagreeingReplicasFails(t *testing.T) {
 	defer close(h.release)
 	go writer.WriteAt(ctx, pattern(2, 4096), 0, false)
 	<-h.holding
+	// The write lands on the two other replicas (it may still be on its
+	// way to them when node02's is held).
+	for deadline := time.Now().Add(10 * time.Second); !w.replicas.holds("node00", oid, pattern(2, 4096)) || !w.replicas.holds("node01", oid, pattern(2, 4096)); {
+		if time.Now().After(deadline) {
+			t.Fatal("the write never reached node00 and node01")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	g := w.gatewayWith("node01", quiet(), Options{RetryTimeout: 300 * time.Millisecond})
 	reader := open(t, g, "ro/disk")
 	err := reader.ReadAt(ctx, make([]byte, 4096), 0)

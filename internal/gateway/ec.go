@@ -701,7 +701,8 @@ func (g *Gateway) ecFolder() {
 		}
 		g.ecFoldIdle()
 		if rv, err := g.layouts.Current(); err == nil && rv.Number != scanned {
-			if g.ecScan(rv) {
+			complete := g.ecScan(rv, nil)
+			if g.ecSteward(rv) && complete {
 				scanned = rv.Number
 			}
 		}
@@ -713,12 +714,12 @@ func (g *Gateway) ecFolder() {
 // chunks are rebuilt, from K others, where the epoch places them now), a
 // node that joined or was drained. It says whether it went through all
 // of them.
-func (g *Gateway) ecScan(rv *layout.Epoch) bool {
+func (g *Gateway) ecScan(rv *layout.Epoch, only *vdiState) bool {
 	g.mu.Lock()
 	var states []*vdiState
 	for _, state := range g.open {
 		state.mu.Lock()
-		if state.vdi.EC != "" && state.lockHeld && state.writers > 0 {
+		if state.vdi.EC != "" && state.lockHeld && state.writers > 0 && (only == nil || state == only) {
 			states = append(states, state)
 		}
 		state.mu.Unlock()
@@ -762,6 +763,42 @@ func (g *Gateway) ecScan(rv *layout.Epoch) bool {
 		if moved > 0 {
 			g.logger.Info("gateway: refolded erasure-coded objects onto the epoch's placement", "vdi", vdi.Name, "epoch", rv.Number, "objects", moved)
 		}
+	}
+	return complete
+}
+
+// ecSteward rebuilds the erasure-coded VDIs nobody has open for
+// writing, of which this node is the steward (the first replica of the
+// VDI's first map object in rv): it opens each for writing, as a client
+// would (so a client that opens it meanwhile takes the lock over, as
+// from any writer), refolds what rv places elsewhere (ecScan), and
+// closes it. It says whether every such VDI was done.
+func (g *Gateway) ecSteward(rv *layout.Epoch) bool {
+	self := g.cluster.ID()
+	complete := true
+	for _, v := range g.cluster.Tree() {
+		if v.EC == "" || v.Snapshot || v.Deleted || g.ctx.Err() != nil {
+			continue
+		}
+		if _, held := g.cluster.Lock(cluster.VDILockKey(v.Name)); held {
+			continue // its writer's gateway places its chunks
+		}
+		replicas := rv.ReplicasOf(object.MapOID(object.VDIID(v.ID), 0), v.Copies)
+		if len(replicas) == 0 || replicas[0].ID != self {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(g.ctx, roundTimeout)
+		d, err := g.Open(ctx, v.Name)
+		cancel()
+		if err != nil {
+			g.logger.Warn("gateway: opening an erasure-coded vdi to place its chunks", "vdi", v.Name, "err", err)
+			complete = false
+			continue
+		}
+		if !g.ecScan(rv, d.state) {
+			complete = false
+		}
+		d.Close()
 	}
 	return complete
 }

@@ -267,6 +267,21 @@ func New(c Cluster, layouts *layout.History, replicas Replicas, logger *slog.Log
 	return g
 }
 
+// StartFolder starts the background work of erasure-coded VDIs (ec.go):
+// folding idle overlays, and after each epoch change rebuilding the
+// objects whose chunks are not where the epoch places them, including
+// those of VDIs nobody has open, of which this node is the steward. A
+// node's server starts it; without it, it starts with the first
+// erasure-coded object this gateway writes, and ends with Close.
+func (g *Gateway) StartFolder() {
+	g.ec.mu.Lock()
+	defer g.ec.mu.Unlock()
+	if !g.ec.folder {
+		g.ec.folder = true
+		go g.ecFolder()
+	}
+}
+
 // Close stops the gateway's background goroutines (its lock watchers:
 // it hands no lock over afterwards). The process is ending.
 func (g *Gateway) Close() { g.cancel() }

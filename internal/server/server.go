@@ -305,6 +305,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	gatewayOptions.Pace = rec.Pace
 	gw := gateway.New(c, layouts, replicas, logger, gatewayOptions)
+	gw.StartFolder()
 	defer gw.Close()
 	go rec.Run(ctx)
 	// NBD over TCP needs TLS with a client certificate from the cluster
