@@ -149,11 +149,8 @@ func TestErasureCodedVDISurvivesTwoLostNodes(t *testing.T) {
 	})
 	verifyPatterns(t, c.Node(2).NBDURI("cold"))
 	for _, uri := range []string{c.Node(2).NBDURI("cold"), c.Node(3).NBDURI("ro/cold")} {
-		var reads []string
-		for i, w := range patternWrites {
-			reads = append(reads, fmt.Sprintf("read -P 0x%02x %d %d", 0x10+i, w.offset, w.length))
-		}
-		if out, err := qemuIOReadOnly(t, uri, append(reads, ecPatternCommands("read")...)...); err != nil {
+		verifyPatternsReadOnly(t, uri)
+		if out, err := qemuIOReadOnly(t, uri, ecPatternCommands("read")...); err != nil {
 			t.Fatalf("reading through %s with nodes 4 and 5 down: %v\n%s", uri, err, out)
 		}
 	}
@@ -224,4 +221,72 @@ func TestErasureCodedVMBoots(t *testing.T) {
 		t.Fatalf("host verification through another node: %v", err)
 	}
 	checkVDIClean(t, c, 1, "vm")
+}
+
+// TestErasureCodedRebuildSnapshotsAndTrim: a 2+1 VDI on four nodes,
+// written and closed (folded: three chunks per object). The node
+// holding the most chunks is killed -9 while nobody has the VDI open:
+// the steward (a node of the epoch) rebuilds every object whose chunk
+// was there onto the three left, and the VDI reads back and checks
+// clean. Then, on the rebuilt VDI: a snapshot, a write after it, a clone
+// of the snapshot and a TRIM, each read back as a VDI of copies reads.
+func TestErasureCodedRebuildSnapshotsAndTrim(t *testing.T) {
+	need(t, "qemu-io")
+	c, id := ecCluster(t, 4, "arch", "64M", "2+1")
+	all := []int{0, 1, 2, 3}
+	writePatterns(t, c.Node(0).NBDURI("arch"))
+	folded := waitFolded(t, c, id, 3, 7, all...)
+	held := map[int]int{}
+	for _, placed := range folded {
+		for _, holders := range placed {
+			for _, node := range holders {
+				held[node]++
+			}
+		}
+	}
+	victim := 1
+	for node, n := range held {
+		if node != 0 && n > held[victim] {
+			victim = node
+		}
+	}
+	t.Logf("chunks per node %v: killing node %d", held, victim)
+	c.Node(victim).Kill()
+	survivors := without(all, victim)
+	testcluster.WaitFor(t, time.Minute, fmt.Sprintf("an epoch without node %d", victim), func() (bool, error) {
+		info, err := client(c, survivors[0]).Info(ctx(t))
+		return err == nil && info.NodesAlive == 3, fmt.Errorf("%+v %v", info, err)
+	})
+	// Rebuilt: every object's three chunks on the three survivors.
+	waitFolded(t, c, id, 3, 7, survivors...)
+	verifyPatterns(t, c.Node(survivors[1]).NBDURI("arch"))
+	checkVDIClean(t, c, survivors[0], "arch")
+
+	node := survivors[0]
+	herd(t, c, node, "vdi", "snapshot", "arch", "--tag", "s1")
+	if out, err := qemuIO(t, c.Node(node).NBDURI("arch"), "write -P 0x77 8M 64k", "write -z 33M 4096"); err != nil {
+		t.Fatalf("writing after the snapshot: %v\n%s", err, out)
+	}
+	if out, err := qemuIO(t, c.Node(node).NBDURI("arch"), "read -P 0x77 8M 64k", "read -P 0 33M 4096", "read -P 0x15 34607104 4096", "discard 0 4096", "read -P 0 0 4096"); err != nil {
+		t.Fatalf("reading after the snapshot, a TRIM: %v\n%s", err, out)
+	}
+	verifyPatternsReadOnly(t, c.Node(survivors[2]).NBDURI("arch@s1"))
+	herd(t, c, node, "vdi", "clone", "arch@s1", "fork")
+	if out, err := qemuIO(t, c.Node(survivors[1]).NBDURI("fork"), "read -P 0x13 8388625 65536", "write -P 0x78 8M 4096", "read -P 0x78 8M 4096", "read -P 0x13 8392704 4096"); err != nil {
+		t.Fatalf("the clone: %v\n%s", err, out)
+	}
+	verifyPatternsReadOnly(t, c.Node(survivors[2]).NBDURI("arch@s1"))
+}
+
+// verifyPatternsReadOnly is verifyPatterns through a read-only open (a
+// snapshot, ro/NAME).
+func verifyPatternsReadOnly(t *testing.T, uri string) {
+	t.Helper()
+	var reads []string
+	for i, w := range patternWrites {
+		reads = append(reads, fmt.Sprintf("read -P 0x%02x %d %d", 0x10+i, w.offset, w.length))
+	}
+	if out, err := qemuIOReadOnly(t, uri, reads...); err != nil {
+		t.Fatalf("verifying patterns through %s: %v\n%s", uri, err, out)
+	}
 }
