@@ -255,6 +255,15 @@ func (g *Gateway) ecRead(ctx context.Context, state *vdiState, conf *ecConf, oid
 		}
 		err = g.ecReadView(ctx, conf, oid, v, p, offset, false)
 		if !live {
+			if err != nil && attempt < 3 && ctx.Err() == nil {
+				// A snapshot's object may have been refolded meanwhile
+				// (its chunks rebuilt elsewhere, the old ones removed):
+				// its content is the same, read again through its new
+				// head.
+				if after, lerr := g.ecLoad(ctx, conf, oid); lerr == nil && after.gen() != v.gen() {
+					continue
+				}
+			}
 			return err
 		}
 		// The writer may have folded meanwhile (and trimmed the
@@ -563,6 +572,14 @@ func (g *Gateway) ecFreshObject(state *vdiState, conf *ecConf, oid object.OID) (
 // chunks, and v its view. fresh: the object starts with it (its
 // replicated object is emptied by the head's write).
 func (g *Gateway) ecFold(ctx context.Context, conf *ecConf, oid object.OID, v *ecView, content []byte, fresh bool) error {
+	return g.ecFoldKeeping(ctx, conf, oid, v, content, fresh, false)
+}
+
+// ecFoldKeeping is ecFold; keepOverlay leaves the overlay's bytes as they
+// are (a snapshot's object, which readers may be reading through an
+// older view: its bytes never change, so every generation's chunks and
+// its overlay say the same).
+func (g *Gateway) ecFoldKeeping(ctx context.Context, conf *ecConf, oid object.OID, v *ecView, content []byte, fresh, keepOverlay bool) error {
 	rv, err := g.layouts.Current()
 	if err != nil {
 		return err
@@ -619,7 +636,7 @@ func (g *Gateway) ecFold(ctx context.Context, conf *ecConf, oid object.OID, v *e
 	}
 	old, hadHead, overlaid := v.head, v.hasHead, v.overlaid()
 	v.head, v.hasHead = next, true
-	if overlaid > 0 && !fresh {
+	if overlaid > 0 && !fresh && !keepOverlay {
 		// The overlay's blocks are stale now: free their space.
 		err := g.mutateOp(ctx, oid, conf.copies, replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
 			return g.replicas.Zero(ctx, node, rv.Number, oid, 0, uint32(conf.layout.Geometry.ObjectSize), 0)
@@ -777,7 +794,14 @@ func (g *Gateway) ecSteward(rv *layout.Epoch) bool {
 	self := g.cluster.ID()
 	complete := true
 	for _, v := range g.cluster.Tree() {
-		if v.EC == "" || v.Snapshot || v.Deleted || g.ctx.Err() != nil {
+		if v.EC == "" || v.Deleted || g.ctx.Err() != nil {
+			continue
+		}
+		if v.Snapshot {
+			replicas := rv.ReplicasOf(object.MapOID(object.VDIID(v.ID), 0), v.Copies)
+			if len(replicas) > 0 && replicas[0].ID == self && !g.ecPlaceSnapshot(rv, v) {
+				complete = false
+			}
 			continue
 		}
 		if _, held := g.cluster.Lock(cluster.VDILockKey(v.Name)); held {
@@ -799,6 +823,76 @@ func (g *Gateway) ecSteward(rv *layout.Epoch) bool {
 			complete = false
 		}
 		d.Close()
+	}
+	return complete
+}
+
+// ecPlaceSnapshot refolds the objects of snapshot v whose chunks are not
+// where rv places them. A snapshot has no writer and its objects never
+// change, so no lock is needed: the refold keeps the overlay (readers
+// may hold an older view; ecRead reads again through the new head when
+// the old chunks are gone), and two stewards refolding one object at
+// once (in two epochs) write the same bytes.
+func (g *Gateway) ecPlaceSnapshot(rv *layout.Epoch, v cluster.VDI) bool {
+	conf, err := g.ecOf(v)
+	if err != nil || conf == nil {
+		return err == nil
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, roundTimeout)
+	entries, err := g.Map(ctx, v)
+	cancel()
+	if err != nil {
+		g.logger.Warn("gateway: reading a snapshot's map to place its chunks", "vdi", v.FullName(), "err", err)
+		return false
+	}
+	complete, moved := true, 0
+	for index, owner := range entries {
+		if owner != v.ID || g.ctx.Err() != nil {
+			continue
+		}
+		if current, err := g.layouts.Current(); err != nil || current.Number != rv.Number {
+			return false
+		}
+		oid := object.DataOID(object.VDIID(v.ID), uint32(index))
+		done, err := func() (bool, error) {
+			ctx, cancel := context.WithTimeout(g.ctx, roundTimeout)
+			defer cancel()
+			view, err := g.ecLoad(ctx, conf, oid)
+			if err != nil || !view.hasHead {
+				return false, err
+			}
+			homes, err := g.ecHomes(rv, conf, oid)
+			if err != nil {
+				return false, nil
+			}
+			same := true
+			for c, n := range homes {
+				same = same && view.head.Homes[c] == n.ID
+			}
+			if same {
+				return false, nil
+			}
+			if g.options.Pace != nil {
+				if err := g.options.Pace(ctx, uint64(conf.layout.Geometry.ObjectSize)); err != nil {
+					return false, err
+				}
+			}
+			content := make([]byte, conf.layout.Geometry.ObjectSize)
+			if err := g.ecReadView(ctx, conf, oid, view, content, 0, false); err != nil {
+				return false, err
+			}
+			return true, g.ecFoldKeeping(ctx, conf, oid, view, content, false, true)
+		}()
+		if err != nil {
+			g.logger.Warn("gateway: placing a snapshot's erasure-coded object", "vdi", v.FullName(), "index", index, "err", err)
+			complete = false
+		}
+		if done && err == nil {
+			moved++
+		}
+	}
+	if moved > 0 {
+		g.logger.Info("gateway: refolded a snapshot's erasure-coded objects onto the epoch's placement", "vdi", v.FullName(), "epoch", rv.Number, "objects", moved)
 	}
 	return complete
 }
