@@ -1135,3 +1135,28 @@ func (g *Gateway) CheckChunks(ctx context.Context, vdi cluster.VDI, oid object.O
 	}
 	return checked, bad, repaired, problems, nil
 }
+
+// ScrubChunks is CheckChunks for a deep scrub pass (scrub.Options.Chunks),
+// on any data object: 0, 0, 0 for one of a VDI of copies. It repairs
+// what it finds bad when no writer can be folding the object meanwhile
+// (a snapshot's, or a VDI nobody has open for writing), and logs each
+// problem.
+func (g *Gateway) ScrubChunks(ctx context.Context, oid object.OID) (checked, bad, repaired int, err error) {
+	var vdi cluster.VDI
+	found := false
+	for _, v := range g.cluster.Tree() {
+		if object.VDIID(v.ID) == object.VDI(oid) {
+			vdi, found = v, true
+		}
+	}
+	if !found || vdi.EC == "" {
+		return 0, 0, 0, nil
+	}
+	_, locked := g.cluster.Lock(cluster.VDILockKey(vdi.Name))
+	repair := vdi.Snapshot || !locked
+	checked, bad, repaired, problems, err := g.CheckChunks(ctx, vdi, oid, repair)
+	for _, p := range problems {
+		g.logger.Error("scrub: "+p, "vdi", vdi.FullName(), "repaired", repaired)
+	}
+	return checked, bad, repaired, err
+}

@@ -120,7 +120,12 @@ func TestChunkBadBlocksAreNotRepairedFromAnotherNode(t *testing.T) {
 		t.Errorf("read from other nodes %016x; want the data object %016x, never the chunk %016x", held.read, data, chunk)
 	}
 
-	deep := New(nil, held, layouts, self, Options{ObjectSize: func(object.OID) (uint64, error) { return size, nil }})
+	var checkedChunks []object.OID
+	chunks := func(ctx context.Context, oid object.OID) (int, int, int, error) {
+		checkedChunks = append(checkedChunks, oid)
+		return 6, 1, 1, nil
+	}
+	deep := New(nil, held, layouts, self, Options{ObjectSize: func(object.OID) (uint64, error) { return size, nil }, Chunks: chunks})
 	held.read = nil
 	if err := deep.compare(context.Background(), scrubEpoch, chunk); err != nil {
 		t.Fatalf("a deep pass over the chunk: %v", err)
@@ -130,5 +135,11 @@ func TestChunkBadBlocksAreNotRepairedFromAnotherNode(t *testing.T) {
 	}
 	if err := deep.compare(context.Background(), scrubEpoch, data); err != nil || deep.Status().Compared != 1 {
 		t.Errorf("a deep pass over the data object: %v, %d compared; want 1", err, deep.Status().Compared)
+	}
+	// The data object's chunks are checked against its head (by the
+	// gateway: Options.Chunks) once its replicas compared, and counted;
+	// a chunk itself never is.
+	if st := deep.Status(); !slices.Equal(checkedChunks, []object.OID{data}) || st.ChunksChecked != 6 || st.ChunksBad != 1 || st.ChunksRepaired != 1 {
+		t.Errorf("chunks checked for %016x, status %d checked, %d bad, %d repaired; want the data object's, 6, 1, 1", checkedChunks, st.ChunksChecked, st.ChunksBad, st.ChunksRepaired)
 	}
 }

@@ -335,6 +335,7 @@ func Run(ctx context.Context, o Options) error {
 			return replicaSide.Exclusive(oid, func(object.Epoch, bool) error { return fn() })
 		},
 		ObjectSize: gw.ObjectSize,
+		Chunks:     gw.ScrubChunks,
 		Copies:     func(oid object.OID) (int, bool) { return c.VDICopies(uint32(object.VDI(oid))) },
 		DeepEvery:  o.ScrubDeepEvery,
 		Logger:     logger,
