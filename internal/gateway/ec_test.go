@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -185,4 +186,91 @@ func TestErasureCodedObjectSurvivesMLostChunks(t *testing.T) {
 		t.Fatal("a read with three of six chunks lost succeeded")
 	}
 	t.Logf("three chunks lost: %v", err)
+}
+
+// TestErasureCodedVDIThroughDisks: a 4+2 VDI written through the
+// writer's Disk on node00, then on node01 (the writer lock handed over:
+// node00's views of the objects are stale and must be loaded again),
+// then node00 again, with folds between (a whole object, a close), a
+// snapshot, and reads through every node, ro/ and the snapshot.
+func TestErasureCodedVDIThroughDisks(t *testing.T) {
+	w := newWorldWith(t, 6, 3, objectSize)
+	w.cluster.finalize(cluster.LevelErasureCoding)
+	if _, err := w.cluster.CreateVDIWithScheme("disk", 4*objectSize, false, "4+2"); err != nil {
+		t.Fatal(err)
+	}
+	w.cluster.sync()
+	ctx := context.Background()
+	model := make([]byte, 4*objectSize)
+	gateways := []*Gateway{w.gateway("node00"), w.gateway("node01"), w.gateway("node02")}
+	for _, g := range gateways {
+		t.Cleanup(g.Close)
+	}
+	write := func(d *Disk, p []byte, off uint64) {
+		t.Helper()
+		if err := d.WriteAt(ctx, p, off, false); err != nil {
+			t.Fatalf("write [%d, +%d): %v", off, len(p), err)
+		}
+		copy(model[off:], p)
+	}
+	check := func(what string, d *Disk, want []byte) {
+		t.Helper()
+		got := make([]byte, len(want))
+		for off := 0; off < len(got); off += 128 << 10 {
+			if err := d.ReadAt(ctx, got[off:off+128<<10], uint64(off)); err != nil {
+				t.Fatalf("%s: read at %d: %v", what, off, err)
+			}
+		}
+		if i := firstDiff(got, want); i >= 0 {
+			t.Fatalf("%s: byte %d reads %d, want %d", what, i, got[i], want[i])
+		}
+	}
+	a := open(t, gateways[0], "disk")
+	write(a, pattern(1, 8192), 4096)
+	write(a, pattern(2, objectSize), objectSize) // a whole object: folded at once
+	write(a, pattern(3, 100), 2*objectSize+5)
+	check("the first writer", a, model)
+	b := open(t, gateways[1], "disk")
+	write(b, pattern(4, 4096), 0) // takes the lock over
+	write(b, pattern(5, 3*4096), objectSize+8192)
+	check("the second writer", b, model)
+	write(a, pattern(6, 4096), 3*objectSize) // and back
+	check("the first writer again", a, model)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil { // the last writer's close folds
+		t.Fatal(err)
+	}
+	for i, g := range gateways {
+		ro := open(t, g, "ro/disk")
+		check(fmt.Sprintf("ro/ through node%02d", i), ro, model)
+		ro.Close()
+	}
+	c := open(t, gateways[2], "disk")
+	check("a writer on node02", c, model)
+	if _, err := gateways[2].Snapshot(ctx, "disk", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	frozen := bytes.Clone(model)
+	write(c, pattern(7, 4096), 4096)
+	check("after the snapshot", c, model)
+	snap := open(t, gateways[0], "disk@s1")
+	check("the snapshot", snap, frozen)
+	snap.Close()
+	c.Close()
+	// Every object of the snapshot has a head now (the close folded
+	// them), and its six chunks match it.
+	var s1 cluster.VDI
+	for _, v := range w.cluster.Tree() {
+		if v.Snapshot && v.Tag == "s1" {
+			s1 = v
+		}
+	}
+	for index := range uint32(4) {
+		checked, bad, _, problems, err := gateways[0].CheckChunks(ctx, s1, object.DataOID(object.VDIID(s1.ID), index), false)
+		if err != nil || checked != 6 || bad != 0 || len(problems) != 0 {
+			t.Fatalf("object %d of the snapshot: %d chunks checked, %d bad: %v %v", index, checked, bad, problems, err)
+		}
+	}
 }
