@@ -209,6 +209,14 @@ func (g *Gateway) ecObjectOf(ctx context.Context, state *vdiState, conf *ecConf,
 	g.ec.mu.Unlock()
 	gen := lockGenOf(state)
 	o.lastUse.Store(time.Now().UnixNano())
+	if !write {
+		// Most reads find the view loaded.
+		o.lock.RLock()
+		if !o.dead && o.view != nil && o.lockGen == gen {
+			return o, o.lock.RUnlock, nil
+		}
+		o.lock.RUnlock()
+	}
 	// The view is loaded under the exclusive lock; a reader that finds
 	// it missing takes that first.
 	o.lock.Lock()
