@@ -145,7 +145,7 @@ type Status struct {
 	ChunksChecked  uint64 `json:"chunks_checked,omitempty"`
 	ChunksBad      uint64 `json:"chunks_bad,omitempty"`
 	ChunksRepaired uint64 `json:"chunks_repaired,omitempty"`
-	Passes     uint64 `json:"passes"`
+	Passes         uint64 `json:"passes"`
 	// LastComplete is the end of the last pass that read every copy.
 	LastComplete time.Time `json:"last_complete,omitzero"`
 	NextPass     time.Time `json:"next_pass,omitzero"`
