@@ -426,17 +426,7 @@ func (d *Disk) zeroPiece(ctx context.Context, vdi cluster.VDI, chain []uint32, p
 		return d.ecZeroPiece(ctx, vdi, chain, conf, owner, pc, noHole, fua)
 	}
 	if whole && !noHole {
-		value := uint32(0)
-		if len(chain) > 1 {
-			value = objmap.Tombstone // do not inherit an ancestor's data
-		}
-		if err := g.setEntry(ctx, state, vdi, vdi.ID, pc.index, value, fua); err != nil {
-			return err
-		}
-		if owner == vdi.ID {
-			return g.remove(ctx, oid, vdi.Copies)
-		}
-		return nil
+		return d.freeObject(ctx, vdi, chain, owner, pc.index, fua, func() error { return g.remove(ctx, oid, vdi.Copies) })
 	}
 	if owner != vdi.ID {
 		// An ancestor's object: this VDI's own copy, zeroed over the
@@ -509,17 +499,7 @@ func (d *Disk) ecZeroPiece(ctx context.Context, vdi cluster.VDI, chain []uint32,
 	whole := pc.within == 0 && pc.length == vdi.ObjectSize
 	oid := object.DataOID(object.VDIID(vdi.ID), pc.index)
 	if whole && !noHole {
-		value := uint32(0)
-		if len(chain) > 1 {
-			value = objmap.Tombstone // do not inherit an ancestor's data
-		}
-		if err := g.setEntry(ctx, state, vdi, vdi.ID, pc.index, value, fua); err != nil {
-			return err
-		}
-		if owner == vdi.ID {
-			return g.ecRemove(ctx, state, conf, oid)
-		}
-		return nil
+		return d.freeObject(ctx, vdi, chain, owner, pc.index, fua, func() error { return g.ecRemove(ctx, state, conf, oid) })
 	}
 	if owner != vdi.ID {
 		if whole {
@@ -542,6 +522,23 @@ func (d *Disk) ecZeroPiece(ctx context.Context, vdi cluster.VDI, chain []uint32,
 			return err
 		}
 		done += n
+	}
+	return nil
+}
+
+// freeObject makes object index of vdi read as zeros by its map entry
+// ("zeros", or a tombstone over an ancestor's data), then, if vdi owns
+// it, removes it (remove).
+func (d *Disk) freeObject(ctx context.Context, vdi cluster.VDI, chain []uint32, owner, index uint32, fua bool, remove func() error) error {
+	value := uint32(0)
+	if len(chain) > 1 {
+		value = objmap.Tombstone // do not inherit an ancestor's data
+	}
+	if err := d.gateway.setEntry(ctx, d.state, vdi, vdi.ID, index, value, fua); err != nil {
+		return err
+	}
+	if owner == vdi.ID {
+		return remove()
 	}
 	return nil
 }

@@ -189,11 +189,11 @@ func (g *Gateway) ecLoad(ctx context.Context, conf *ecConf, oid object.OID) (*ec
 	return v, nil
 }
 
-// ecObjectOf returns the writer's state of oid, its view loaded and
-// valid for the writer lock state holds now, with its lock held
-// (exclusively when write); the caller calls the returned unlock.
-func (g *Gateway) ecObjectOf(ctx context.Context, state *vdiState, conf *ecConf, oid object.OID, write bool) (*ecObject, func(), error) {
+// ecEntry returns the writer's entry of oid, made if there is none, and
+// starts the folder if it does not run.
+func (g *Gateway) ecEntry(state *vdiState, conf *ecConf, oid object.OID) *ecObject {
 	g.ec.mu.Lock()
+	defer g.ec.mu.Unlock()
 	if g.ec.objects == nil {
 		g.ec.objects = map[object.OID]*ecObject{}
 	}
@@ -206,7 +206,14 @@ func (g *Gateway) ecObjectOf(ctx context.Context, state *vdiState, conf *ecConf,
 		g.ec.folder = true
 		go g.ecFolder()
 	}
-	g.ec.mu.Unlock()
+	return o
+}
+
+// ecObjectOf returns the writer's state of oid, its view loaded and
+// valid for the writer lock state holds now, with its lock held
+// (exclusively when write); the caller calls the returned unlock.
+func (g *Gateway) ecObjectOf(ctx context.Context, state *vdiState, conf *ecConf, oid object.OID, write bool) (*ecObject, func(), error) {
+	o := g.ecEntry(state, conf, oid)
 	gen := lockGenOf(state)
 	o.lastUse.Store(time.Now().UnixNano())
 	if !write {
@@ -555,16 +562,7 @@ func (g *Gateway) ecWrite(ctx context.Context, state *vdiState, conf *ecConf, oi
 // with an empty view, locked exclusively.
 func (g *Gateway) ecFreshObject(state *vdiState, conf *ecConf, oid object.OID) (*ecObject, func()) {
 	gen := lockGenOf(state)
-	g.ec.mu.Lock()
-	if g.ec.objects == nil {
-		g.ec.objects = map[object.OID]*ecObject{}
-	}
-	o, ok := g.ec.objects[oid]
-	if !ok {
-		o = &ecObject{state: state, conf: conf}
-		g.ec.objects[oid] = o
-	}
-	g.ec.mu.Unlock()
+	o := g.ecEntry(state, conf, oid)
 	o.lastUse.Store(time.Now().UnixNano())
 	o.lock.Lock()
 	if o.dead {

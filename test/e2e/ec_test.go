@@ -198,28 +198,9 @@ func TestErasureCodedVDISurvivesTwoLostNodes(t *testing.T) {
 func TestErasureCodedVMBoots(t *testing.T) {
 	testenv.Require(t, "a VM (qemu-system-x86, a kernel, busybox-static)", vmtest.Available())
 	c, id := ecCluster(t, 3, "vm", "256M", "2+1")
-	const seed, megabytes = "herd-vm-ec", 32
-	ctx, cancel := contextWithTimeout(t, 6*time.Minute)
-	defer cancel()
-	certificates := addClient(t, c, "vmhost", "vm")
-	result, err := vmtest.Run(ctx, vmtest.Options{
-		NBDURI:      "nbd://" + c.Node(0).NBDAddr() + "/vm",
-		TLSDir:      certificates,
-		GuestScript: vmtest.DiskCheckScript(seed, megabytes),
-		WorkDir:     t.TempDir(),
-	})
-	if err != nil {
-		t.Fatalf("vm: %v", err)
-	}
-	t.Logf("guest booted in %v, ran in %v", result.BootDuration.Round(time.Millisecond), result.Duration.Round(time.Millisecond))
-	if result.ExitCode != 0 || !containsLine(result.Console, vmtest.CheckOK) {
-		t.Fatalf("guest disk check failed (rc=%d):\n%s", result.ExitCode, lastLines(result.Console, 30))
-	}
-	// 32 MiB of 4 MiB objects: 8 folded into 3 chunks each.
-	waitFolded(t, c, id, 3, 8, 0, 1, 2)
-	if err := vmtest.VerifyFromHost(ctx, c.Node(2).NBDURI("vm"), seed, megabytes); err != nil {
-		t.Fatalf("host verification through another node: %v", err)
-	}
+	// 32 MiB of 4 MiB objects: 8 folded into 3 chunks each once the
+	// guest's connection closes.
+	runDiskCheckVM(t, c, "vm", "herd-vm-ec", 32, func() { waitFolded(t, c, id, 3, 8, 0, 1, 2) })
 	checkVDIClean(t, c, 1, "vm")
 }
 

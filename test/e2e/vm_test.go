@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herd-storage/herd/internal/testcluster"
 	"github.com/herd-storage/herd/internal/testenv"
 	"github.com/herd-storage/herd/internal/vmtest"
 )
@@ -15,12 +16,21 @@ import (
 func TestVMOnHerdDisk(t *testing.T) {
 	testenv.Require(t, "a VM (qemu-system-x86, a kernel, busybox-static)", vmtest.Available())
 	c := dataCluster(t, 3, 3, "vm", "256M")
-	const seed, megabytes = "herd-vm-e2e", 32
+	runDiskCheckVM(t, c, "vm", "herd-vm-e2e", 32, func() {})
+	checkReplicas(t, c, 3)
+}
+
+// runDiskCheckVM boots a VM whose disk is vdi, served by node 0 over
+// NBD with TLS and a client certificate; the guest writes megabytes
+// from seed, flushes, drops its caches and reads back. Then afterGuest
+// runs, and the host verifies the same bytes through node 2.
+func runDiskCheckVM(t *testing.T, c *testcluster.Cluster, vdi, seed string, megabytes int, afterGuest func()) {
+	t.Helper()
 	ctx, cancel := contextWithTimeout(t, 6*time.Minute)
 	defer cancel()
-	certificates := addClient(t, c, "vmhost", "vm")
+	certificates := addClient(t, c, "vmhost", vdi)
 	result, err := vmtest.Run(ctx, vmtest.Options{
-		NBDURI:      "nbd://" + c.Node(0).NBDAddr() + "/vm",
+		NBDURI:      "nbd://" + c.Node(0).NBDAddr() + "/" + vdi,
 		TLSDir:      certificates,
 		GuestScript: vmtest.DiskCheckScript(seed, megabytes),
 		WorkDir:     t.TempDir(),
@@ -32,10 +42,10 @@ func TestVMOnHerdDisk(t *testing.T) {
 	if result.ExitCode != 0 || !containsLine(result.Console, vmtest.CheckOK) {
 		t.Fatalf("guest disk check failed (rc=%d):\n%s", result.ExitCode, lastLines(result.Console, 30))
 	}
-	if err := vmtest.VerifyFromHost(ctx, c.Node(2).NBDURI("vm"), seed, megabytes); err != nil {
+	afterGuest()
+	if err := vmtest.VerifyFromHost(ctx, c.Node(2).NBDURI(vdi), seed, megabytes); err != nil {
 		t.Fatalf("host verification through another node: %v", err)
 	}
-	checkReplicas(t, c, 3)
 }
 
 func containsLine(text, line string) bool {
