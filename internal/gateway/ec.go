@@ -156,6 +156,20 @@ func (g *Gateway) writerState(vdi cluster.VDI) *vdiState {
 	return g.open[vdi.Name]
 }
 
+// holdsWriter says whether state holds its VDI's writer lock, unfenced,
+// for the objects of VDI id (not a snapshot's, after a snapshot moved
+// the name): the condition for anything but a request to change them.
+// The caller holds state.io (shared), so no handover or snapshot runs
+// until it lets go.
+func holdsWriter(state *vdiState, id object.VDIID) bool {
+	if state == nil {
+		return false
+	}
+	state.mu.Lock()
+	defer state.mu.Unlock()
+	return state.lockHeld && state.fenced == nil && state.lockGen != 0 && object.VDIID(state.vdi.ID) == id
+}
+
 // lockGenOf is the generation of the writer lock state holds (0 for no
 // state).
 func lockGenOf(state *vdiState) uint64 {
@@ -497,6 +511,7 @@ func (g *Gateway) ecWrite(ctx context.Context, state *vdiState, conf *ecConf, oi
 	if offset == 0 && int64(len(p)) == l.Geometry.ObjectSize {
 		// A whole object: a full stripe, folded as it is.
 		if err := g.ecFold(ctx, conf, oid, v, p, fresh); err != nil {
+			o.view = nil // the head may have reached some replicas
 			return err
 		}
 		o.view, o.lastWrite = v, time.Now()
@@ -517,28 +532,41 @@ func (g *Gateway) ecWrite(ctx context.Context, state *vdiState, conf *ecConf, oi
 	}
 	copy(blocks[int64(offset)-first*ec.BlockSize:], p)
 	gen := v.gen()
+	// A block the overlay holds is overwritten in place: its entry must
+	// name the bytes there now (Prev), read rather than taken from the
+	// entry, which a power loss may have left ahead of them.
+	prev, overwrite, err := g.ecOverlaid(ctx, conf, oid, v, first, last, fresh)
+	if err != nil {
+		o.view = nil
+		return err
+	}
 	entries := make([]ec.Entry, last-first+1)
 	raw := make([]byte, len(entries)*ec.EntrySize)
 	for i := range entries {
-		old := v.entries[first+int64(i)]
 		e := ec.Entry{Tag: gen + 1, CRC: ec.Checksum(blocks[int64(i)*ec.BlockSize:][:ec.BlockSize])}
-		if old.Tag == gen+1 {
-			// Overwritten in place: after a power loss the block may
-			// hold what the last write left.
-			e.HasPrev, e.Prev = true, old.CRC
+		if prev[i] != nil {
+			e.HasPrev, e.Prev = true, *prev[i]
 		}
 		entries[i] = e
 		e.Encode(raw[i*ec.EntrySize:])
 	}
-	sync := flags & object.FlagSync
-	// The blocks, then their entries: an entry never points at bytes
-	// that did not reach the overlay, but for a power loss, which the
-	// entries' sums catch (ec.Resolve).
-	if err := g.write(ctx, oid, conf.copies, blocks, uint32(first*ec.BlockSize), flags); err != nil {
+	// The entries, then the blocks: until the blocks land, each entry
+	// still resolves to the block's old content (ec.Resolve: the bytes
+	// match Prev, or no Prev and they match nothing, so the chunks).
+	// Never the other order: new bytes under the old entry match
+	// neither of its sums. An overwrite's entries are synced first, so
+	// that no power loss keeps its bytes without them; a first write
+	// needs no sync (with or without its entry, the old content is in
+	// the chunks until its bytes match).
+	entryFlags := object.FlagCreate | flags&(object.FlagFresh|object.FlagSync)
+	if overwrite {
+		entryFlags |= object.FlagSync
+	}
+	if err := g.write(ctx, oid, conf.copies, raw, uint32(l.EntriesOffset()+first*ec.EntrySize), entryFlags); err != nil {
 		o.view = nil // what the replicas hold is for the repair to say
 		return err
 	}
-	if err := g.write(ctx, oid, conf.copies, raw, uint32(l.EntriesOffset()+first*ec.EntrySize), sync|object.FlagCreate); err != nil {
+	if err := g.write(ctx, oid, conf.copies, blocks, uint32(first*ec.BlockSize), flags&^object.FlagFresh|object.FlagCreate); err != nil {
 		o.view = nil
 		return err
 	}
@@ -552,10 +580,49 @@ func (g *Gateway) ecWrite(ctx context.Context, state *vdiState, conf *ecConf, oi
 			return nil // the write is done; the folder tries again
 		}
 		if err := g.ecFold(ctx, conf, oid, v, content, false); err != nil {
+			o.view = nil // the head may have reached some replicas
 			g.logger.Debug("gateway: folding a full overlay", "object", fmt.Sprintf("%016x", oid), "err", err)
 		}
 	}
 	return nil
+}
+
+// ecOverlaid reads the overlay's bytes of the blocks first..last of v
+// that it holds, and returns for each block the CRC32C of what the
+// overlay holds as its content (nil: the block reads from the chunks),
+// and whether any does.
+func (g *Gateway) ecOverlaid(ctx context.Context, conf *ecConf, oid object.OID, v *ecView, first, last int64, fresh bool) (prev []*uint32, any bool, err error) {
+	prev = make([]*uint32, last-first+1)
+	if fresh {
+		return prev, false, nil
+	}
+	gen := v.gen()
+	for b := first; b <= last; {
+		if v.entries[b].Tag != gen+1 {
+			b++
+			continue
+		}
+		end := b
+		for end+1 <= last && v.entries[end+1].Tag == gen+1 {
+			end++
+		}
+		run := make([]byte, (end-b+1)*ec.BlockSize)
+		if err := g.read(ctx, oid, conf.copies, run, uint32(b*ec.BlockSize)); err != nil {
+			return nil, false, err
+		}
+		for i := b; i <= end; i++ {
+			bytes := run[(i-b)*ec.BlockSize:][:ec.BlockSize]
+			switch ec.Resolve(v.entries[i], gen, bytes) {
+			case ec.FromOverlay:
+				sum := ec.Checksum(bytes)
+				prev[i-first], any = &sum, true
+			case ec.Corrupt:
+				return nil, false, fmt.Errorf("%w: object %016x block %d: overlay bytes match neither its entry nor its previous content", object.ErrCorrupt, oid, i)
+			}
+		}
+		b = end + 1
+	}
+	return prev, any, nil
 }
 
 // ecFreshObject returns the writer's state of an object starting afresh,
@@ -603,6 +670,11 @@ func (g *Gateway) ecFoldKeeping(ctx context.Context, conf *ecConf, oid object.OI
 		return err
 	}
 	chunks := append(data, parity...)
+	// A fold under a writer lock taken away meanwhile writes nothing
+	// (its chunk writes would go into a slot the new writer may use).
+	if err := g.writer.checkFence(ctx); err != nil {
+		return err
+	}
 	next := ec.Head{Generation: v.gen() + 1, Homes: make([]string, len(chunks)), Sums: make([][]uint32, len(chunks))}
 	slot := int(next.Generation % 2)
 	errs := make([]error, len(chunks))
@@ -716,6 +788,11 @@ func (g *Gateway) ecFolder() {
 	ticker := time.NewTicker(ecFoldTick)
 	defer ticker.Stop()
 	var scanned object.Epoch
+	// A scan that could not finish (a node unreachable, an object not
+	// placeable) is tried again after a wait that doubles, to a minute.
+	var retrying object.Epoch
+	var retryAt time.Time
+	backoff := ecFoldTick
 	for {
 		select {
 		case <-g.ctx.Done():
@@ -723,12 +800,23 @@ func (g *Gateway) ecFolder() {
 		case <-ticker.C:
 		}
 		g.ecFoldIdle()
-		if rv, err := g.layouts.Current(); err == nil && rv.Number != scanned {
-			complete := g.ecScan(rv, nil)
-			if g.ecSteward(rv) && complete {
-				scanned = rv.Number
-			}
+		rv, err := g.layouts.Current()
+		if err != nil || rv.Number == scanned {
+			continue
 		}
+		if rv.Number == retrying && time.Now().Before(retryAt) {
+			continue
+		}
+		complete := g.ecScan(rv, nil)
+		if g.ecSteward(rv) && complete {
+			scanned, backoff = rv.Number, ecFoldTick
+			continue
+		}
+		if rv.Number != retrying {
+			backoff = ecFoldTick
+		}
+		retrying, retryAt = rv.Number, time.Now().Add(backoff)
+		backoff = min(2*backoff, time.Minute)
 	}
 }
 
@@ -775,6 +863,9 @@ func (g *Gateway) ecScan(rv *layout.Epoch, only *vdiState) bool {
 				return false // the next epoch's scan does it
 			}
 			done, err := g.ecPlace(rv, state, conf, object.DataOID(object.VDIID(vdi.ID), uint32(index)))
+			if errors.Is(err, errNotWriter) {
+				break
+			}
 			if err != nil {
 				g.logger.Warn("gateway: placing an erasure-coded object's chunks", "vdi", vdi.Name, "index", index, "err", err)
 				complete = false
@@ -921,14 +1012,25 @@ func (g *Gateway) ecPlace(rv *layout.Epoch, state *vdiState, conf *ecConf, oid o
 	return moved, err
 }
 
+// errNotWriter: the scan's state no longer holds the writer lock.
+var errNotWriter = errors.New("gateway: no longer this vdi's writer")
+
 // errNeedsPacing: ecPlaceOnce found a refold due, and was not paced.
 var errNeedsPacing = errors.New("gateway: a refold waits for the recovery rate")
 
 func (g *Gateway) ecPlaceOnce(rv *layout.Epoch, state *vdiState, conf *ecConf, oid object.OID, paced bool) (bool, error) {
 	state.io.RLock()
 	defer state.io.RUnlock()
+	if !holdsWriter(state, object.VDI(oid)) {
+		// Handed over (or snapshotted) since the scan began: the
+		// writer now places the chunks.
+		return false, errNotWriter
+	}
 	ctx, cancel := context.WithTimeout(g.writer.withFence(g.ctx, state), roundTimeout)
 	defer cancel()
+	g.ec.mu.Lock()
+	_, cached := g.ec.objects[oid]
+	g.ec.mu.Unlock()
 	o, unlock, err := g.ecObjectOf(ctx, state, conf, oid, true)
 	if errors.Is(err, object.ErrNoObject) || errors.Is(err, object.ErrNotFound) {
 		return false, nil
@@ -937,6 +1039,20 @@ func (g *Gateway) ecPlaceOnce(rv *layout.Epoch, state *vdiState, conf *ecConf, o
 		return false, err
 	}
 	defer unlock()
+	if !cached {
+		// Loaded for the scan only: not kept (a scan goes through every
+		// object of the VDI), unless its overlay is to fold.
+		defer func() {
+			if o.view == nil || o.view.overlaid() == 0 {
+				o.dead = true
+				g.ec.mu.Lock()
+				if g.ec.objects[oid] == o {
+					delete(g.ec.objects, oid)
+				}
+				g.ec.mu.Unlock()
+			}
+		}()
+	}
 	v := o.view
 	if !v.hasHead {
 		return false, nil // never folded: the folder folds its overlay
@@ -994,16 +1110,27 @@ func (g *Gateway) ecFoldWhere(only *vdiState) {
 		}
 		// As a request does: io shared first (a handover or a snapshot
 		// waits for the fold to end, and no fold starts under them),
-		// then the object.
+		// then the object, still of that state.
+		o.lock.Lock()
 		state := o.state
+		o.lock.Unlock()
 		if state != nil {
 			state.io.RLock()
 		}
 		o.lock.Lock()
+		if o.state != state {
+			o.lock.Unlock()
+			if state != nil {
+				state.io.RUnlock()
+			}
+			continue
+		}
 		if g.ecFoldIfDue(rv, oid, o, only != nil) {
 			o.dead = true
 			g.ec.mu.Lock()
-			delete(g.ec.objects, oid)
+			if g.ec.objects[oid] == o {
+				delete(g.ec.objects, oid)
+			}
 			g.ec.mu.Unlock()
 		}
 		o.lock.Unlock()
@@ -1023,15 +1150,9 @@ func (g *Gateway) ecFoldIfDue(rv *layout.Epoch, oid object.OID, o *ecObject, now
 		return unused
 	}
 	state := o.state
-	valid := false
-	if state != nil {
-		state.mu.Lock()
-		// Only the VDI's own objects: after a snapshot, the objects
-		// written before it are the snapshot's, which nothing changes.
-		valid = state.lockHeld && state.fenced == nil && state.lockGen == o.lockGen && uint32(object.VDI(oid)) == state.vdi.ID
-		state.mu.Unlock()
-	}
-	if !valid {
+	// Only the VDI's own objects: after a snapshot, the objects written
+	// before it are the snapshot's, which nothing changes.
+	if !holdsWriter(state, object.VDI(oid)) || lockGenOf(state) != o.lockGen {
 		o.view = nil
 		return unused
 	}
@@ -1124,6 +1245,11 @@ func (g *Gateway) CheckChunks(ctx context.Context, vdi cluster.VDI, oid object.O
 		return checked, bad, 0, problems, nil
 	}
 	if err := conf.codec.Reconstruct(shards); err != nil {
+		return checked, bad, 0, problems, err
+	}
+	if again, err := g.ecLoad(ctx, conf, oid); err != nil || again.gen() != v.gen() {
+		// Folded meanwhile (a writer opened it): its chunks are new,
+		// and the slot written here may be theirs.
 		return checked, bad, 0, problems, err
 	}
 	for _, c := range failed {

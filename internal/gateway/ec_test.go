@@ -25,19 +25,28 @@ type ecFixture struct {
 
 func newECFixture(t *testing.T, scheme string) *ecFixture {
 	t.Helper()
+	return newECFixtureWith(t, scheme, Options{})
+}
+
+func newECFixtureWith(t *testing.T, scheme string, options Options) *ecFixture {
+	t.Helper()
 	const objectSize = 1 << 20
 	w := newWorldWith(t, 6, 3, objectSize)
-	g := w.gateway("node00")
+	g := w.gatewayWith("node00", quiet(), options)
 	t.Cleanup(g.Close)
-	s, err := ec.Parse(scheme)
+	// The VDI is in the log (a repair of a suspect object looks it up);
+	// the tests write its object 3 below its Disks.
+	w.cluster.finalize(cluster.LevelErasureCoding)
+	v, err := w.cluster.CreateVDIWithScheme("v", 8*objectSize, false, scheme)
 	if err != nil {
 		t.Fatal(err)
 	}
-	conf, err := g.ecOf(cluster.VDI{Name: "v", EC: scheme, Copies: s.M + 1, ObjectSize: objectSize})
+	w.cluster.sync()
+	conf, err := g.ecOf(v)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &ecFixture{t: t, w: w, g: g, conf: conf, oid: object.DataOID(9, 3), model: make([]byte, objectSize)}
+	return &ecFixture{t: t, w: w, g: g, conf: conf, oid: object.DataOID(object.VDIID(v.ID), 3), model: make([]byte, objectSize)}
 }
 
 func (f *ecFixture) write(p []byte, offset uint32, flags object.Flags) {

@@ -23,6 +23,7 @@ type memoryReplicas struct {
 	flushes     map[string]int
 	// beforeWrite, when set, runs before every write (fault injection).
 	beforeWrite func(node string, oid object.OID)
+	lastLen     int // length of the write beforeWrite runs for (a test knows the write it is called for)
 	// before, when set, runs first in every Read, Write, Zero and Remove
 	// ("read", "write", "zero", "remove"), without the fake's lock held:
 	// tests hold operations there to count what is in flight.
@@ -102,6 +103,9 @@ func (m *memoryReplicas) StartFlush(ctx context.Context, node cluster.Node, epoc
 
 func (m *memoryReplicas) write(node cluster.Node, epoch object.Epoch, oid object.OID, p []byte, offset uint32, flags object.Flags) error {
 	if m.beforeWrite != nil {
+		m.mu.Lock()
+		m.lastLen = len(p)
+		m.mu.Unlock()
 		m.beforeWrite(node.ID, oid)
 	}
 	m.mu.Lock()

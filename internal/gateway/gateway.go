@@ -35,6 +35,7 @@
 // piece's slot) > vdiState.allocation[i] (first write / copy-on-write
 // of object i) > admission.copyBytes (a copy's buffer) > zoneLag.bytes
 // (a write acknowledged in this zone, until its far part lands; lag.go)
+// > ecObject.lock (an erasure-coded object's writes, folds and view; ec.go)
 // > Gateway.objectLocks[oid] (shared by changes, exclusive while a
 // replica recovers oid or the healer repairs it) > vdiState.mu,
 // Gateway.mu > admission.mu, Gateway.dirtyMu, zoneLag.mu >
