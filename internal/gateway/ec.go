@@ -558,7 +558,12 @@ func (g *Gateway) ecWrite(ctx context.Context, state *vdiState, conf *ecConf, oi
 	// that no power loss keeps its bytes without them; a first write
 	// needs no sync (with or without its entry, the old content is in
 	// the chunks until its bytes match).
-	entryFlags := object.FlagCreate | flags&(object.FlagFresh|object.FlagSync)
+	// Only an object's first write creates it (FlagCreate|FlagFresh, on
+	// the first of the two): with FlagCreate, a later write would create,
+	// on a replica the placement just moved the object to, a copy holding
+	// only this piece, stamped with the current epoch, which the other
+	// replicas would recover from as the newest.
+	entryFlags := flags & (object.FlagCreate | object.FlagFresh | object.FlagSync)
 	if overwrite {
 		entryFlags |= object.FlagSync
 	}
@@ -566,7 +571,7 @@ func (g *Gateway) ecWrite(ctx context.Context, state *vdiState, conf *ecConf, oi
 		o.view = nil // what the replicas hold is for the repair to say
 		return err
 	}
-	if err := g.write(ctx, oid, conf.copies, blocks, uint32(first*ec.BlockSize), flags&^object.FlagFresh|object.FlagCreate); err != nil {
+	if err := g.write(ctx, oid, conf.copies, blocks, uint32(first*ec.BlockSize), flags&^(object.FlagFresh|object.FlagCreate)); err != nil {
 		o.view = nil
 		return err
 	}
@@ -705,9 +710,9 @@ func (g *Gateway) ecFoldKeeping(ctx context.Context, conf *ecConf, oid object.OI
 	if err != nil {
 		return err
 	}
-	flags := object.FlagSync | object.FlagCreate
+	flags := object.FlagSync
 	if fresh {
-		flags |= object.FlagFresh
+		flags |= object.FlagCreate | object.FlagFresh // the object's first write
 	}
 	if err := g.write(ctx, oid, conf.copies, raw, uint32(conf.layout.HeadOffset(slot)), flags); err != nil {
 		return fmt.Errorf("folding object %016x: writing the head of generation %d: %w", oid, next.Generation, err)
