@@ -15,4 +15,13 @@ const (
 	// the older data from one it had not yet (found by the simulator's
 	// read floor and its linearizability check; agree.go).
 	bugOneReplicaReads = false
+	// bugECHeadBeforeChunks: a fold of an erasure-coded object wrote its
+	// new head before its chunks, so a crash (or a chunk write that
+	// failed) between them left a current head naming chunks never
+	// written, and the overlay's blocks it made stale were lost.
+	bugECHeadBeforeChunks = false
+	// bugECTrimBeforeHead: a fold trimmed the overlay before writing its
+	// new head, so a crash (or a head write that failed) between them
+	// left the old head current with the overlay's blocks gone.
+	bugECTrimBeforeHead = false
 )

@@ -571,10 +571,12 @@ func (g *Gateway) ecWrite(ctx context.Context, state *vdiState, conf *ecConf, oi
 		o.view = nil // what the replicas hold is for the repair to say
 		return err
 	}
+	g.ecStep(ctx, oid, ECEntriesWritten)
 	if err := g.write(ctx, oid, conf.copies, blocks, uint32(first*ec.BlockSize), flags&^(object.FlagFresh|object.FlagCreate)); err != nil {
 		o.view = nil
 		return err
 	}
+	g.ecStep(ctx, oid, ECOverlayWritten)
 	copy(v.entries[first:], entries)
 	o.view, o.lastWrite = v, time.Now()
 	if v.overlaid() == len(v.entries) {
@@ -675,15 +677,7 @@ func (g *Gateway) ecFoldKeeping(ctx context.Context, conf *ecConf, oid object.OI
 		return err
 	}
 	chunks := append(data, parity...)
-	// A fold under a writer lock taken away meanwhile writes nothing
-	// (its chunk writes would go into a slot the new writer may use).
-	if err := g.writer.checkFence(ctx); err != nil {
-		return err
-	}
 	next := ec.Head{Generation: v.gen() + 1, Homes: make([]string, len(chunks)), Sums: make([][]uint32, len(chunks))}
-	slot := int(next.Generation % 2)
-	errs := make([]error, len(chunks))
-	var wg sync.WaitGroup
 	for c, chunk := range chunks {
 		next.Homes[c] = homes[c].ID
 		sums := make([]uint32, len(chunk)/ec.BlockSize)
@@ -691,6 +685,63 @@ func (g *Gateway) ecFoldKeeping(ctx context.Context, conf *ecConf, oid object.OI
 			sums[i] = ec.Checksum(chunk[i*ec.BlockSize:][:ec.BlockSize])
 		}
 		next.Sums[c] = sums
+	}
+	raw, err := conf.layout.EncodeHead(next)
+	if err != nil {
+		return err
+	}
+	// A fold under a writer lock taken away meanwhile writes nothing
+	// (its chunk writes would go into a slot the new writer may use).
+	if err := g.writer.checkFence(ctx); err != nil {
+		return err
+	}
+	old, hadHead, overlaid := v.head, v.hasHead, v.overlaid()
+	// The chunks, synced, then the head that names them, synced on every
+	// replica, then the overlay's trim: in this order only (the seeded
+	// bugs change it).
+	if bugECHeadBeforeChunks {
+		if err := g.ecWriteHead(ctx, conf, oid, next, raw, fresh); err != nil {
+			return err
+		}
+		g.ecStep(ctx, oid, ECHeadWritten)
+	}
+	if err := g.ecWriteChunks(ctx, rv, oid, next, homes, chunks); err != nil {
+		return err
+	}
+	g.ecStep(ctx, oid, ECChunksWritten)
+	trim := overlaid > 0 && !fresh && !keepOverlay
+	if bugECTrimBeforeHead && trim {
+		g.ecTrim(ctx, conf, oid)
+		g.ecStep(ctx, oid, ECTrimmed)
+		trim = false
+	}
+	if !bugECHeadBeforeChunks {
+		if err := g.ecWriteHead(ctx, conf, oid, next, raw, fresh); err != nil {
+			return err
+		}
+		g.ecStep(ctx, oid, ECHeadWritten)
+	}
+	v.head, v.hasHead = next, true
+	if trim {
+		// The overlay's blocks are stale now: free their space.
+		g.ecTrim(ctx, conf, oid)
+	}
+	if !bugECTrimBeforeHead {
+		g.ecStep(ctx, oid, ECTrimmed)
+	}
+	if hadHead {
+		g.ecRemoveChunks(ctx, rv, oid, old)
+	}
+	return nil
+}
+
+// ecWriteChunks writes the chunks of generation h of oid to their homes,
+// each synced: whole new objects in the slot of h's parity.
+func (g *Gateway) ecWriteChunks(ctx context.Context, rv *layout.Epoch, oid object.OID, h ec.Head, homes []cluster.Node, chunks [][]byte) error {
+	slot := int(h.Generation % 2)
+	errs := make([]error, len(chunks))
+	var wg sync.WaitGroup
+	for c, chunk := range chunks {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -704,34 +755,35 @@ func (g *Gateway) ecFoldKeeping(ctx context.Context, conf *ecConf, oid object.OI
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("folding object %016x into generation %d: %w", oid, next.Generation, err)
-	}
-	raw, err := conf.layout.EncodeHead(next)
-	if err != nil {
-		return err
-	}
-	flags := object.FlagSync
-	if fresh {
-		flags |= object.FlagCreate | object.FlagFresh // the object's first write
-	}
-	if err := g.write(ctx, oid, conf.copies, raw, uint32(conf.layout.HeadOffset(slot)), flags); err != nil {
-		return fmt.Errorf("folding object %016x: writing the head of generation %d: %w", oid, next.Generation, err)
-	}
-	old, hadHead, overlaid := v.head, v.hasHead, v.overlaid()
-	v.head, v.hasHead = next, true
-	if overlaid > 0 && !fresh && !keepOverlay {
-		// The overlay's blocks are stale now: free their space.
-		err := g.mutateOp(ctx, oid, conf.copies, replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
-			return g.replicas.Zero(ctx, node, rv.Number, oid, 0, uint32(conf.layout.Geometry.ObjectSize), 0)
-		}})
-		if err != nil {
-			g.logger.Debug("gateway: trimming a folded overlay", "object", fmt.Sprintf("%016x", oid), "err", err)
-		}
-	}
-	if hadHead {
-		g.ecRemoveChunks(ctx, rv, oid, old)
+		return fmt.Errorf("folding object %016x into generation %d: %w", oid, h.Generation, err)
 	}
 	return nil
+}
+
+// ecWriteHead writes head h (raw, encoded) of oid into its slot, synced
+// on every replica. fresh: the object starts with it (its replicated
+// object is emptied by the write). Only a fresh object's head creates
+// it: see ecWrite.
+func (g *Gateway) ecWriteHead(ctx context.Context, conf *ecConf, oid object.OID, h ec.Head, raw []byte, fresh bool) error {
+	flags := object.FlagSync
+	if fresh {
+		flags |= object.FlagCreate | object.FlagFresh
+	}
+	if err := g.write(ctx, oid, conf.copies, raw, uint32(conf.layout.HeadOffset(int(h.Generation%2))), flags); err != nil {
+		return fmt.Errorf("folding object %016x: writing the head of generation %d: %w", oid, h.Generation, err)
+	}
+	return nil
+}
+
+// ecTrim zeroes oid's overlay, whose blocks a new head made stale (best
+// effort: stale blocks are never read).
+func (g *Gateway) ecTrim(ctx context.Context, conf *ecConf, oid object.OID) {
+	err := g.mutateOp(ctx, oid, conf.copies, replicaOp{run: func(ctx context.Context, node cluster.Node, rv *layout.Epoch) error {
+		return g.replicas.Zero(ctx, node, rv.Number, oid, 0, uint32(conf.layout.Geometry.ObjectSize), 0)
+	}})
+	if err != nil {
+		g.logger.Debug("gateway: trimming a folded overlay", "object", fmt.Sprintf("%016x", oid), "err", err)
+	}
 }
 
 // ecHomes places oid's chunks in rv.
