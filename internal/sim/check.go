@@ -36,6 +36,7 @@ func (w *World) checkAcknowledged() []string {
 	block := make([]byte, blockSize)
 	entry := make([]byte, 4)
 	perMap := w.cfg.ObjectSize / 4
+	copies := ecCopies{}
 	for _, c := range w.clients {
 		if !c.running() {
 			continue
@@ -79,10 +80,24 @@ func (w *World) checkAcknowledged() []string {
 				mapped[index] = true // ownerOf read the owner's entry
 			}
 			oid := object.DataOID(object.VDIID(owner), index)
+			// An erasure-coded object's block is where its replicated
+			// part on that node says: its overlay or its chunks (ec.go).
+			info, err := w.ecOf(owner)
+			if err != nil {
+				problems = append(problems, err.Error())
+				continue
+			}
 			var seen []string
 			found := false
 			for _, n := range w.nodes {
-				_, err := n.proc.store.Read(oid, block, uint32(offset%w.cfg.ObjectSize))
+				var err error
+				where := ""
+				if info != nil {
+					where, err = w.ecBlock(n, info, oid, int64(offset%w.cfg.ObjectSize)/blockSize, block, copies)
+					where = " " + where
+				} else {
+					_, err = n.proc.store.Read(oid, block, uint32(offset%w.cfg.ObjectSize))
+				}
 				if errors.Is(err, store.ErrNotFound) {
 					continue
 				}
@@ -95,7 +110,11 @@ func (w *World) checkAcknowledged() []string {
 					found = true
 					break
 				}
-				seen = append(seen, fmt.Sprintf("%s holds #%d", n.id, got))
+				if err != nil {
+					seen = append(seen, fmt.Sprintf("%s holds no write%s (%v)", n.id, where, err))
+					continue
+				}
+				seen = append(seen, fmt.Sprintf("%s holds #%d%s", n.id, got, where))
 			}
 			if !found {
 				problems = append(problems, fmt.Sprintf("client %d: acknowledged write #%d to block %d (object %016x) is on no node's disk (%s)", c.id, seq, b, oid, strings.Join(seen, "; ")))
@@ -176,7 +195,8 @@ func (w *World) objects() []object.OID {
 // converged is invariant (d) on the stores, once faults stopped: every
 // object has exactly its VDI's copies (the format's or the VDI's own), on
 // the nodes the final epoch places it on, all stamped with that epoch and
-// identical (chunks of erasure-coded objects aside). It returns what still
+// identical (chunks of erasure-coded objects aside: the current head of
+// each names chunks that exist on their homes and match it). It returns what still
 // differs. Copies that differ only where they hold different writes the
 // model allows (an acknowledged write and a later one of unknown outcome)
 // differ too: each read would be allowed, but two reads of the same block
@@ -240,17 +260,37 @@ func (w *World) converged() (problems []string) {
 			problems = append(problems, fmt.Sprintf("object %016x:%s", oid, stale))
 			continue
 		}
+		// An erasure-coded data object's replicated part is its overlay,
+		// entries and heads, all compared.
+		size := int64(w.cfg.ObjectSize)
+		info := (*ecInfo)(nil)
+		if object.Type(oid) == object.TypeData {
+			if info, err = w.ecOf(uint32(object.VDI(oid))); err != nil {
+				problems = append(problems, err.Error())
+				continue
+			}
+		}
+		if info != nil {
+			size = info.layout.Size()
+		}
 		var first []byte
+		same := true
 		for i, h := range holders[oid] {
-			data := make([]byte, w.cfg.ObjectSize)
+			data := make([]byte, size)
 			if _, err := w.nodes[h.node].proc.store.Read(oid, data, 0); err != nil {
 				problems = append(problems, fmt.Sprintf("object %016x: reading %s's copy: %v", oid, w.nodes[h.node].id, err))
+				same = false
 				break
 			}
 			if i == 0 {
 				first = data
 			} else if !bytes.Equal(first, data) {
-				detail, allowed := w.describeDifference(oid, data, first)
+				same = false
+				if info != nil && bytes.Equal(first[:w.cfg.ObjectSize], data[:w.cfg.ObjectSize]) {
+					problems = append(problems, fmt.Sprintf("object %016x: %s's copy differs from %s's in %s", oid, w.nodes[h.node].id, w.nodes[holders[oid][0].node].id, describeTails(info, data, first)))
+					break
+				}
+				detail, allowed := w.describeDifference(oid, data[:w.cfg.ObjectSize], first[:w.cfg.ObjectSize])
 				kind := ""
 				if allowed {
 					kind = " (only in blocks holding writes of unknown outcome: a failed write reached some replicas only, and was not repaired)"
@@ -258,6 +298,9 @@ func (w *World) converged() (problems []string) {
 				problems = append(problems, fmt.Sprintf("object %016x: %s's copy differs from %s's%s%s", oid, w.nodes[h.node].id, w.nodes[holders[oid][0].node].id, detail, kind))
 				break
 			}
+		}
+		if info != nil && same {
+			problems = append(problems, w.ecChunksProblems(info, oid, first[info.layout.EntriesOffset():])...)
 		}
 	}
 	return problems

@@ -94,7 +94,18 @@
 // finalize-upgrade (Local.FinalizeUpgrade) and a VDI of its own copies
 // must be refused while one is a member, and once the level is raised a
 // VDI of one copy fewer than the format's (at least 1) gets a client
-// and readers of its own (World.finalize). Each event
+// and readers of its own (World.finalize). A third of the other seeds
+// (Config.ClientEC, from a stream of their own) give one client an
+// erasure-coded VDI of a scheme that fits the nodes (2+1, 3+1, 2+2,
+// 3+2), and kill the node whose gateway is inside one of its writes or
+// folds, between two of its replicated writes (gateway.ECStep: after
+// the entries, after the blocks; after the chunks, after the head,
+// after the trim), with a chance per step drawn from the seed and a
+// hash of the object, the step and the fake time; such a node starts
+// again at the next step (ec.go). Options.EC (-sim.ec) gives every seed
+// one instead, with crash points often, or none: the seeds that replay
+// what they found before (TestFailedWritesLeaveNoDivergentReplicas,
+// TestReturningNodesServeNoStaleRead) run as they were then. Each event
 // is a step: it is applied, synctest.Wait lets the world settle (every
 // goroutine blocked), and the invariants are checked while nothing moves.
 // Then every fault heals, the clients finish, every block is read back
@@ -112,14 +123,24 @@
 //	    replacement exists: after every step, every acknowledged block is
 //	    held by some copy of its object on some node's disk (killed nodes
 //	    count), unless a later write of unknown outcome replaced it, and
-//	    some copy of its map object records the object.
+//	    some copy of its map object records the object. A block of an
+//	    erasure-coded object is read as a node's copy of its replicated
+//	    part presents it: from that copy's overlay when its entry says so
+//	    (ec.Resolve), else from the data chunk its head names, on the
+//	    chunk's home's disk, checked against the head's CRC, or decoded
+//	    from any K chunks that pass theirs.
 //	(c) Stamps never go backwards: per node and object, a copy's epoch
 //	    stamp never decreases while the copy exists (checked on every
 //	    object the clients' VDIs can have).
 //	(d) Convergence: once faults stop, every object ends with exactly
 //	    its VDI's copies (the format's, or the VDI's own: Config.
-//	    ClientCopies), on the nodes the final epoch places it on, all
-//	    stamped with that epoch and identical, within 3 fake minutes.
+//	    ClientCopies; M+1 for an erasure-coded VDI's), on the nodes the
+//	    final epoch places it on, all stamped with that epoch and
+//	    identical (an erasure-coded object's whole replicated part:
+//	    overlay, entries, heads), within 3 fake minutes; the current head
+//	    of every erasure-coded object names chunks that exist on their
+//	    homes, match every block's CRC, and whose parity is that of their
+//	    data.
 //
 // A run also fails if the clients cannot finish, the log does not take
 // every node back, or the final reads fail (liveness after healing).
@@ -160,17 +181,34 @@
 // With the build tag simbugs, old bugs of docs/TESTING.md's table can be
 // switched on again (-sim.bug, setSeededBug): recovery's
 // "every-node-witnesses" (background recovery counting every node as a
-// witness in the proof of currency: recovery.SetSeededBug), and the
+// witness in the proof of currency: recovery.SetSeededBug), the
 // simulator's own "lease-by-contact" (bugs.go: the replica side served
 // data while its node had contact with the leader, with no lease and no
 // activation, as before cluster/lease.go, so a node that returned served
-// its own copies in the epoch it left until it caught up). For each,
-// a TestSimulatorFindsSeededBug test shows the simulator finds it and
-// replays it (and TestScenario*FindsSeededBug a hand-written schedule):
+// its own copies in the epoch it left until it caught up), and the
+// gateway's "ec-head-before-chunks" and "ec-trim-before-head"
+// (gateway/bugs.go: a fold of an erasure-coded object writing its head
+// before its chunks, or trimming its overlay before its head), searched
+// with every seed erasure-coded and crash points often (-sim.ec=always,
+// Options.EC). For each, a TestSimulatorFindsSeededBug test shows the
+// simulator finds it and replays it (and TestScenario*FindsSeededBug a
+// hand-written schedule):
 //
 //	go test -tags simbugs ./internal/sim -run FindsSeededBug -v
 //	go test -tags simbugs ./internal/sim -run TestSimulate -sim.bug=every-node-witnesses -sim.seed=2 -v
 //	go test -tags simbugs ./internal/sim -run TestSimulate -sim.bug=lease-by-contact -sim.seed=16 -v
+//	go test -tags simbugs ./internal/sim -run TestSimulate -sim.bug=ec-head-before-chunks -sim.ec=always -sim.seed=1 -v
+//
+// The erasure-coded seeds found two real bugs of the gateway's
+// erasure-coded writes: a write put its blocks before their entries, so
+// a writer killed between the two left an overwritten block whose entry
+// named neither its old bytes nor its new ones (its acknowledged content
+// lost), and entries and heads were written with object.FlagCreate, so
+// a replica the placement had just moved the object to created a copy
+// of that piece alone, which the others then recovered as the newest
+// (gateway TestErasureCodedWriteCutBetweenItsTwoWrites; ARCHITECTURE.md,
+// "No write hole", 3); under -race they found the background folder
+// reading an object's state without its lock.
 //
 // # Raft mode
 //

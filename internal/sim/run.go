@@ -63,6 +63,11 @@ type Result struct {
 	Merged, Flattened, Copied int
 	Chains                    [][]uint32
 	LayerJobs                 int
+
+	// Config.ClientEC: how many times the gateways passed each step of
+	// an erasure-coded write or fold (gateway.ECStep), and how many
+	// nodes were killed there (crash points), by step.
+	ECPassed, ECCrashed map[string]int
 }
 
 // Failure is a broken invariant (or a cluster that did not recover),
@@ -72,23 +77,29 @@ type Failure struct {
 	Bug  string // the seeded bug switched on, if any
 	// Exclusive: the run's VDIs were exclusive (Options.Exclusive).
 	Exclusive bool
-	Step      int
-	At        time.Duration
-	Problems  []string
-	Notes     []string // the step log up to the failure
-	Logs      []string // the nodes' last log lines
-	Clients   []string // each client's first errors, then each reader's
+	// EC: which seeds had an erasure-coded VDI (Options.EC).
+	EC       ECSeeds
+	Step     int
+	At       time.Duration
+	Problems []string
+	Notes    []string // the step log up to the failure
+	Logs     []string // the nodes' last log lines
+	Clients  []string // each client's first errors, then each reader's
 }
 
-// ReplayCommand is how to run one seed again. A run with a seeded bug
-// switched on (recovery.SetSeededBug, build tag simbugs) names it in bug.
-func ReplayCommand(seed uint64, bug string, exclusive bool) string {
+// ReplayCommand is how to run one seed again with options (their Bug:
+// the seeded bug switched on, recovery.SetSeededBug, build tag simbugs;
+// their Exclusive and EC).
+func ReplayCommand(seed uint64, options Options) string {
 	flags := ""
-	if exclusive {
-		flags = " -sim.exclusive"
+	if options.Exclusive {
+		flags += " -sim.exclusive"
 	}
-	if bug != "" {
-		return fmt.Sprintf("go test -tags simbugs ./internal/sim -run TestSimulate -sim.bug=%s -sim.seed=%d%s -v", bug, seed, flags)
+	if options.EC != ECSometimes {
+		flags += " -sim.ec=" + options.EC.String()
+	}
+	if options.Bug != "" {
+		return fmt.Sprintf("go test -tags simbugs ./internal/sim -run TestSimulate -sim.bug=%s -sim.seed=%d%s -v", options.Bug, seed, flags)
 	}
 	return fmt.Sprintf("go test ./internal/sim -run TestSimulate -sim.seed=%d%s -v", seed, flags)
 }
@@ -104,6 +115,12 @@ type Options struct {
 	// for the lock of the previous one to go, where by default it takes
 	// the writer lock over (handover).
 	Exclusive bool
+	// EC says which seeds have an erasure-coded VDI: a third of them
+	// (the default), every one with crash points often (and so no
+	// rolling upgrade: the search for the seeded bugs of erasure
+	// coding), or none (the seeds that replay what they found before
+	// erasure-coded VDIs).
+	EC ECSeeds
 }
 
 func (f *Failure) Error() string {
@@ -126,14 +143,14 @@ func (f *Failure) Error() string {
 	for _, l := range f.Logs {
 		fmt.Fprintf(&b, "  %s\n", l)
 	}
-	fmt.Fprintf(&b, "sim: seed %d failed; replay: %s\n", f.Seed, ReplayCommand(f.Seed, f.Bug, f.Exclusive))
+	fmt.Fprintf(&b, "sim: seed %d failed; replay: %s\n", f.Seed, ReplayCommand(f.Seed, Options{Bug: f.Bug, Exclusive: f.Exclusive, EC: f.EC}))
 	return b.String()
 }
 
 // Run simulates one seed. It must run inside a synctest bubble
 // (synctest.Test): the whole world runs on the bubble's fake clock.
 func Run(seed uint64, options Options) Result {
-	return RunSchedule(NewSchedule(seed), options)
+	return RunSchedule(newSchedule(seed, options.EC), options)
 }
 
 // RunSchedule simulates a schedule: one drawn from a seed, or one
@@ -146,7 +163,7 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 	w.exclusive = options.Exclusive
 	step := 0
 	fail := func(problems ...string) Result {
-		f := &Failure{Seed: seed, Bug: options.Bug, Exclusive: options.Exclusive, Step: step, At: w.elapsed(), Problems: problems, Logs: w.logs.last()}
+		f := &Failure{Seed: seed, Bug: options.Bug, Exclusive: options.Exclusive, EC: options.EC, Step: step, At: w.elapsed(), Problems: problems, Logs: w.logs.last()}
 		w.notesMu.Lock()
 		f.Notes = append(f.Notes, w.notes...)
 		w.notesMu.Unlock()
@@ -182,6 +199,7 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 		r.Steps, r.FakeTime, r.Epoch, r.Faults = step, w.elapsed(), object.Epoch(w.log.Epoch()), w.counts
 		r.Finalized, r.FinalizeRefused = w.finalized, w.refused
 		w.layerResult(&r)
+		r.ECPassed, r.ECCrashed = w.crashCounts()
 		for _, c := range w.clients {
 			r.Ops += c.ops.Load()
 			r.Reads += c.reads.Load()
@@ -248,6 +266,9 @@ func RunSchedule(schedule Schedule, options Options) (r Result) {
 	for _, e := range schedule.Events {
 		time.Sleep(begin + e.At - w.elapsed())
 		step++
+		if err := w.restartCrashed(); err != nil {
+			return fail("restarting a node after its crash: " + err.Error())
+		}
 		if e.Kind != Check {
 			w.note("%s", e)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/herd-storage/herd/internal/cluster"
+	"github.com/herd-storage/herd/internal/ec"
 )
 
 // Config is the shape of one simulated cluster, drawn from the seed.
@@ -45,6 +46,20 @@ type Config struct {
 	// allows Snapshot, DeleteSnapshot and Flatten events: the invariants
 	// then follow each client's VDI through its chain.
 	Layers bool
+	// ClientEC are the clients' VDIs' erasure-coding schemes (`vdi
+	// create --ec K+M`), by client; "" or absent: copies (ClientCopies).
+	// A VDI of a scheme needs the cluster's level raised first
+	// (World.start finalizes it), so no seed with OldNodes has one.
+	ClientEC []string
+	// ECWriteCrashPerMille is the chance, per 1000, that the node whose
+	// gateway passes a gateway.ECStep of a write is killed right there;
+	// ECFoldCrashPerMille at a step of a fold. ECCrashes bounds how many
+	// are killed so in a run. A node so killed starts again at the first
+	// step at least crashRestart later, unless the schedule kills it
+	// meanwhile (then it waits for the schedule's restart).
+	ECWriteCrashPerMille int
+	ECFoldCrashPerMille  int
+	ECCrashes            int
 }
 
 // EventKind is what a scheduled event does.
@@ -145,7 +160,41 @@ const (
 )
 
 // NewSchedule draws a seed's configuration and fault schedule.
-func NewSchedule(seed uint64) Schedule {
+func NewSchedule(seed uint64) Schedule { return newSchedule(seed, ECSometimes) }
+
+// ECSeeds says which seeds have an erasure-coded VDI (Options.EC).
+type ECSeeds int
+
+const (
+	// ECSometimes: a third of them (drawEC).
+	ECSometimes ECSeeds = iota
+	// ECAlways: every one, with crash points often, and so no rolling
+	// upgrade: the search for the seeded bugs of erasure coding.
+	ECAlways
+	// ECNever: none, each seed's world as before erasure-coded VDIs:
+	// for the seeds that replay what they found then.
+	ECNever
+)
+
+var ecSeedsNames = map[ECSeeds]string{ECSometimes: "sometimes", ECAlways: "always", ECNever: "never"}
+
+func (e ECSeeds) String() string { return ecSeedsNames[e] }
+
+// ParseECSeeds reads an ECSeeds by its name ("" is ECSometimes).
+func ParseECSeeds(name string) (ECSeeds, error) {
+	if name == "" {
+		return ECSometimes, nil
+	}
+	for e, n := range ecSeedsNames {
+		if n == name {
+			return e, nil
+		}
+	}
+	return 0, fmt.Errorf("sim: erasure-coded seeds %q: want sometimes, always or never", name)
+}
+
+// newSchedule is NewSchedule, with the erasure-coded VDIs mode says.
+func newSchedule(seed uint64, mode ECSeeds) Schedule {
 	r := rand.New(rand.NewPCG(seed, 0x5eed5eed))
 	cfg := Config{
 		Nodes:      5 - r.IntN(4)/3, // 5 nodes 3 times in 4
@@ -316,7 +365,12 @@ func NewSchedule(seed uint64) Schedule {
 	}
 	// A rolling upgrade in a quarter of the seeds, from a stream of its
 	// own too (so each seed's other events are what they were before).
-	faults = append(faults, upgradeEvents(seed, &cfg)...)
+	if mode != ECAlways {
+		faults = append(faults, upgradeEvents(seed, &cfg)...)
+	}
+	// An erasure-coded VDI in a third of the seeds, from a stream of its
+	// own too.
+	drawEC(seed, &cfg, mode)
 	s.Config = cfg
 	// Checks every second between the faults.
 	for at := checkInterval; at < cfg.Faults; at += checkInterval {
@@ -348,11 +402,71 @@ func (c Config) clientCopies(i int) int {
 	return 0
 }
 
-// ownCopies describes the clients' VDIs' own copies for the step log.
+// clientEC is client i's VDI's erasure-coding scheme ("": copies).
+func (c Config) clientEC(i int) string {
+	if i < len(c.ClientEC) {
+		return c.ClientEC[i]
+	}
+	return ""
+}
+
+// hasEC says whether a client's VDI is erasure-coded.
+func (c Config) hasEC() bool {
+	for _, scheme := range c.ClientEC {
+		if scheme != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// ecSchemes are the schemes a seed's erasure-coded VDI draws from, by
+// the nodes they need (K+M).
+var ecSchemes = []string{"2+1", "3+1", "2+2", "3+2"}
+
+// drawEC gives a third of the seeds (every one or none, as mode says)
+// an erasure-coded VDI for one client, of a scheme that fits the seed's
+// nodes, and the chance of a crash at each step of its writes and
+// folds; never a seed with a rolling upgrade (its nodes start below the
+// level erasure coding needs). From a stream of its own: the rest of
+// each seed's schedule is what it was before.
+func drawEC(seed uint64, cfg *Config, mode ECSeeds) {
+	e := rand.New(rand.NewPCG(seed, 0x65637669))
+	on := e.IntN(3) == 0
+	var fit []string
+	for _, scheme := range ecSchemes {
+		if s, err := ec.Parse(scheme); err == nil && s.Chunks() <= cfg.Nodes {
+			fit = append(fit, scheme)
+		}
+	}
+	scheme := fit[e.IntN(len(fit))]
+	client := e.IntN(cfg.Clients)
+	// A write passes its steps some 20 times as often as a fold does.
+	level := e.IntN(4)
+	write, fold := []int{0, 2, 5, 10}[level], []int{0, 50, 100, 200}[level]
+	crashes := 4
+	switch mode {
+	case ECAlways:
+		on, write, fold, crashes = true, 10, 200, 6
+	case ECNever:
+		on = false
+	}
+	if !on || len(cfg.OldNodes) > 0 {
+		return
+	}
+	cfg.ClientEC = make([]string, cfg.Clients)
+	cfg.ClientEC[client] = scheme
+	cfg.ECWriteCrashPerMille, cfg.ECFoldCrashPerMille, cfg.ECCrashes = write, fold, crashes
+}
+
+// ownCopies describes the clients' VDIs' own copies and schemes for the
+// step log.
 func (c Config) ownCopies() string {
 	out := ""
 	for i := 0; i < c.Clients; i++ {
-		if n := c.clientCopies(i); n != 0 {
+		if scheme := c.clientEC(i); scheme != "" {
+			out += fmt.Sprintf(", vdi%d erasure-coded %s (crash points: %d/1000 of a write's steps, %d/1000 of a fold's, at most %d)", i, scheme, c.ECWriteCrashPerMille, c.ECFoldCrashPerMille, c.ECCrashes)
+		} else if n := c.clientCopies(i); n != 0 {
 			out += fmt.Sprintf(", vdi%d's %d", i, n)
 		}
 	}

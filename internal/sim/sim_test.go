@@ -10,6 +10,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/herd-storage/herd/internal/gateway"
 )
 
 var (
@@ -17,6 +19,7 @@ var (
 	exclusive = flag.Bool("sim.exclusive", false, "the clients' vdis are exclusive: a client that reconnects through another node waits for the previous lock to go instead of taking it over (Options.Exclusive)")
 	seedsFlag = flag.Int("sim.seeds", defaultSeeds, "how many seeds TestSimulate runs")
 	startFlag = flag.Uint64("sim.start", 1, "the first seed TestSimulate runs")
+	ecFlag    = flag.String("sim.ec", "", "which seeds have an erasure-coded vdi: sometimes (a third, the default), always (with crash points often, and no rolling upgrade) or never (Options.EC)")
 )
 
 // scratch returns a directory for the nodes' disks: in memory (/dev/shm)
@@ -45,14 +48,30 @@ var seededBug string
 
 // simulate runs one seed in its own synctest bubble and returns its result.
 func simulate(t *testing.T, seed uint64, dir string) Result {
+	return simulateEC(t, seed, dir, ecSeeds(t))
+}
+
+// ecSeeds is -sim.ec.
+func ecSeeds(t *testing.T) ECSeeds {
+	mode, err := ParseECSeeds(*ecFlag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mode
+}
+
+// simulateEC is simulate, with the erasure-coded VDIs mode says
+// (Options.EC).
+func simulateEC(t *testing.T, seed uint64, dir string, mode ECSeeds) Result {
+	options := Options{Dir: dir, Bug: seededBug, Exclusive: *exclusive, EC: mode}
 	// A seed whose world never settles (a goroutine spinning) would hang
 	// in synctest.Wait until go test's timeout, which does not name it.
 	watchdog := time.AfterFunc(hangLimit, func() {
-		panic(fmt.Sprintf("sim: seed %d has run for %v of real time: hung? replay: %s", seed, hangLimit, ReplayCommand(seed, seededBug, *exclusive)))
+		panic(fmt.Sprintf("sim: seed %d has run for %v of real time: hung? replay: %s", seed, hangLimit, ReplayCommand(seed, options)))
 	})
 	defer watchdog.Stop()
 	var r Result
-	simulateWith(t, func() { r = Run(seed, Options{Dir: dir, Bug: seededBug, Exclusive: *exclusive}) })
+	simulateWith(t, func() { r = Run(seed, options) })
 	return r
 }
 
@@ -95,6 +114,8 @@ func TestSimulate(t *testing.T) {
 	var mu sync.Mutex
 	var ops, faults, stops, held, readerReads int64
 	var upgraded, finalized, refused int64
+	var ecSeeds int64
+	ecPassed, ecCrashed := map[string]int{}, map[string]int{}
 	t.Run("seeds", func(t *testing.T) {
 		for i := 0; i < seeds; i++ {
 			seed := *startFlag + uint64(i)
@@ -114,6 +135,15 @@ func TestSimulate(t *testing.T) {
 					finalized++
 				}
 				refused += int64(r.FinalizeRefused)
+				if r.Config.hasEC() {
+					ecSeeds++
+				}
+				for step, n := range r.ECPassed {
+					ecPassed[step] += n
+				}
+				for step, n := range r.ECCrashed {
+					ecCrashed[step] += n
+				}
 				for _, n := range r.Faults {
 					faults += int64(n)
 				}
@@ -148,14 +178,31 @@ func TestSimulate(t *testing.T) {
 	if seeds >= 100 && (refused == 0 || finalized == 0) {
 		t.Errorf("in %d seeds (%d with a rolling upgrade) %d finalizes were refused while an old node was a member and %d seeds finalized during the faults; want some of each", seeds, upgraded, refused, finalized)
 	}
+	// A third of the seeds write an erasure-coded VDI, killing nodes
+	// inside its writes and folds: some must have (or the crash points
+	// test nothing).
+	crashes := 0
+	for _, n := range ecCrashed {
+		crashes += n
+	}
+	if seeds >= 100 && (ecSeeds == 0 || ecPassed[gateway.ECHeadWritten.String()] == 0 || crashes == 0) {
+		t.Errorf("in %d seeds (%d with an erasure-coded vdi) no node was killed at a crash point of a write or a fold (steps passed %v, crashes %v)", seeds, ecSeeds, ecPassed, ecCrashed)
+	}
+	for _, step := range gateway.ECSteps {
+		what := "write"
+		if step.Fold() {
+			what = "fold"
+		}
+		t.Logf("erasure coding: %d passes, %d nodes killed inside a %s: %s", ecPassed[step.String()], ecCrashed[step.String()], what, step)
+	}
 	elapsed := time.Since(started)
-	t.Logf("%d seeds from %d in %v (%v per seed, %.1f seeds/s on %d cores): %d client operations, %d reads by readers on every node, %d scheduled events (%d clean stops), %d steps with copies held for a maintenance window, %d rolling upgrades (%d finalized during the faults, %d finalizes refused while an old node was a member); %d failed",
-		seeds, *startFlag, elapsed.Round(time.Millisecond), (elapsed / time.Duration(max(seeds, 1))).Round(time.Microsecond), float64(seeds)/elapsed.Seconds(), parallelism(), ops, readerReads, faults, stops, held, upgraded, finalized, refused, failed.Load())
+	t.Logf("%d seeds from %d in %v (%v per seed, %.1f seeds/s on %d cores): %d client operations, %d reads by readers on every node, %d scheduled events (%d clean stops), %d steps with copies held for a maintenance window, %d rolling upgrades (%d finalized during the faults, %d finalizes refused while an old node was a member), %d with an erasure-coded vdi (%d nodes killed at its crash points); %d failed",
+		seeds, *startFlag, elapsed.Round(time.Millisecond), (elapsed / time.Duration(max(seeds, 1))).Round(time.Microsecond), float64(seeds)/elapsed.Seconds(), parallelism(), ops, readerReads, faults, stops, held, upgraded, finalized, refused, ecSeeds, crashes, failed.Load())
 }
 
 func logResult(t *testing.T, r Result) {
-	t.Logf("seed %d: %+v; %d steps, %v of fake time, final epoch %d, events %v, %d operations (%d reads, %d writes), %d failed (allowed under faults); readers on every node: %d reads, %d failed",
-		r.Seed, r.Config, r.Steps, r.FakeTime.Round(time.Millisecond), r.Epoch, r.Faults, r.Ops, r.Reads, r.Writes, r.Errors, r.ReaderReads, r.ReaderErrors)
+	t.Logf("seed %d: %+v; %d steps, %v of fake time, final epoch %d, events %v, %d operations (%d reads, %d writes), %d failed (allowed under faults); readers on every node: %d reads, %d failed; erasure coding's steps passed %v, nodes killed there %v",
+		r.Seed, r.Config, r.Steps, r.FakeTime.Round(time.Millisecond), r.Epoch, r.Faults, r.Ops, r.Reads, r.Writes, r.Errors, r.ReaderReads, r.ReaderErrors, r.ECPassed, r.ECCrashed)
 }
 
 // TestSimulateExclusive runs seeds with the clients' VDIs exclusive (vdi

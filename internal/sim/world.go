@@ -88,6 +88,24 @@ type World struct {
 	// layerProcs are every process that ran a merge runner
 	// (Config.Layers; guarded by mu).
 	layerProcs []*process
+
+	// Crash points (Config.ECCrashes; guarded by mu): crashing
+	// says they may kill (during the faults), passes counts each
+	// object's passes of each step (a crash's draw), passed each step's
+	// passes and crashed the kills at each.
+	crashing bool
+	passes   map[crashKey]int
+	passed   map[gateway.ECStep]int
+	crashed  map[gateway.ECStep]int
+
+	// ecInfos are the VDIs' erasure-coding configurations, by VDI id
+	// (nil: copies); only the step loop uses it (ec.go).
+	ecInfos map[uint32]*ecInfo
+}
+
+type crashKey struct {
+	oid  object.OID
+	step gateway.ECStep
 }
 
 type stampKey struct {
@@ -114,11 +132,16 @@ type node struct {
 	reachable bool      // from the leader: connected to the majority
 	since     time.Time // when reachable last changed
 	suspicion time.Duration
+	// crashed: killed at a crash point at crashedAt, and to be started
+	// again by the step loop (restartCrashed), not by the schedule.
+	crashed   bool
+	crashedAt time.Time
 }
 
 // process is one run of a node's server: the real store, replica side,
 // gateway and recovery, on the node's member of the log.
 type process struct {
+	w           *World
 	node        *node
 	incarnation string
 	ctx         context.Context // ends when the process dies
@@ -135,7 +158,8 @@ type process struct {
 }
 
 func newWorld(ctx context.Context, seed uint64, cfg Config, dir string) *World {
-	w := &World{seed: seed, cfg: cfg, dir: dir, log: cluster.NewLocal(), logs: newRing(400), changed: make(chan struct{}), cut: map[int]bool{}, stamps: map[stampKey]object.Epoch{}, counts: map[string]int{}}
+	w := &World{seed: seed, cfg: cfg, dir: dir, log: cluster.NewLocal(), logs: newRing(400), changed: make(chan struct{}), cut: map[int]bool{}, stamps: map[stampKey]object.Epoch{}, counts: map[string]int{},
+		passes: map[crashKey]int{}, passed: map[gateway.ECStep]int{}, crashed: map[gateway.ECStep]int{}, ecInfos: map[uint32]*ecInfo{}}
 	w.ctx, w.cancel = context.WithCancel(ctx)
 	w.started = w.logs.start
 	return w
@@ -213,11 +237,30 @@ func (w *World) start() error {
 			break
 		}
 	}
+	if w.cfg.hasEC() {
+		level, err := w.log.FinalizeUpgrade(cluster.FeatureErasureCoding.Level)
+		if err != nil {
+			return err
+		}
+		w.note("log: cluster finalized at feature level %d", level)
+	}
 	for i := 0; i < w.cfg.Clients; i++ {
-		if _, err := w.log.CreateVDIWithCopies(fmt.Sprintf("vdi%d", i), w.cfg.VDISize, w.exclusive, w.cfg.clientCopies(i)); err != nil {
+		name := fmt.Sprintf("vdi%d", i)
+		if scheme := w.cfg.clientEC(i); scheme != "" {
+			v, err := w.log.CreateVDIWithScheme(name, w.cfg.VDISize, w.exclusive, scheme)
+			if err != nil {
+				return err
+			}
+			w.note("log: vdi %s created erasure-coded %s (%d copies of its replicated objects)", v.Name, v.EC, v.Copies)
+			continue
+		}
+		if _, err := w.log.CreateVDIWithCopies(name, w.cfg.VDISize, w.exclusive, w.cfg.clientCopies(i)); err != nil {
 			return err
 		}
 	}
+	w.mu.Lock()
+	w.crashing = true
+	w.mu.Unlock()
 	if err := w.waitApplied(time.Minute); err != nil {
 		return err
 	}
@@ -272,7 +315,7 @@ func (w *World) startProcess(n *node) error {
 	if err != nil {
 		return fmt.Errorf("opening the store of %s: %w", n.id, err)
 	}
-	p := &process{node: n, incarnation: fmt.Sprintf("%s.%d", n.id, n.starts), store: st}
+	p := &process{w: w, node: n, incarnation: fmt.Sprintf("%s.%d", n.id, n.starts), store: st}
 	p.ctx, p.cancel = context.WithCancel(w.ctx)
 	w.log.SetBuild(n.id, w.build(n))
 	p.member = w.log.Member(n.id, p.incarnation, from)
@@ -289,8 +332,10 @@ func (w *World) startProcess(n *node) error {
 	w.mu.Lock()
 	n.proc = p
 	n.killed = false
+	n.crashed = false
 	w.updateLocked()
 	w.mu.Unlock()
+	gateways.Store(p.gateway, p)
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
@@ -404,12 +449,32 @@ func (w *World) apply(e Event) error {
 	}()
 	switch e.Kind {
 	case Check:
-	case Kill:
-		w.kill(w.nodes[e.Node])
-	case Stop:
-		w.stop(w.nodes[e.Node])
+	case Kill, Stop:
+		n := w.nodes[e.Node]
+		w.mu.Lock()
+		down := n.killed
+		n.crashed = false // down (now), it waits for the schedule's restart
+		w.mu.Unlock()
+		switch {
+		case down:
+			w.note("%s is down already (it crashed): it stays down until the schedule restarts it", n.id)
+		case e.Kind == Kill:
+			w.kill(n)
+		default:
+			w.stop(n)
+		}
 	case Restart:
-		return w.startProcess(w.nodes[e.Node])
+		n := w.nodes[e.Node]
+		w.mu.Lock()
+		running := !n.killed
+		w.mu.Unlock()
+		if running {
+			// Killed at a crash point while the schedule stopped it,
+			// and started again since.
+			w.note("%s runs already (restarted after its crash)", n.id)
+			return nil
+		}
+		return w.startProcess(n)
 	case Pause, Resume:
 		w.mu.Lock()
 		w.nodes[e.Node].paused = e.Kind == Pause
@@ -566,10 +631,23 @@ func (w *World) held() bool {
 func (w *World) kill(n *node) {
 	w.mu.Lock()
 	p := n.proc
-	p.dead = true
-	n.killed = true
-	w.updateLocked()
+	w.killLocked(p)
+	n.crashed = false // the schedule's kill: its restart is the schedule's
 	w.mu.Unlock()
+	p.end()
+}
+
+// killLocked marks p dead and its node killed.
+func (w *World) killLocked(p *process) {
+	p.dead = true
+	p.node.killed = true
+	w.updateLocked()
+}
+
+// end ends a process killLocked marked dead: its context, its gateway's
+// goroutines, its member of the log.
+func (p *process) end() {
+	gateways.Delete(p.gateway)
 	p.cancel()
 	p.gateway.Close()
 	p.member.Stop()
@@ -580,8 +658,10 @@ func (w *World) kill(n *node) {
 func (w *World) healAll() error {
 	w.mu.Lock()
 	var restart []*node
+	w.crashing = false // faults stop, crash points too
 	for _, n := range w.nodes {
 		n.paused = false
+		n.crashed = false
 		n.lag = 0
 		n.proc.member.SetLag(0)
 		if n.killed {
@@ -624,6 +704,7 @@ func (w *World) close() {
 	w.cancel()
 	for _, n := range w.nodes {
 		if n.proc != nil {
+			gateways.Delete(n.proc.gateway)
 			n.proc.gateway.Close()
 		}
 	}
