@@ -188,9 +188,6 @@ func TestErasureCodedLiveReaderDuringOverwrite(t *testing.T) {
 // had just made current.
 func TestErasureCodedNoRefoldAfterHandover(t *testing.T) {
 	const objectSize = 1 << 20
-	saved := ecFoldTick
-	ecFoldTick = time.Hour // no background folder: the interleaving below is the test's (left so: restoring it races with the folders)
-	_ = saved
 	w := newWorldWith(t, 8, 3, objectSize)
 	w.cluster.finalize(cluster.LevelErasureCoding)
 	vdi, err := w.cluster.CreateVDIWithScheme("disk", 4*objectSize, false, "4+2")
@@ -198,6 +195,19 @@ func TestErasureCodedNoRefoldAfterHandover(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.cluster.sync()
+	// Chunk writes while counting: set before any gateway runs (the
+	// fake reads the hook without its lock).
+	var mu sync.Mutex
+	counting, chunkWrites := false, 0
+	w.replicas.beforeWrite = func(node string, o object.OID) {
+		if _, _, _, ok := object.ChunkOf(o); ok {
+			mu.Lock()
+			if counting {
+				chunkWrites++
+			}
+			mu.Unlock()
+		}
+	}
 	ctx := context.Background()
 	ga, gb := w.gateway("node00"), w.gateway("node01")
 	t.Cleanup(ga.Close)
@@ -216,7 +226,7 @@ func TestErasureCodedNoRefoldAfterHandover(t *testing.T) {
 	if err != nil || !v.hasHead {
 		t.Fatal(err)
 	}
-	// A chunk's home leaves: the object must be refolded.
+	// A chunk's home leaves: the object must be refolded, by its writer.
 	for _, id := range v.head.Homes {
 		if id != "node00" && id != "node01" {
 			w.cluster.leave(id)
@@ -225,61 +235,26 @@ func TestErasureCodedNoRefoldAfterHandover(t *testing.T) {
 	}
 	w.cluster.sync()
 	rv, _ := ga.layouts.Current()
-	// node00's chunk writes are held until node01 has folded.
-	var mu sync.Mutex
-	held, release := make(chan struct{}), make(chan struct{})
-	n := 0
-	w.replicas.before = func(op, node string, o object.OID, p []byte) {
-		if op != "write" {
-			return
-		}
-		for c := range 6 {
-			if o == object.ChunkOID(oid, c, 0) {
-				mu.Lock()
-				n++
-				mine := n <= 6
-				if n == 6 {
-					close(held)
-				}
-				mu.Unlock()
-				if mine {
-					<-release
-				}
-			}
-		}
+	// node01's own folder may refold it meanwhile (its chunk writes
+	// would count too): node00's must return at once without any.
+	mu.Lock()
+	counting = true
+	mu.Unlock()
+	moved, err := ga.ecPlace(rv, a.state, conf, oid) // node00 no longer holds the lock
+	mu.Lock()
+	counting = false
+	mu.Unlock()
+	if moved || !errors.Is(err, errNotWriter) {
+		t.Fatalf("node00's refold without the lock: moved %v, err %v; want nothing done, errNotWriter", moved, err)
 	}
-	type result struct {
-		moved bool
-		err   error
-	}
-	done := make(chan result, 1)
-	go func() {
-		moved, err := ga.ecPlace(rv, a.state, conf, oid) // node00 no longer holds the lock
-		done <- result{moved, err}
-	}()
-	select {
-	case <-held:
-	case r := <-done:
-		close(release)
-		if r.moved || !errors.Is(r.err, errNotWriter) {
-			t.Fatalf("node00's refold without the lock: moved %v, err %v; want nothing done, errNotWriter", r.moved, r.err)
-		}
-		return
-	case <-time.After(10 * time.Second):
-		t.Fatal("timeout")
-	}
-	t.Log("node00, no longer the writer, is writing the chunks of generation 2")
-	// node01, the writer, writes a whole object: folded at once, generation 2.
+	// node01, the writer, writes a whole object (folded at once) and
+	// reads it back.
 	model := pattern(3, objectSize)
 	if err := b.WriteAt(ctx, model, 0, false); err != nil {
 		t.Fatal(err)
 	}
-	close(release)
-	r := <-done
-	t.Logf("node00's refold: moved %v, err %v", r.moved, r.err)
 	got := make([]byte, objectSize)
-	err = b.ReadAt(ctx, got, 0)
-	if err != nil || !bytes.Equal(got, model) {
+	if err := b.ReadAt(ctx, got, 0); err != nil || !bytes.Equal(got, model) {
 		t.Fatalf("the writer's acknowledged whole-object write reads back: err %v, first diff %d", err, firstDiff(got, model))
 	}
 }
