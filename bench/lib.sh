@@ -43,7 +43,8 @@ build() {
   fi
 }
 
-ours() { [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' < "/proc/$1/cmdline" | grep -q -- "$2"; }
+# (Quietly: a process may end between the test and the read.)
+ours() { [ -r "/proc/$1/cmdline" ] && { tr '\0' ' ' < "/proc/$1/cmdline"; } 2>/dev/null | grep -q -- "$2"; }
 
 stop_all() {
   for pid in "${pids[@]:-}"; do
@@ -65,7 +66,8 @@ trap stop_all EXIT
 # from herd client add), socket (node 1's local plaintext socket) or
 # plain (--insecure-nbd: plaintext TCP). A binary from before TLS (it
 # writes cluster.token) is always reached in plaintext over TCP.
-# HERD_BENCH_ARGS adds server flags.
+# HERD_BENCH_ARGS adds server flags, VDI_ARGS flags of the VDI's create
+# (e.g. "--ec 4+2"). More VDIs: "$bin" vdi create, and nbd_uri.
 start_cluster() {
   local nodes=$1 copies=$2 vdi=$3 size=$4 i mode=${HERD_BENCH_NBD:-tls} extra=()
   rm -rf "$work/cluster"
@@ -115,14 +117,10 @@ start_cluster() {
     "$bin" cluster format --copies "$copies" ${FORMAT_ARGS:-} >/dev/null 2>&1 && break
     sleep 0.1
   done
-  "$bin" vdi create "$vdi" "$size" >/dev/null
-  case $mode in
-  tls)
-    "$bin" client add bench --vdi '*' --out "$work/cluster/client" >/dev/null
-    uri="nbds://$prefix.1:10809/$vdi?tls-certificates=$work/cluster/client" ;;
-  socket) uri="nbd+unix:///$vdi?socket=$work/cluster/node1/nbd.sock" ;;
-  *) uri="nbd://$prefix.1:10809/$vdi" ;;
-  esac
+  "$bin" vdi create "$vdi" "$size" ${VDI_ARGS:-} >/dev/null
+  [ "$mode" = tls ] && "$bin" client add bench --vdi '*' --out "$work/cluster/client" >/dev/null
+  nbd_mode=$mode
+  uri=$(nbd_uri "$vdi")
   echo "nbd: $mode ($uri)" >&2
   # fio's nbd engine (libnbd) refuses tls-certificates in a URI; with
   # HERD_BENCH_PROXY=1 every mode is reached through an nbdkit nbd-plugin
@@ -138,6 +136,19 @@ start_cluster() {
     uri="nbd+unix:///?socket=$work/cluster/proxy.sock"
     echo "through nbdkit: $uri" >&2
   fi
+}
+
+# nbd_uri VDI [NODE]: the NBD URI of VDI (an export name: NAME, ro/NAME,
+# NAME@TAG) through node NODE (default 1) of the cluster start_cluster
+# started, reached as HERD_BENCH_NBD says (not through a proxy; socket:
+# the node's local socket).
+nbd_uri() {
+  local vdi=$1 node=${2:-1}
+  case ${nbd_mode:-plain} in
+  tls) echo "nbds://$prefix.$node:10809/$vdi?tls-certificates=$work/cluster/client" ;;
+  socket) echo "nbd+unix:///$vdi?socket=$work/cluster/node$node/nbd.sock" ;;
+  *) echo "nbd://$prefix.$node:10809/$vdi" ;;
+  esac
 }
 
 # start_qemu_nbd FILE SIZE PORT: the baseline, a raw file on the same disk
