@@ -1,6 +1,6 @@
 package statemachine
 
-// Erasure-coded VDIs: the control plane (docs/EC-DESIGN.md).
+// Erasure-coded VDIs: the control plane (docs/ARCHITECTURE.md, "Erasure-coded VDIs").
 //
 // A VDI created with a scheme K+M (`vdi create --ec K+M`, from
 // LevelErasureCoding on) records it in VDI.EC; its snapshots, clones and

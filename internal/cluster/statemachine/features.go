@@ -56,7 +56,8 @@ const (
 	// LevelErasureCoding: erasure-coded VDIs (`vdi create --ec K+M`): the
 	// scheme in the create command and in the VDI (older binaries would
 	// drop it and create a VDI of copies), and everything of the data
-	// path that only an erasure-coded VDI uses (docs/EC-DESIGN.md).
+	// path that only an erasure-coded VDI uses (docs/ARCHITECTURE.md,
+	// "Erasure-coded VDIs").
 	LevelErasureCoding = 6
 
 	// SupportedLevel is the highest level this binary supports.

@@ -155,7 +155,7 @@ type VDI struct {
 	// for a VDI of copies. An erasure-coded VDI's data is folded into
 	// chunks, one copy each on K+M nodes; its map objects and its data
 	// objects (which hold the recent writes not folded yet) are
-	// replicated with Copies = M+1 copies (docs/EC-DESIGN.md).
+	// replicated with Copies = M+1 copies (docs/ARCHITECTURE.md, "Erasure-coded VDIs").
 	// Snapshots, clones and rollbacks inherit it, as they do Copies.
 	// Set only from LevelErasureCoding on (FeatureErasureCoding).
 	EC         string    `json:"ec,omitempty"`
